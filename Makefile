@@ -1,0 +1,27 @@
+# The two commands the README opens with: `make run` (the main job) and `make test` (the tests).
+PRESET ?= default
+BUILD  := build/$(PRESET)
+JOBS   ?= $(shell nproc)
+
+.PHONY: deps configure build test run bench clean
+
+deps:
+	@bash scripts/deps.sh
+
+configure: deps
+	@cmake --preset $(PRESET) >/dev/null
+
+build: configure
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+test: build
+	@ctest --preset $(PRESET) -j $(JOBS)
+
+run: build
+	@./$(BUILD)/cli/zerocheck demo
+
+bench: build
+	@./$(BUILD)/bench/zc_bench
+
+clean:
+	@rm -rf build

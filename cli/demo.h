@@ -1,0 +1,17 @@
+// `zerocheck demo`: a short tour of the simulated cluster (see demo.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace zc::cli {
+
+struct DemoOptions {
+  int world_size = 8;
+  std::uint64_t seed = 1;
+  std::int64_t shard_numel = 1024;
+  bool ring = false;
+};
+
+int run_demo(const DemoOptions& opts);
+
+}  // namespace zc::cli

@@ -1,0 +1,42 @@
+// Host-side conveniences over any Device: read and write values through upload/download only.
+#include "engine/device.h"
+
+#include "engine/errors.h"
+
+namespace zc {
+
+std::vector<std::byte> to_bytes(Device& dev, const Tensor& t) {
+  std::vector<std::byte> out(static_cast<std::size_t>(t.nbytes()));
+  dev.download(out, t);
+  return out;
+}
+
+std::vector<double> to_f64(Device& dev, const Tensor& t) {
+  const std::vector<std::byte> bytes = to_bytes(dev, t);
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    out[static_cast<std::size_t>(i)] = load_as_f64(bytes.data(), t.dtype(), i);
+  }
+  return out;
+}
+
+void write_f64(Device& dev, const Tensor& t, std::span<const double> values) {
+  if (static_cast<std::int64_t>(values.size()) != t.numel()) {
+    throw UsageError(fmt::format("write_f64: {} values into {} of {} elements", values.size(),
+                                 t.describe(), t.numel()));
+  }
+  std::vector<std::byte> bytes(static_cast<std::size_t>(t.nbytes()));
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    store_from_f64(bytes.data(), t.dtype(), i, values[static_cast<std::size_t>(i)]);
+  }
+  dev.upload(t, bytes);
+}
+
+Tensor tensor_from_f64(Device& dev, DType dtype, Shape shape, std::span<const double> values,
+                       std::string label) {
+  Tensor t = dev.alloc(dtype, std::move(shape), std::move(label));
+  write_f64(dev, t, values);
+  return t;
+}
+
+}  // namespace zc

@@ -1,0 +1,123 @@
+// Device: the compute backend (HostDevice, MetaDevice here; CudaDevice in real/). Every op is one
+// kernel with a fixed IEEE operation order, so the same inputs give the same bits on every backend:
+// 16-bit operands are computed in f32 and rounded once on store; an f64 operand makes it f64.
+// Scalars (alpha, lr, ...) are rounded to the compute type first. Tensors are handles: `const
+// Tensor& out` is written through.
+#pragma once
+
+#include "engine/tensor.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zc {
+
+// Adam as DeepSpeed's FusedAdam / apex multi_tensor_adam computes it, in f32, in this order:
+//   if !adamw: g += weight_decay * p                    (L2 mode)
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + ((1 - beta2) * g) * g
+//   update = (m / bias_correction1) / (sqrt(v) / sqrt(bias_correction2) + eps)
+//   if adamw: update += weight_decay * p                (decoupled mode)
+//   p -= lr * update
+// bias_correctionK = 1 - betaK^step, computed once per call on the host in f64 and rounded to f32
+// (1 when bias_correction is false).
+struct AdamParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adamw = true;
+  bool bias_correction = true;
+  std::int64_t step = 1;  // 1-based, after increment
+};
+
+// PyTorch SGD: g += weight_decay * p; buf = first ? g : momentum * buf + (1 - dampening) * g;
+// g = nesterov ? g + momentum * buf : buf (momentum > 0); p -= lr * g.
+struct SgdParams {
+  double lr = 1e-2;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  bool first_step = true;
+};
+
+// What a device has done: kernels launched, FLOPs and bytes moved. The meta device's only output.
+struct DeviceCounters {
+  std::int64_t kernels = 0;
+  std::int64_t flops = 0;
+  std::int64_t bytes_read = 0;
+  std::int64_t bytes_written = 0;
+  std::int64_t bytes_allocated = 0;  // live allocation, in bytes
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual Placement placement() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----
+  // A new zero-filled tensor; `label` names it in error messages and race reports.
+  virtual Tensor alloc(DType dtype, Shape shape, std::string label = {}) = 0;
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same dtype and numel
+  virtual void fill(const Tensor& t, double value) = 0;
+  virtual void upload(const Tensor& dst, std::span<const std::byte> src) = 0;  // host bytes in
+  virtual void download(std::span<std::byte> dst, const Tensor& src) = 0;      // host bytes out
+
+  // ---- elementwise arithmetic (same numel; dtypes may differ) ----
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;
+  virtual void axpy(const Tensor& y, double alpha, const Tensor& x) = 0;  // y = y + alpha * x
+  virtual void scale(const Tensor& x, double alpha) = 0;                  // x = alpha * x
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
+  virtual void mul(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a * b
+
+  // ---- reductions ----
+  // Sum of squares in f64, in the canonical order of Note [Canonical reduction order].
+  virtual double sum_sq(const Tensor& x) = 0;
+  virtual double max_abs(const Tensor& x) = 0;  // NaN if any element is NaN
+  virtual bool has_inf_nan(const Tensor& x) = 0;
+
+  // ---- optimizer updates (param, grad and states of equal numel; states f32) ----
+  virtual void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, const AdamParams& p) = 0;
+  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                        const SgdParams& p) = 0;
+
+  // ---- model ops ----
+  // out[m,n] = (accumulate ? out : 0) + sum_k op(a)[m,k] * op(b)[k,n], f32 sum in ascending k.
+  virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+                      bool trans_b, bool accumulate) = 0;
+  virtual void relu(const Tensor& out, const Tensor& x) = 0;
+  // grad_in = x > 0 ? grad_out : 0
+  virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) = 0;
+  virtual void add_row_vector(const Tensor& out, const Tensor& row) = 0;  // out[m,n] += row[n]
+  // out[n] = (accumulate ? out[n] : 0) + sum_m x[m,n], ascending m
+  virtual void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+
+  const DeviceCounters& counters() const { return counters_; }
+
+ protected:
+  DeviceCounters counters_;
+};
+
+// Note [Canonical reduction order]
+// A reduction over n elements is defined as: leaves in blocks of kReduceBlock; inside a block a
+// stride-halving tree over the block padded with zeros to kReduceBlock; then the same stride-halving
+// tree over the block partials padded with zeros to a power of two. This is the shared-memory
+// reduction a GPU kernel does, so CudaDevice reproduces it bit for bit, with no atomics.
+inline constexpr std::int64_t kReduceBlock = 1024;
+static_assert((kReduceBlock & (kReduceBlock - 1)) == 0, "reduction blocks are a power of two");
+
+// ---- host-side conveniences built on upload/download (tests, props, reports) ----
+std::vector<std::byte> to_bytes(Device& dev, const Tensor& t);
+std::vector<double> to_f64(Device& dev, const Tensor& t);  // exact for every dtype
+// Rounds each value once to `dtype` (via f32 for 16-bit) and uploads.
+void write_f64(Device& dev, const Tensor& t, std::span<const double> values);
+Tensor tensor_from_f64(Device& dev, DType dtype, Shape shape, std::span<const double> values,
+                       std::string label = {});
+
+}  // namespace zc

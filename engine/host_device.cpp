@@ -1,0 +1,411 @@
+// HostDevice kernels: plain loops in a fixed order, compiled with -ffp-contract=off so every
+// product and sum rounds exactly where the code says (no FMA), as the CUDA kernels must too.
+#include "engine/host_device.h"
+
+#include "engine/errors.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace zc {
+
+namespace {
+
+bool any_f64(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (t->dtype() == DType::f64) return true;
+  }
+  return false;
+}
+
+template <class T>
+T ld(const Tensor& t, std::int64_t i) {
+  if constexpr (std::is_same_v<T, double>) {
+    return load_as_f64(t.raw(), t.dtype(), i);
+  } else {
+    return load_as_f32(t.raw(), t.dtype(), i);
+  }
+}
+
+template <class T>
+void st(const Tensor& t, std::int64_t i, T v) {
+  if constexpr (std::is_same_v<T, double>) {
+    store_from_f64(t.raw(), t.dtype(), i, v);
+  } else {
+    store_from_f32(t.raw(), t.dtype(), i, v);
+  }
+}
+
+// Runs fn with a value of the compute type: double if any operand is f64, else float.
+template <class Fn>
+void with_compute(std::initializer_list<const Tensor*> ts, Fn&& fn) {
+  if (any_f64(ts)) {
+    fn(0.0);
+  } else {
+    fn(0.0f);
+  }
+}
+
+// Stride-halving tree over `leaves`, padded with zeros to a power of two (Note [Canonical
+// reduction order]). Destroys leaves.
+double tree_sum(std::vector<double>& leaves) {
+  std::size_t width = std::bit_ceil(std::max<std::size_t>(leaves.size(), 1));
+  leaves.resize(width, 0.0);
+  for (width /= 2; width >= 1; width /= 2) {
+    for (std::size_t i = 0; i < width; ++i) leaves[i] = leaves[i] + leaves[i + width];
+  }
+  return leaves[0];
+}
+
+void count(DeviceCounters& c, std::int64_t flops, std::int64_t read, std::int64_t written) {
+  c.kernels += 1;
+  c.flops += flops;
+  c.bytes_read += read;
+  c.bytes_written += written;
+}
+
+}  // namespace
+
+namespace device_check {
+
+void same_numel(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel()) {
+    throw UsageError(fmt::format("{}: operands have {} and {} elements ({} vs {})", op, a.numel(),
+                                 b.numel(), a.describe(), b.describe()));
+  }
+}
+void same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype()) {
+    throw UsageError(fmt::format("{}: dtypes differ ({} vs {}); cast first", op,
+                                 dtype_name(a.dtype()), dtype_name(b.dtype())));
+  }
+}
+void on(const char* op, const Tensor& t, Placement placement) {
+  if (!t.defined()) throw UsageError(fmt::format("{}: undefined tensor", op));
+  if (t.placement() != placement) {
+    throw UsageError(fmt::format("{}: tensor {} is on {}, this device is {}", op, t.describe(),
+                                 placement_name(t.placement()), placement_name(placement)));
+  }
+}
+void f32_state(const char* op, const Tensor& t) {
+  if (t.dtype() != DType::f32) {
+    throw UsageError(fmt::format("{}: {} must be f32 (optimizer states and master params are f32)",
+                                 op, t.describe()));
+  }
+}
+MatmulDims matmul_dims(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+                       bool trans_b) {
+  if (out.ndim() != 2 || a.ndim() != 2 || b.ndim() != 2) {
+    throw UsageError(fmt::format("matmul: operands must be 2-D, got {} {} {}",
+                                 shape_str(out.shape()), shape_str(a.shape()),
+                                 shape_str(b.shape())));
+  }
+  const std::int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const std::int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const std::int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+  const std::int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  if (k != kb || out.dim(0) != m || out.dim(1) != n) {
+    throw UsageError(fmt::format("matmul: shapes {}{} x {}{} -> {} do not agree",
+                                 shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
+                                 trans_b ? "^T" : "", shape_str(out.shape())));
+  }
+  return {m, n, k};
+}
+std::int64_t row_len(const char* op, const Tensor& matrix, const Tensor& row) {
+  if (matrix.ndim() != 2 || row.numel() != matrix.dim(1)) {
+    throw UsageError(fmt::format("{}: row of {} elements does not fit matrix {}", op, row.numel(),
+                                 shape_str(matrix.shape())));
+  }
+  return matrix.dim(1);
+}
+
+}  // namespace device_check
+
+using namespace device_check;
+
+Tensor HostDevice::alloc(DType dtype, Shape shape, std::string label) {
+  const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+  auto storage = std::make_shared<Storage>();
+  // calloc: zero-filled, and the deleter runs when the last view is gone.
+  void* data = std::calloc(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), 1);
+  if (data == nullptr) throw UsageError(fmt::format("alloc: out of host memory ({} bytes)", bytes));
+  storage->data = data;
+  storage->owner = std::shared_ptr<void>(data, std::free);
+  storage->bytes = bytes;
+  storage->placement = Placement::host;
+  storage->id = next_storage_id_++;
+  storage->name = std::move(label);
+  counters_.bytes_allocated += bytes;
+  return Tensor(dtype, std::move(shape), Placement::host, std::move(storage));
+}
+
+void HostDevice::copy(const Tensor& dst, const Tensor& src) {
+  on("copy", dst, Placement::host);
+  on("copy", src, Placement::host);
+  same_numel("copy", dst, src);
+  same_dtype("copy", dst, src);
+  std::memmove(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()));
+  count(counters_, 0, src.nbytes(), dst.nbytes());
+}
+
+void HostDevice::fill(const Tensor& t, double value) {
+  on("fill", t, Placement::host);
+  for (std::int64_t i = 0; i < t.numel(); ++i) store_from_f64(t.raw(), t.dtype(), i, value);
+  count(counters_, 0, 0, t.nbytes());
+}
+
+void HostDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
+  on("upload", dst, Placement::host);
+  if (static_cast<std::int64_t>(src.size()) != dst.nbytes()) {
+    throw UsageError(fmt::format("upload: {} bytes into {} of {} bytes", src.size(),
+                                 dst.describe(), dst.nbytes()));
+  }
+  std::memcpy(dst.raw(), src.data(), src.size());
+  count(counters_, 0, 0, dst.nbytes());
+}
+
+void HostDevice::download(std::span<std::byte> dst, const Tensor& src) {
+  on("download", src, Placement::host);
+  if (static_cast<std::int64_t>(dst.size()) != src.nbytes()) {
+    throw UsageError(fmt::format("download: {} of {} bytes into {} bytes", src.describe(),
+                                 src.nbytes(), dst.size()));
+  }
+  std::memcpy(dst.data(), src.raw(), dst.size());
+  count(counters_, 0, src.nbytes(), 0);
+}
+
+void HostDevice::cast(const Tensor& dst, const Tensor& src) {
+  on("cast", dst, Placement::host);
+  on("cast", src, Placement::host);
+  same_numel("cast", dst, src);
+  with_compute({&dst, &src}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < dst.numel(); ++i) st<T>(dst, i, ld<T>(src, i));
+  });
+  count(counters_, 0, src.nbytes(), dst.nbytes());
+}
+
+void HostDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
+  on("axpy", y, Placement::host);
+  on("axpy", x, Placement::host);
+  same_numel("axpy", y, x);
+  with_compute({&y, &x}, [&]<class T>(T) {
+    const T a = static_cast<T>(alpha);
+    for (std::int64_t i = 0; i < y.numel(); ++i) st<T>(y, i, ld<T>(y, i) + a * ld<T>(x, i));
+  });
+  count(counters_, 2 * y.numel(), x.nbytes() + y.nbytes(), y.nbytes());
+}
+
+void HostDevice::scale(const Tensor& x, double alpha) {
+  on("scale", x, Placement::host);
+  with_compute({&x}, [&]<class T>(T) {
+    const T a = static_cast<T>(alpha);
+    for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(x, i, a * ld<T>(x, i));
+  });
+  count(counters_, x.numel(), x.nbytes(), x.nbytes());
+}
+
+void HostDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  on("add", out, Placement::host);
+  on("add", a, Placement::host);
+  on("add", b, Placement::host);
+  same_numel("add", out, a);
+  same_numel("add", out, b);
+  with_compute({&out, &a, &b}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(a, i) + ld<T>(b, i));
+  });
+  count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+}
+
+void HostDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
+  on("mul", out, Placement::host);
+  on("mul", a, Placement::host);
+  on("mul", b, Placement::host);
+  same_numel("mul", out, a);
+  same_numel("mul", out, b);
+  with_compute({&out, &a, &b}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(a, i) * ld<T>(b, i));
+  });
+  count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+}
+
+double HostDevice::sum_sq(const Tensor& x) {
+  on("sum_sq", x, Placement::host);
+  const std::int64_t blocks = (x.numel() + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> partials(static_cast<std::size_t>(blocks));
+  std::vector<double> leaves;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t lo = b * kReduceBlock;
+    const std::int64_t hi = std::min(x.numel(), lo + kReduceBlock);
+    leaves.assign(static_cast<std::size_t>(kReduceBlock), 0.0);
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const double v = load_as_f64(x.raw(), x.dtype(), i);
+      leaves[static_cast<std::size_t>(i - lo)] = v * v;
+    }
+    partials[static_cast<std::size_t>(b)] = tree_sum(leaves);
+  }
+  count(counters_, 2 * x.numel(), x.nbytes(), 0);
+  return partials.empty() ? 0.0 : tree_sum(partials);
+}
+
+double HostDevice::max_abs(const Tensor& x) {
+  on("max_abs", x, Placement::host);
+  double m = 0.0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double v = std::fabs(load_as_f64(x.raw(), x.dtype(), i));
+    if (std::isnan(v)) {
+      m = std::numeric_limits<double>::quiet_NaN();
+      break;
+    }
+    m = std::max(m, v);
+  }
+  count(counters_, x.numel(), x.nbytes(), 0);
+  return m;
+}
+
+bool HostDevice::has_inf_nan(const Tensor& x) {
+  on("has_inf_nan", x, Placement::host);
+  bool found = false;
+  for (std::int64_t i = 0; i < x.numel() && !found; ++i) {
+    found = !std::isfinite(load_as_f64(x.raw(), x.dtype(), i));
+  }
+  count(counters_, x.numel(), x.nbytes(), 0);
+  return found;
+}
+
+void HostDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                           const Tensor& exp_avg_sq, const AdamParams& p) {
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) on("adam_step", *t, Placement::host);
+  f32_state("adam_step", param);
+  f32_state("adam_step", exp_avg);
+  f32_state("adam_step", exp_avg_sq);
+  same_numel("adam_step", param, grad);
+  same_numel("adam_step", param, exp_avg);
+  same_numel("adam_step", param, exp_avg_sq);
+  ZC_ASSERT(p.step >= 1, "adam step count is 1-based, got {}", p.step);
+  const float lr = static_cast<float>(p.lr), b1 = static_cast<float>(p.beta1);
+  const float b2 = static_cast<float>(p.beta2), eps = static_cast<float>(p.eps);
+  const float wd = static_cast<float>(p.weight_decay);
+  const double dstep = static_cast<double>(p.step);
+  const float bc1 = p.bias_correction ? static_cast<float>(1.0 - std::pow(p.beta1, dstep)) : 1.0f;
+  const float bc2 = p.bias_correction ? static_cast<float>(1.0 - std::pow(p.beta2, dstep)) : 1.0f;
+  const float bc2_sqrt = std::sqrt(bc2);
+  auto* pw = static_cast<float*>(param.raw());
+  auto* m = static_cast<float*>(exp_avg.raw());
+  auto* v = static_cast<float*>(exp_avg_sq.raw());
+  for (std::int64_t i = 0; i < param.numel(); ++i) {
+    float g = load_as_f32(grad.raw(), grad.dtype(), i);
+    if (!p.adamw && wd != 0.0f) g = g + wd * pw[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * g;
+    v[i] = b2 * v[i] + ((1.0f - b2) * g) * g;
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    float update = (m[i] / bc1) / denom;
+    if (p.adamw && wd != 0.0f) update = update + wd * pw[i];
+    pw[i] = pw[i] - lr * update;
+  }
+  count(counters_, 16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
+}
+
+void HostDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                          const SgdParams& p) {
+  on("sgd_step", param, Placement::host);
+  on("sgd_step", grad, Placement::host);
+  f32_state("sgd_step", param);
+  same_numel("sgd_step", param, grad);
+  const bool use_momentum = p.momentum != 0.0;
+  if (use_momentum) {
+    on("sgd_step", momentum_buf, Placement::host);
+    f32_state("sgd_step", momentum_buf);
+    same_numel("sgd_step", param, momentum_buf);
+  }
+  const float lr = static_cast<float>(p.lr), mom = static_cast<float>(p.momentum);
+  const float damp = static_cast<float>(p.dampening), wd = static_cast<float>(p.weight_decay);
+  auto* pw = static_cast<float*>(param.raw());
+  auto* buf = use_momentum ? static_cast<float*>(momentum_buf.raw()) : nullptr;
+  for (std::int64_t i = 0; i < param.numel(); ++i) {
+    float g = load_as_f32(grad.raw(), grad.dtype(), i);
+    if (wd != 0.0f) g = g + wd * pw[i];
+    if (use_momentum) {
+      buf[i] = p.first_step ? g : mom * buf[i] + (1.0f - damp) * g;
+      g = p.nesterov ? g + mom * buf[i] : buf[i];
+    }
+    pw[i] = pw[i] - lr * g;
+  }
+  count(counters_, 6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
+}
+
+void HostDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+                        bool trans_b, bool accumulate) {
+  on("matmul", out, Placement::host);
+  on("matmul", a, Placement::host);
+  on("matmul", b, Placement::host);
+  const MatmulDims d = matmul_dims(out, a, b, trans_a, trans_b);
+  const std::int64_t lda = a.dim(1), ldb = b.dim(1);
+  with_compute({&out, &a, &b}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < d.m; ++i) {
+      for (std::int64_t j = 0; j < d.n; ++j) {
+        T acc = 0;
+        for (std::int64_t k = 0; k < d.k; ++k) {
+          const T av = ld<T>(a, trans_a ? k * lda + i : i * lda + k);
+          const T bv = ld<T>(b, trans_b ? j * ldb + k : k * ldb + j);
+          acc = acc + av * bv;
+        }
+        const std::int64_t o = i * d.n + j;
+        st<T>(out, o, accumulate ? ld<T>(out, o) + acc : acc);
+      }
+    }
+  });
+  count(counters_, 2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
+}
+
+void HostDevice::relu(const Tensor& out, const Tensor& x) {
+  on("relu", out, Placement::host);
+  on("relu", x, Placement::host);
+  same_numel("relu", out, x);
+  with_compute({&out, &x}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const T v = ld<T>(x, i);
+      st<T>(out, i, v > T(0) ? v : T(0));
+    }
+  });
+  count(counters_, x.numel(), x.nbytes(), out.nbytes());
+}
+
+void HostDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) {
+  for (const Tensor* t : {&grad_in, &grad_out, &x}) on("relu_backward", *t, Placement::host);
+  same_numel("relu_backward", grad_in, grad_out);
+  same_numel("relu_backward", grad_in, x);
+  with_compute({&grad_in, &grad_out, &x}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      st<T>(grad_in, i, ld<T>(x, i) > T(0) ? ld<T>(grad_out, i) : T(0));
+    }
+  });
+  count(counters_, x.numel(), x.nbytes() + grad_out.nbytes(), grad_in.nbytes());
+}
+
+void HostDevice::add_row_vector(const Tensor& out, const Tensor& row) {
+  on("add_row_vector", out, Placement::host);
+  on("add_row_vector", row, Placement::host);
+  const std::int64_t n = row_len("add_row_vector", out, row);
+  with_compute({&out, &row}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(out, i) + ld<T>(row, i % n));
+  });
+  count(counters_, out.numel(), out.nbytes() + row.nbytes(), out.nbytes());
+}
+
+void HostDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
+  on("sum_rows", out, Placement::host);
+  on("sum_rows", x, Placement::host);
+  const std::int64_t n = row_len("sum_rows", x, out);
+  with_compute({&out, &x}, [&]<class T>(T) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      T acc = 0;
+      for (std::int64_t i = 0; i < x.dim(0); ++i) acc = acc + ld<T>(x, i * n + j);
+      st<T>(out, j, accumulate ? ld<T>(out, j) + acc : acc);
+    }
+  });
+  count(counters_, x.numel(), x.nbytes(), out.nbytes());
+}
+
+}  // namespace zc

@@ -1,0 +1,94 @@
+// HostDevice: the Device on host memory, the reference every other backend must match bit for bit.
+// MetaDevice: shapes only, no storage; validates shapes and counts FLOPs and bytes (the fake tensor).
+#pragma once
+
+#include "engine/device.h"
+
+namespace zc {
+
+class HostDevice final : public Device {
+ public:
+  Placement placement() const override { return Placement::host; }
+  std::string name() const override { return "host"; }
+
+  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& t, double value) override;
+  void upload(const Tensor& dst, std::span<const std::byte> src) override;
+  void download(std::span<std::byte> dst, const Tensor& src) override;
+
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void axpy(const Tensor& y, double alpha, const Tensor& x) override;
+  void scale(const Tensor& x, double alpha) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void mul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+
+  double sum_sq(const Tensor& x) override;
+  double max_abs(const Tensor& x) override;
+  bool has_inf_nan(const Tensor& x) override;
+
+  void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                 const Tensor& exp_avg_sq, const AdamParams& p) override;
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                const SgdParams& p) override;
+
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              bool accumulate) override;
+  void relu(const Tensor& out, const Tensor& x) override;
+  void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
+  void add_row_vector(const Tensor& out, const Tensor& row) override;
+  void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
+
+ private:
+  std::uint64_t next_storage_id_ = 0;
+};
+
+class MetaDevice final : public Device {
+ public:
+  Placement placement() const override { return Placement::meta; }
+  std::string name() const override { return "meta"; }
+
+  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& t, double value) override;
+  void upload(const Tensor& dst, std::span<const std::byte> src) override;
+  void download(std::span<std::byte> dst, const Tensor& src) override;
+
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void axpy(const Tensor& y, double alpha, const Tensor& x) override;
+  void scale(const Tensor& x, double alpha) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void mul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+
+  double sum_sq(const Tensor& x) override;
+  double max_abs(const Tensor& x) override;
+  bool has_inf_nan(const Tensor& x) override;
+
+  void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                 const Tensor& exp_avg_sq, const AdamParams& p) override;
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                const SgdParams& p) override;
+
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              bool accumulate) override;
+  void relu(const Tensor& out, const Tensor& x) override;
+  void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
+  void add_row_vector(const Tensor& out, const Tensor& row) override;
+  void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
+};
+
+// Shape checks shared by every Device implementation; throw UsageError naming the op.
+namespace device_check {
+void same_numel(const char* op, const Tensor& a, const Tensor& b);
+void same_dtype(const char* op, const Tensor& a, const Tensor& b);
+void on(const char* op, const Tensor& t, Placement placement);
+void f32_state(const char* op, const Tensor& t);
+struct MatmulDims {
+  std::int64_t m, n, k;
+};
+MatmulDims matmul_dims(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+                       bool trans_b);
+std::int64_t row_len(const char* op, const Tensor& matrix, const Tensor& row);
+}  // namespace device_check
+
+}  // namespace zc

@@ -1,0 +1,129 @@
+// MetaDevice: the fake-tensor device. Every op validates its shapes exactly as HostDevice does and
+// counts the FLOPs and bytes the real kernel would, but moves no data; reductions return 0.
+#include "engine/errors.h"
+#include "engine/host_device.h"
+
+namespace zc {
+
+using namespace device_check;
+
+namespace {
+void tally(DeviceCounters& c, std::int64_t flops, std::int64_t read, std::int64_t written) {
+  c.kernels += 1;
+  c.flops += flops;
+  c.bytes_read += read;
+  c.bytes_written += written;
+}
+void all_meta(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) on(op, *t, Placement::meta);
+}
+}  // namespace
+
+Tensor MetaDevice::alloc(DType dtype, Shape shape, std::string /*label*/) {
+  counters_.bytes_allocated += shape_numel(shape) * dtype_size(dtype);
+  return Tensor(dtype, std::move(shape), Placement::meta, nullptr);
+}
+
+void MetaDevice::copy(const Tensor& dst, const Tensor& src) {
+  all_meta("copy", {&dst, &src});
+  same_numel("copy", dst, src);
+  same_dtype("copy", dst, src);
+  tally(counters_, 0, src.nbytes(), dst.nbytes());
+}
+void MetaDevice::fill(const Tensor& t, double) {
+  all_meta("fill", {&t});
+  tally(counters_, 0, 0, t.nbytes());
+}
+void MetaDevice::upload(const Tensor& dst, std::span<const std::byte>) {
+  throw UsageError(fmt::format("upload into meta tensor {}: meta tensors have no data",
+                               dst.describe()));
+}
+void MetaDevice::download(std::span<std::byte>, const Tensor& src) {
+  throw UsageError(fmt::format("download of meta tensor {}: meta tensors have no data; "
+                               "run on a host or cuda device to read values", src.describe()));
+}
+void MetaDevice::cast(const Tensor& dst, const Tensor& src) {
+  all_meta("cast", {&dst, &src});
+  same_numel("cast", dst, src);
+  tally(counters_, 0, src.nbytes(), dst.nbytes());
+}
+void MetaDevice::axpy(const Tensor& y, double, const Tensor& x) {
+  all_meta("axpy", {&y, &x});
+  same_numel("axpy", y, x);
+  tally(counters_, 2 * y.numel(), x.nbytes() + y.nbytes(), y.nbytes());
+}
+void MetaDevice::scale(const Tensor& x, double) {
+  all_meta("scale", {&x});
+  tally(counters_, x.numel(), x.nbytes(), x.nbytes());
+}
+void MetaDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  all_meta("add", {&out, &a, &b});
+  same_numel("add", out, a);
+  same_numel("add", out, b);
+  tally(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+}
+void MetaDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
+  all_meta("mul", {&out, &a, &b});
+  same_numel("mul", out, a);
+  same_numel("mul", out, b);
+  tally(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+}
+double MetaDevice::sum_sq(const Tensor& x) {
+  all_meta("sum_sq", {&x});
+  tally(counters_, 2 * x.numel(), x.nbytes(), 0);
+  return 0.0;
+}
+double MetaDevice::max_abs(const Tensor& x) {
+  all_meta("max_abs", {&x});
+  tally(counters_, x.numel(), x.nbytes(), 0);
+  return 0.0;
+}
+bool MetaDevice::has_inf_nan(const Tensor& x) {
+  all_meta("has_inf_nan", {&x});
+  tally(counters_, x.numel(), x.nbytes(), 0);
+  return false;
+}
+void MetaDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                           const Tensor& exp_avg_sq, const AdamParams&) {
+  all_meta("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq});
+  f32_state("adam_step", param);
+  same_numel("adam_step", param, grad);
+  same_numel("adam_step", param, exp_avg);
+  same_numel("adam_step", param, exp_avg_sq);
+  tally(counters_, 16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
+}
+void MetaDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&,
+                          const SgdParams&) {
+  all_meta("sgd_step", {&param, &grad});
+  same_numel("sgd_step", param, grad);
+  tally(counters_, 6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
+}
+void MetaDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+                        bool trans_b, bool) {
+  all_meta("matmul", {&out, &a, &b});
+  const MatmulDims d = matmul_dims(out, a, b, trans_a, trans_b);
+  tally(counters_, 2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
+}
+void MetaDevice::relu(const Tensor& out, const Tensor& x) {
+  all_meta("relu", {&out, &x});
+  same_numel("relu", out, x);
+  tally(counters_, x.numel(), x.nbytes(), out.nbytes());
+}
+void MetaDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) {
+  all_meta("relu_backward", {&grad_in, &grad_out, &x});
+  same_numel("relu_backward", grad_in, grad_out);
+  same_numel("relu_backward", grad_in, x);
+  tally(counters_, x.numel(), x.nbytes() + grad_out.nbytes(), grad_in.nbytes());
+}
+void MetaDevice::add_row_vector(const Tensor& out, const Tensor& row) {
+  all_meta("add_row_vector", {&out, &row});
+  row_len("add_row_vector", out, row);
+  tally(counters_, out.numel(), out.nbytes() + row.nbytes(), out.nbytes());
+}
+void MetaDevice::sum_rows(const Tensor& out, const Tensor& x, bool) {
+  all_meta("sum_rows", {&out, &x});
+  row_len("sum_rows", x, out);
+  tally(counters_, x.numel(), x.nbytes(), out.nbytes());
+}
+
+}  // namespace zc

@@ -1,0 +1,76 @@
+// Tensor: a dtype, a shape, a placement, and a view onto storage owned by a Device. Views are
+// contiguous element ranges of one Storage (flat buffers and their partitions are views); a meta
+// tensor has a shape and no storage. Engine code never touches the bytes: it goes through Device.
+#pragma once
+
+#include "engine/dtype.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zc {
+
+enum class Placement : std::uint8_t { host, cuda, meta };
+std::string_view placement_name(Placement p);
+
+using Shape = std::vector<std::int64_t>;
+std::int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);
+
+// A block of device memory. Owned through shared_ptr by every tensor that views it; the device's
+// deleter frees it. id is a per-device counter, used to name buffers without printing pointers.
+struct Storage {
+  void* data = nullptr;
+  std::int64_t bytes = 0;
+  Placement placement = Placement::host;
+  std::uint64_t id = 0;
+  std::string name;  // debug label of the allocation, e.g. "ipg_bucket_0"
+  std::shared_ptr<void> owner;  // frees data when the last view is gone
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor
+  Tensor(DType dtype, Shape shape, Placement placement, std::shared_ptr<Storage> storage,
+         std::int64_t offset_numel = 0);
+
+  bool defined() const { return defined_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t numel() const { return numel_; }
+  std::int64_t nbytes() const { return numel_ * dtype_size(dtype_); }
+  Placement placement() const { return placement_; }
+  bool is_meta() const { return placement_ == Placement::meta; }
+  std::int64_t dim(int i) const { return shape_.at(static_cast<std::size_t>(i)); }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+
+  // A flat view of elements [start, start + count) sharing this tensor's storage.
+  Tensor narrow(std::int64_t start, std::int64_t count) const;
+  // The same elements with another shape of equal numel.
+  Tensor view(Shape shape) const;
+
+  // Storage access for Device implementations and race checks; nullptr for meta tensors.
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  std::int64_t offset_numel() const { return offset_numel_; }
+  std::int64_t byte_begin() const { return offset_numel_ * dtype_size(dtype_); }
+  std::int64_t byte_end() const { return byte_begin() + nbytes(); }
+  void* raw() const;
+
+  // "name[lo:hi]" (elements), or "<meta f32[4,4]>": for error messages; never a pointer.
+  std::string describe() const;
+  // True when both views touch a common byte of one storage.
+  bool overlaps(const Tensor& other) const;
+
+ private:
+  bool defined_ = false;
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  std::int64_t numel_ = 0;
+  Placement placement_ = Placement::host;
+  std::shared_ptr<Storage> storage_;
+  std::int64_t offset_numel_ = 0;
+};
+
+}  // namespace zc

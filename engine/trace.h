@@ -1,0 +1,40 @@
+// Trace: one rank's event stream (collectives, hooks, engine state, DeepCompile runtime calls),
+// folded into a 64-bit hash as it grows. Running a scenario twice must give the same hash: the
+// determinism self-check. Events hold no pointers and no wall-clock time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zc {
+
+struct TraceEvent {
+  std::uint64_t index = 0;   // position in this rank's stream
+  std::string category;      // "comm", "hook", "engine", "deepcompile", ...
+  std::string detail;        // human-readable, e.g. "all_reduce world#3 16xf32 sum"
+  std::uint64_t payload = 0; // e.g. a hash of the data the event produced
+};
+
+class Trace {
+ public:
+  explicit Trace(std::size_t max_kept_events = 1 << 16) : max_kept_(max_kept_events) {}
+
+  void record(std::string_view category, std::string_view detail, std::uint64_t payload = 0);
+  std::uint64_t hash() const { return hash_; }
+  std::uint64_t size() const { return count_; }
+  // The first max_kept_events events (all of them for small runs); the hash covers every event.
+  const std::vector<TraceEvent>& events() const { return events_; }
+
+ private:
+  std::size_t max_kept_;
+  std::uint64_t count_ = 0;
+  std::uint64_t hash_ = 0xcbf29ce484222325ull;  // FNV offset basis
+  std::vector<TraceEvent> events_;
+};
+
+// FNV-1a over bytes, continuing from `h`.
+std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ull);
+
+}  // namespace zc

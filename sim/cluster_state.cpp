@@ -1,0 +1,226 @@
+// The seeded scheduler and the rendezvous: who runs next, when collectives meet, compute and
+// complete, and how a run ends (all finished, or one named error). See cluster_state.h.
+//
+// Note [No yield inside catch]
+// Fibers share the thread's C++ exception state. A rank that issues a collective (a yield point)
+// from inside a catch handler could resume with another fiber's exception on top, and a bare
+// `throw;` would rethrow the wrong one. So yield() refuses inside a handler: capture the exception
+// with std::current_exception(), leave the handler, communicate, then rethrow_exception.
+#include "sim/cluster_state.h"
+
+#include "engine/errors.h"
+#include "sim/sim_comm.h"
+#include "sim/sim_device.h"
+
+#include <boost/context/protected_fixedsize_stack.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace zc::sim {
+
+namespace ctx = boost::context;
+
+std::string CallSig::str() const {
+  switch (kind) {
+    case CollectiveKind::barrier: return "barrier()";
+    case CollectiveKind::split: return "split()";
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter:
+      return fmt::format("{}({} -> {} x {}, {})", collective_name(kind), in_numel, out_numel,
+                         dtype_name(dtype), reduce_op_name(op));
+    case CollectiveKind::reduce:
+      return fmt::format("reduce({} x {}, {}, root {})", in_numel, dtype_name(dtype),
+                         reduce_op_name(op), root);
+    case CollectiveKind::broadcast:
+      return fmt::format("broadcast({} x {}, root {})", in_numel, dtype_name(dtype), root);
+    default:
+      return fmt::format("{}({} -> {} x {})", collective_name(kind), in_numel, out_numel,
+                         dtype_name(dtype));
+  }
+}
+
+std::string Rendezvous::where() const { return fmt::format("group {} seq {}", group->name, seq); }
+
+ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions& options)
+    : world_size_(world_size), seed_(seed), options_(options), sched_rng_(Rng(seed).split(0)) {
+  if (world_size < 1) {
+    throw UsageError(fmt::format("SimCluster: world size {} must be at least 1", world_size));
+  }
+  if (world_size > options.limits.max_ranks) {
+    throw LimitExceeded(fmt::format("SimCluster: world size {} passes SimLimits::max_ranks = {}",
+                                    world_size, options.limits.max_ranks));
+  }
+  std::vector<int> all(static_cast<std::size_t>(world_size));
+  std::iota(all.begin(), all.end(), 0);
+  std::shared_ptr<Group> world = make_group("world", all);
+  for (int r = 0; r < world_size; ++r) {
+    auto rs = std::make_unique<RankState>(options.limits.max_trace_events_kept);
+    rs->rank = r;
+    rs->host = std::make_unique<HostDevice>();
+    rs->device = std::make_unique<SimDevice>(*this, r, *rs->host);
+    rs->world = std::make_unique<SimComm>(*this, r, world, r);
+    ranks_.push_back(std::move(rs));
+  }
+  runnable_pos_.assign(static_cast<std::size_t>(world_size), -1);
+}
+
+ClusterState::~ClusterState() { destroy_fibers(); }
+
+void ClusterState::destroy_fibers() noexcept {
+  // A suspended fiber's destructor unwinds its stack (forced_unwind), running the rank's RAII.
+  for (auto& rs : ranks_) {
+    set_current_rank(rs->rank);
+    rs->fiber = ctx::fiber();
+  }
+  set_current_rank(-1);
+}
+
+std::shared_ptr<Group> ClusterState::make_group(std::string name, std::vector<int> members) {
+  if (static_cast<int>(groups_.size()) >= options_.limits.max_groups) {
+    throw LimitExceeded(fmt::format("split: more than SimLimits::max_groups = {} groups",
+                                    options_.limits.max_groups));
+  }
+  auto g = std::make_shared<Group>();
+  g->id = groups_.size();
+  g->name = std::move(name);
+  g->members = std::move(members);
+  groups_.push_back(g);
+  return g;
+}
+
+void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
+  for (auto& owned : ranks_) {
+    RankState& rs = *owned;
+    auto body = [this, &rs, &fn](ctx::fiber&& sink) -> ctx::fiber {
+      rs.sink = std::move(sink);
+      try {
+        RankContext rc{rs.rank, world_size_, *rs.device, *rs.world, rs.trace,
+                       Rng(seed_).split(1 + static_cast<std::uint64_t>(rs.rank))};
+        fn(rc);
+        drain(rs);
+      } catch (const ctx::detail::forced_unwind&) {
+        throw;  // the cluster is being torn down: let Boost.Context unwind this stack
+      } catch (...) {
+        rs.error = std::current_exception();
+      }
+      rs.finished = true;
+      return std::move(rs.sink);
+    };
+    rs.fiber = ctx::fiber(std::allocator_arg,
+                          ctx::protected_fixedsize_stack(options_.fiber_stack_bytes),
+                          std::move(body));
+    make_runnable(rs.rank);
+  }
+}
+
+void ClusterState::drain(RankState& rs) {
+  // A rank that returns with async work pending still completes it, as a process exit would
+  // after destroy_process_group; a peer that never arrives shows up as a Deadlock.
+  while (!rs.inflight.empty()) rs.inflight.front()->wait();
+}
+
+SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
+  std::exception_ptr failure;
+  try {
+    start_fibers(fn);
+    while (finished_ < world_size_) step_once();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  destroy_fibers();  // outside any handler: see Note [No yield inside catch]
+  if (failure) std::rethrow_exception(failure);
+
+  SimResult result;
+  result.schedule_hash = schedule_hash_;
+  result.scheduler_steps = steps_;
+  for (auto& rs : ranks_) {
+    result.trace_hash = mix64(result.trace_hash, rs->trace.hash());
+    result.makespan_us = std::max(result.makespan_us, rs->now_us);
+    result.rank_time_us.push_back(rs->now_us);
+    result.traces.push_back(std::move(rs->trace));
+  }
+  return result;
+}
+
+void ClusterState::step_once() {
+  if (++steps_ > options_.limits.max_scheduler_steps) {
+    throw LimitExceeded(fmt::format(
+        "scheduler passed SimLimits::max_scheduler_steps = {}; raise it if the run is just long",
+        options_.limits.max_scheduler_steps));
+  }
+  if (!ready_.empty() && sched_rng_.chance(options_.early_completion_chance)) {
+    SimWork& w = *ready_[sched_rng_.below(ready_.size())];
+    schedule_hash_ = mix64(schedule_hash_, 0x8000'0000ull | static_cast<std::uint64_t>(w.rank_));
+    complete(w);
+  }
+  if (runnable_.empty()) throw_deadlock();
+  const int r = runnable_[sched_rng_.below(runnable_.size())];
+  schedule_hash_ = mix64(schedule_hash_, static_cast<std::uint64_t>(r));
+  RankState& rs = rank_state(r);
+  rs.device_ops_since_yield = 0;
+  current_ = r;
+  set_current_rank(r);
+  rs.fiber = std::move(rs.fiber).resume();
+  current_ = -1;
+  set_current_rank(-1);
+  if (rs.finished) {
+    remove_runnable(r);
+    ++finished_;
+    if (rs.error) abort_with(r);
+  }
+}
+
+void ClusterState::yield(int rank) {
+  if (std::current_exception()) {
+    throw UsageError(fmt::format(
+        "rank {}: a collective or wait() was called inside a catch handler; capture the "
+        "exception, leave the handler, then communicate (Note [No yield inside catch])", rank));
+  }
+  RankState& rs = rank_state(rank);
+  rs.sink = std::move(rs.sink).resume();
+}
+
+void ClusterState::block(int rank) {
+  RankState& rs = rank_state(rank);
+  rs.blocked = true;
+  remove_runnable(rank);
+  yield(rank);
+  ZC_ASSERT(!rs.blocked, "rank {} resumed while still blocked", rank);
+}
+
+void ClusterState::make_runnable(int rank) {
+  RankState& rs = rank_state(rank);
+  rs.blocked = false;
+  int& pos = runnable_pos_[static_cast<std::size_t>(rank)];
+  if (pos >= 0) return;
+  pos = static_cast<int>(runnable_.size());
+  runnable_.push_back(rank);
+}
+
+void ClusterState::remove_runnable(int rank) {
+  int& pos = runnable_pos_[static_cast<std::size_t>(rank)];
+  if (pos < 0) return;
+  const int last = runnable_.back();
+  runnable_[static_cast<std::size_t>(pos)] = last;
+  runnable_pos_[static_cast<std::size_t>(last)] = pos;
+  runnable_.pop_back();
+  pos = -1;
+}
+
+void ClusterState::before_device_op(int rank, const char* op) {
+  RankState& rs = rank_state(rank);
+  if (++rs.device_ops_since_yield > options_.limits.max_device_ops_between_yields) {
+    throw LimitExceeded(fmt::format(
+        "rank {}: {} device ops ({} last) without a collective passes "
+        "SimLimits::max_device_ops_between_yields; is the rank looping forever?",
+        rank, rs.device_ops_since_yield, op));
+  }
+}
+
+void ClusterState::on_device_op(int rank, std::int64_t flops, std::int64_t bytes) noexcept {
+  rank_state(rank).now_us += options_.cost.compute_us(flops, bytes);
+}
+
+}  // namespace zc::sim

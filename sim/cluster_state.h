@@ -1,0 +1,168 @@
+// The simulator's internals: groups, rendezvous by (group, sequence number), per-rank state and the
+// seeded scheduler. Invariants: a rank is in `runnable_` iff it is started, unfinished and not
+// blocked; a rendezvous is computed exactly once, when its last member arrives; an output buffer
+// is written exactly once, at completion; a Work is in its rank's `inflight` until waited.
+#pragma once
+
+#include "engine/host_device.h"
+#include "sim/sim_cluster.h"
+#include "sim/sim_comm.h"
+#include "sim/sim_device.h"
+
+#include <boost/context/fiber.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zc::sim {
+
+class SimWork;
+class SimComm;
+class SimDevice;
+struct Group;
+
+// What one rank asked for; all members of a rendezvous must agree on it.
+struct CallSig {
+  CollectiveKind kind = CollectiveKind::barrier;
+  DType dtype = DType::f32;
+  std::int64_t in_numel = 0;
+  std::int64_t out_numel = 0;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  bool operator==(const CallSig&) const = default;
+  std::string str() const;  // "all_reduce(16 x f32, sum)"
+  std::int64_t bytes() const { return std::max(in_numel, out_numel) * dtype_size(dtype); }
+};
+
+struct Member {  // one rank's part in a rendezvous
+  bool arrived = false;
+  CallSig sig;
+  std::vector<std::byte> input;   // snapshot taken at issue
+  Tensor out;                     // written at completion
+  std::vector<std::byte> result;  // computed when the last member arrives
+  SimWork* work = nullptr;        // alive in its rank's inflight list until waited
+  double issue_us = 0.0;
+  int split_color = kNoColor;
+  int split_key = 0;
+  std::shared_ptr<Group> split_group;  // split only: the member's new group
+  int split_rank = -1;
+};
+
+struct Rendezvous {
+  std::shared_ptr<Group> group;
+  std::int64_t seq = 0;
+  std::vector<Member> members;  // by group rank
+  int arrived = 0;
+  bool computed = false;
+  double done_us = 0.0;
+  std::vector<int> waiting;  // global ranks blocked in wait() on it
+  std::string where() const;  // "group world seq 3"
+};
+
+struct Group {
+  std::uint64_t id = 0;
+  std::string name;
+  std::vector<int> members;  // global ranks, by group rank
+  std::map<std::int64_t, std::shared_ptr<Rendezvous>> open;  // by seq, until computed
+};
+
+struct RankState {
+  int rank = 0;
+  boost::context::fiber fiber;  // resumes the rank
+  boost::context::fiber sink;   // resumes the scheduler
+  bool finished = false;
+  bool blocked = false;
+  std::shared_ptr<Rendezvous> blocked_on;
+  std::string blocked_call;
+  std::exception_ptr error;
+  Trace trace;
+  std::unique_ptr<HostDevice> host;
+  std::unique_ptr<SimDevice> device;
+  std::unique_ptr<SimComm> world;
+  std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
+  double now_us = 0.0;
+  std::int64_t device_ops_since_yield = 0;
+  explicit RankState(std::size_t max_events) : trace(max_events) {}
+};
+
+class ClusterState {
+ public:
+  ClusterState(int world_size, std::uint64_t seed, const SimOptions& options);
+  ~ClusterState();
+
+  SimResult run(const std::function<void(RankContext&)>& fn);
+
+  // ---- called from inside a rank's fiber ----
+  WorkPtr issue(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
+                bool async_op, int split_color = kNoColor, int split_key = 0);
+  void wait(SimWork& work);
+  std::unique_ptr<Comm> split_result(const SimWork& work);
+  void yield(int rank);
+  // Race checks for a Device op of `rank` (Note [Race detection] in sim_device.h).
+  void check_read(int rank, const char* op, const Tensor& t);
+  void check_write(int rank, const char* op, const Tensor& t);
+  void before_device_op(int rank, const char* op);  // counts; enforces the yield limit
+  void on_device_op(int rank, std::int64_t flops, std::int64_t bytes) noexcept;
+
+  const SimOptions& options() const { return options_; }
+  RankState& rank_state(int rank) { return *ranks_[static_cast<std::size_t>(rank)]; }
+  std::shared_ptr<Group> make_group(std::string name, std::vector<int> members);
+
+ private:
+  void start_fibers(const std::function<void(RankContext&)>& fn);
+  void step_once();
+  void block(int rank);
+  void make_runnable(int rank);
+  void compute(Rendezvous& rv);
+  void compute_split(Rendezvous& rv);
+  void complete(SimWork& work);
+  void drop_ready(SimWork& work);
+  void remove_runnable(int rank);
+  void destroy_fibers() noexcept;
+  void drain(RankState& rs);
+  [[noreturn]] void throw_mismatch(const Rendezvous& rv) const;
+  [[noreturn]] void throw_deadlock() const;
+  [[noreturn]] void abort_with(int rank);
+  std::string describe_rank(int rank) const;
+
+  int world_size_;
+  std::uint64_t seed_;
+  SimOptions options_;
+  Rng sched_rng_;
+  std::vector<std::unique_ptr<RankState>> ranks_;
+  std::vector<int> runnable_;
+  std::vector<int> runnable_pos_;  // index in runnable_, or -1
+  std::vector<std::shared_ptr<SimWork>> ready_;  // computed, not yet completed
+  std::vector<std::shared_ptr<Group>> groups_;
+  std::uint64_t schedule_hash_ = 0;
+  std::int64_t steps_ = 0;
+  int finished_ = 0;
+  int current_ = -1;
+};
+
+class SimWork final : public Work, public std::enable_shared_from_this<SimWork> {
+ public:
+  SimWork(ClusterState& cluster, int rank, int member, std::shared_ptr<Rendezvous> rv,
+          Tensor in, Tensor out, std::uint64_t issue_index)
+      : cluster_(cluster), rank_(rank), member_(member), rv_(std::move(rv)), in_(std::move(in)),
+        out_(std::move(out)), issue_index_(issue_index) {}
+  void wait() override { cluster_.wait(*this); }
+  bool is_completed() const override { return completed_; }
+
+ private:
+  friend class ClusterState;
+  ClusterState& cluster_;
+  int rank_;
+  int member_;
+  std::shared_ptr<Rendezvous> rv_;
+  Tensor in_;
+  Tensor out_;
+  std::uint64_t issue_index_;  // the rank's trace index of the issue event
+  bool completed_ = false;
+  bool waited_ = false;
+  int ready_pos_ = -1;
+};
+
+}  // namespace zc::sim

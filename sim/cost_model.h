@@ -1,0 +1,49 @@
+// Simulated time: alpha-beta links with ring formulas whose bus-bandwidth factors equal
+// nccl-tests' (2(n-1)/n all-reduce, (n-1)/n reduce-scatter and all-gather), and compute at a
+// device model's FLOP and byte rates. Time is simulated only; no wall clock enters a result.
+#pragma once
+
+#include "engine/comm.h"
+
+#include <cstdint>
+
+namespace zc::sim {
+
+struct CostModel {
+  double alpha_us = 5.0;          // per ring step latency
+  double link_gb_per_s = 100.0;   // per-rank link bandwidth (GB/s = 1e3 bytes/us)
+  double device_tflops = 100.0;   // compute rate
+  double device_gb_per_s = 2000.0;  // memory bandwidth
+
+  // nccl-tests' busBw / algBw factor.
+  static double bus_factor(CollectiveKind k, int n) {
+    if (n <= 1) return 0.0;
+    const double f = static_cast<double>(n - 1) / n;
+    switch (k) {
+      case CollectiveKind::all_reduce: return 2.0 * f;
+      case CollectiveKind::reduce_scatter:
+      case CollectiveKind::all_gather:
+      case CollectiveKind::all_to_all: return f;
+      case CollectiveKind::reduce:
+      case CollectiveKind::broadcast: return 1.0;
+      default: return 0.0;
+    }
+  }
+  // Ring steps of latency.
+  static int ring_steps(CollectiveKind k, int n) {
+    if (n <= 1) return 0;
+    return k == CollectiveKind::all_reduce ? 2 * (n - 1) : n - 1;
+  }
+  // bytes is nccl-tests' "size" (the larger buffer).
+  double collective_us(CollectiveKind k, std::int64_t bytes, int n) const {
+    return alpha_us * ring_steps(k, n) +
+           static_cast<double>(bytes) * bus_factor(k, n) / (link_gb_per_s * 1e3);
+  }
+  double compute_us(std::int64_t flops, std::int64_t bytes) const {
+    const double t_flops = static_cast<double>(flops) / (device_tflops * 1e6);
+    const double t_bytes = static_cast<double>(bytes) / (device_gb_per_s * 1e3);
+    return t_flops > t_bytes ? t_flops : t_bytes;
+  }
+};
+
+}  // namespace zc::sim

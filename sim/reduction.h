@@ -1,0 +1,44 @@
+// The simulator's reductions, in a stated order, rounding to the dtype after every combine exactly
+// as a GPU ring step does (16-bit: computed in f32, stored rounded). Pure functions over byte
+// buffers, so tests can craft inputs whose two orders round differently.
+#pragma once
+
+#include "engine/comm.h"
+#include "engine/dtype.h"
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace zc::sim {
+
+// Note [Reduction orders]
+// linear: element i = ((x_0 + x_1) + x_2) + ... + x_{n-1}, group rank order.
+// ring:   NCCL's ring order for one loop of one channel: the reduced range is cut into n chunks of
+//         ceil(count / n) elements; chunk c starts at rank (c + 1) % n and travels the ring, so
+//         its sum is ((x_{c+1} + x_{c+2}) + ...) + x_c. reduce_scatter's chunk c is rank c's
+//         output; reduce ends at the root. Real NCCL splits by channel and step size too; this is
+//         the order of its single-channel, single-loop case.
+enum class ReductionOrder : std::uint8_t { linear, ring };
+std::string_view reduction_order_name(ReductionOrder o);
+
+// One combine in the dtype's arithmetic: f32 compute and one rounding for 16-bit types, f64 for f64.
+// NaN propagates through max and min.
+double combine(DType dtype, ReduceOp op, double a, double b);
+
+// out[i] = reduction over the n inputs of element (offset + i), i < count, accumulated starting at
+// rank `first` and going around the ring (first, first+1, ..., first-1 mod n).
+void reduce_range(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,
+                  std::int64_t offset, std::int64_t count, int first, std::byte* out);
+
+// The whole-buffer reductions, as the collectives compute them.
+void all_reduce_into(DType dtype, ReduceOp op, ReductionOrder order,
+                     std::span<const std::byte* const> inputs, std::int64_t count, std::byte* out);
+void reduce_scatter_into(DType dtype, ReduceOp op, ReductionOrder order,
+                         std::span<const std::byte* const> inputs, std::int64_t out_count,
+                         int out_rank, std::byte* out);
+void reduce_to_root_into(DType dtype, ReduceOp op, ReductionOrder order,
+                         std::span<const std::byte* const> inputs, std::int64_t count, int root,
+                         std::byte* out);
+
+}  // namespace zc::sim

@@ -1,0 +1,318 @@
+// Collectives in the simulator: issue (snapshot inputs, meet at (group, seq), check agreement),
+// compute once when the last member arrives, complete (write outputs) at a seeded point or at
+// wait(), and the race checks and error reports that name ranks, calls and buffers.
+#include "engine/errors.h"
+#include "sim/cluster_state.h"
+#include "sim/sim_comm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+namespace zc::sim {
+
+namespace {
+
+std::uint64_t hash_bytes(const std::vector<std::byte>& b) {
+  return fnv1a(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+}
+
+std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
+  if (dynamic_cast<const NotImplementedError*>(&e)) return "NotImplementedError";
+  if (dynamic_cast<const UsageError*>(&e)) return "UsageError";
+  if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
+  if (dynamic_cast<const RankFailure*>(&e)) return "RankFailure";
+  return "exception";
+}
+
+}  // namespace
+
+WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
+                            bool async_op, int split_color, int split_key) {
+  const int r = comm.global_rank();
+  RankState& rs = rank_state(r);
+  if (static_cast<int>(rs.inflight.size()) >= options_.limits.max_inflight_per_rank) {
+    throw LimitExceeded(fmt::format(
+        "rank {}: {} async collectives in flight passes SimLimits::max_inflight_per_rank; "
+        "wait() on earlier Work before issuing more", r, rs.inflight.size()));
+  }
+  const char* op = collective_name(sig.kind).data();
+  if (in.defined()) check_read(r, op, in);
+  if (out.defined()) check_write(r, op, out);
+
+  const std::shared_ptr<Group>& group = comm.group();
+  const std::int64_t seq = comm.next_seq();
+  std::shared_ptr<Rendezvous>& slot = group->open[seq];
+  if (!slot) {
+    slot = std::make_shared<Rendezvous>();
+    slot->group = group;
+    slot->seq = seq;
+    slot->members.resize(group->members.size());
+  }
+  std::shared_ptr<Rendezvous> rv = slot;
+  Member& m = rv->members[static_cast<std::size_t>(comm.rank())];
+  ZC_ASSERT(!m.arrived, "rank {} arrived twice at {}", r, rv->where());
+  m.arrived = true;
+  m.sig = sig;
+  m.out = out;
+  m.issue_us = rs.now_us;
+  m.split_color = split_color;
+  m.split_key = split_key;
+  if (in.defined() && in.nbytes() > 0) {  // inputs are read at issue
+    m.input.resize(static_cast<std::size_t>(in.nbytes()));
+    std::memcpy(m.input.data(), in.raw(), m.input.size());
+  }
+  ++rv->arrived;
+  for (const Member& other : rv->members) {
+    if (other.arrived && !(other.sig == sig)) throw_mismatch(*rv);
+  }
+  comm.count_op(sig.kind, sig.bytes());
+  rs.trace.record("comm", fmt::format("issue {} on {}", sig.str(), rv->where()));
+  auto work = std::make_shared<SimWork>(*this, r, comm.rank(), rv, in, out, rs.trace.size() - 1);
+  m.work = work.get();
+  rs.inflight.push_back(work);
+  if (rv->arrived == static_cast<int>(rv->members.size())) compute(*rv);
+  yield(r);  // every collective is a scheduling point
+  if (!async_op) work->wait();
+  return work;
+}
+
+void ClusterState::wait(SimWork& work) {
+  if (work.waited_) return;
+  if (current_ != work.rank_) {
+    throw UsageError(fmt::format("wait() on rank {}'s Work called from rank {}", work.rank_,
+                                 current_));
+  }
+  RankState& rs = rank_state(work.rank_);
+  Rendezvous& rv = *work.rv_;
+  const Member& m = rv.members[static_cast<std::size_t>(work.member_)];
+  if (!rv.computed) {
+    rv.waiting.push_back(work.rank_);
+    rs.blocked_on = work.rv_;
+    rs.blocked_call = m.sig.str();
+    block(work.rank_);
+    rs.blocked_on.reset();
+  }
+  ZC_ASSERT(rv.computed, "rank {} woke before {} was computed", work.rank_, rv.where());
+  complete(work);
+  work.waited_ = true;
+  auto it = std::find_if(rs.inflight.begin(), rs.inflight.end(),
+                         [&](const auto& w) { return w.get() == &work; });
+  ZC_ASSERT(it != rs.inflight.end(), "waited Work missing from rank {}'s inflight list",
+            work.rank_);
+  rs.inflight.erase(it);
+  rs.now_us = std::max(rs.now_us, rv.done_us);
+  rs.trace.record("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()),
+                  hash_bytes(m.result));
+}
+
+void ClusterState::compute(Rendezvous& rv) {
+  ZC_ASSERT(!rv.computed, "{} computed twice", rv.where());
+  rv.computed = true;
+  rv.group->open.erase(rv.seq);
+  const CallSig& sig = rv.members[0].sig;
+  const int n = static_cast<int>(rv.members.size());
+  double last_issue = 0.0;
+  std::vector<const std::byte*> ins;
+  for (const Member& m : rv.members) {
+    last_issue = std::max(last_issue, m.issue_us);
+    ins.push_back(m.input.data());
+  }
+  rv.done_us = last_issue + options_.cost.collective_us(sig.kind, sig.bytes(), n);
+  const std::int64_t esz = dtype_size(sig.dtype);
+  for (int g = 0; g < n; ++g) {
+    Member& m = rv.members[static_cast<std::size_t>(g)];
+    switch (sig.kind) {
+      case CollectiveKind::all_reduce:
+        m.result.resize(static_cast<std::size_t>(sig.out_numel * esz));
+        if (g == 0) {
+          all_reduce_into(sig.dtype, sig.op, options_.order, ins, sig.in_numel, m.result.data());
+        } else {
+          m.result = rv.members[0].result;
+        }
+        break;
+      case CollectiveKind::reduce_scatter:
+        m.result.resize(static_cast<std::size_t>(sig.out_numel * esz));
+        reduce_scatter_into(sig.dtype, sig.op, options_.order, ins, sig.out_numel, g,
+                            m.result.data());
+        break;
+      case CollectiveKind::all_gather:
+        for (const Member& src : rv.members) {
+          m.result.insert(m.result.end(), src.input.begin(), src.input.end());
+        }
+        break;
+      case CollectiveKind::reduce:
+        if (g == sig.root) {
+          m.result.resize(static_cast<std::size_t>(sig.out_numel * esz));
+          reduce_to_root_into(sig.dtype, sig.op, options_.order, ins, sig.in_numel, sig.root,
+                              m.result.data());
+        }
+        break;
+      case CollectiveKind::broadcast:
+        m.result = rv.members[static_cast<std::size_t>(sig.root)].input;
+        break;
+      case CollectiveKind::all_to_all: {
+        const std::size_t chunk = static_cast<std::size_t>(sig.in_numel / n * esz);
+        for (const Member& src : rv.members) {
+          const std::byte* from = src.input.data() + static_cast<std::size_t>(g) * chunk;
+          m.result.insert(m.result.end(), from, from + chunk);
+        }
+        break;
+      }
+      case CollectiveKind::barrier:
+      case CollectiveKind::split: break;
+    }
+  }
+  if (sig.kind == CollectiveKind::split) compute_split(rv);
+  for (Member& m : rv.members) {
+    ZC_ASSERT(m.work != nullptr, "member of {} has no Work", rv.where());
+    m.work->ready_pos_ = static_cast<int>(ready_.size());
+    ready_.push_back(m.work->shared_from_this());
+  }
+  for (int waiter : rv.waiting) make_runnable(waiter);
+  rv.waiting.clear();
+}
+
+void ClusterState::compute_split(Rendezvous& rv) {
+  // Ranks with one color form a group ordered by (key, parent rank); colors in ascending order,
+  // so group ids and names are the same on every run.
+  std::vector<std::tuple<int, int, int>> order;  // (color, key, group rank)
+  for (std::size_t g = 0; g < rv.members.size(); ++g) {
+    const Member& m = rv.members[g];
+    if (m.split_color != kNoColor) order.emplace_back(m.split_color, m.split_key, g);
+  }
+  std::sort(order.begin(), order.end());
+  for (std::size_t i = 0; i < order.size();) {
+    const int color = std::get<0>(order[i]);
+    std::vector<int> parent_ranks;
+    for (; i < order.size() && std::get<0>(order[i]) == color; ++i) {
+      parent_ranks.push_back(std::get<2>(order[i]));
+    }
+    std::vector<int> globals;
+    for (int pr : parent_ranks) globals.push_back(rv.group->members[static_cast<std::size_t>(pr)]);
+    auto group = make_group(fmt::format("{}.c{}", rv.group->name, color), globals);
+    for (std::size_t k = 0; k < parent_ranks.size(); ++k) {
+      Member& m = rv.members[static_cast<std::size_t>(parent_ranks[k])];
+      m.split_group = group;
+      m.split_rank = static_cast<int>(k);
+    }
+  }
+}
+
+std::unique_ptr<Comm> ClusterState::split_result(const SimWork& work) {
+  const Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
+  if (!m.split_group) return nullptr;
+  return std::make_unique<SimComm>(*this, work.rank_, m.split_group, m.split_rank);
+}
+
+void ClusterState::complete(SimWork& work) {
+  if (work.completed_) return;
+  const Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
+  if (!m.result.empty()) {
+    ZC_ASSERT(static_cast<std::int64_t>(m.result.size()) == work.out_.nbytes(),
+              "{}: result of {} bytes for an output of {}", work.rv_->where(), m.result.size(),
+              work.out_.nbytes());
+    std::memcpy(work.out_.raw(), m.result.data(), m.result.size());
+  }
+  work.completed_ = true;
+  drop_ready(work);
+}
+
+void ClusterState::drop_ready(SimWork& work) {
+  const int pos = work.ready_pos_;
+  ZC_ASSERT(pos >= 0 && pos < static_cast<int>(ready_.size()), "Work not in the ready list");
+  std::shared_ptr<SimWork> last = ready_.back();
+  last->ready_pos_ = pos;
+  ready_[static_cast<std::size_t>(pos)] = std::move(last);
+  ready_.pop_back();
+  work.ready_pos_ = -1;
+}
+
+void ClusterState::check_read(int rank, const char* op, const Tensor& t) {
+  for (const auto& w : rank_state(rank).inflight) {
+    if (t.overlaps(w->out_)) {
+      throw DataRace(fmt::format(
+          "rank {}: {} reads {} before wait() on async {} ({}, issued at trace event #{}), "
+          "whose output {} it overlaps; call wait() on that Work first",
+          rank, op, t.describe(), w->rv_->members[static_cast<std::size_t>(w->member_)].sig.str(), w->rv_->where(),
+          w->issue_index_, w->out_.describe()));
+    }
+  }
+}
+
+void ClusterState::check_write(int rank, const char* op, const Tensor& t) {
+  for (const auto& w : rank_state(rank).inflight) {
+    const bool in = t.overlaps(w->in_);
+    if (in || t.overlaps(w->out_)) {
+      throw DataRace(fmt::format(
+          "rank {}: {} writes {} while async {} ({}, issued at trace event #{}) has {} as its "
+          "{} and is not waited; call wait() on that Work before touching its buffers",
+          rank, op, t.describe(), w->rv_->members[static_cast<std::size_t>(w->member_)].sig.str(), w->rv_->where(),
+          w->issue_index_, in ? w->in_.describe() : w->out_.describe(), in ? "input" : "output"));
+    }
+  }
+}
+
+void ClusterState::throw_mismatch(const Rendezvous& rv) const {
+  std::string calls;
+  for (std::size_t g = 0; g < rv.members.size(); ++g) {
+    const Member& m = rv.members[g];
+    if (!m.arrived) continue;
+    calls += fmt::format("\n  rank {} (group rank {}) called {}", rv.group->members[g], g,
+                         m.sig.str());
+  }
+  throw CollectiveMismatch(fmt::format(
+      "collective mismatch on {}:{}\nEvery rank of a group must issue the same collectives, "
+      "with the same count, dtype, op and root, in the same order.", rv.where(), calls));
+}
+
+std::string ClusterState::describe_rank(int rank) const {
+  const RankState& rs = *ranks_[static_cast<std::size_t>(rank)];
+  if (rs.finished) return fmt::format("rank {} (finished)", rank);
+  if (rs.blocked_on) {
+    return fmt::format("rank {} (waiting in {} on {})", rank, rs.blocked_call,
+                       rs.blocked_on->where());
+  }
+  return fmt::format("rank {} (running)", rank);
+}
+
+void ClusterState::throw_deadlock() const {
+  std::string lines;
+  for (const auto& rs : ranks_) {
+    if (rs->finished || !rs->blocked_on) continue;
+    const Rendezvous& rv = *rs->blocked_on;
+    std::string missing;
+    for (std::size_t g = 0; g < rv.members.size(); ++g) {
+      if (rv.members[g].arrived) continue;
+      missing += (missing.empty() ? "" : ", ") + describe_rank(rv.group->members[g]);
+    }
+    lines += fmt::format("\n  rank {} waits in {} on {}; not arrived: {}", rs->rank,
+                         rs->blocked_call, rv.where(), missing);
+  }
+  throw Deadlock(fmt::format(
+      "deadlock: no rank can run and {} of {} have not finished:{}\nA rank skipped a collective "
+      "or called collectives in a different order.", world_size_ - finished_, world_size_,
+      lines));
+}
+
+void ClusterState::abort_with(int rank) {
+  const std::exception_ptr error = rank_state(rank).error;
+  try {
+    std::rethrow_exception(error);
+  } catch (const CollectiveMismatch&) {
+    throw;
+  } catch (const DataRace&) {
+    throw;
+  } catch (const Deadlock&) {
+    throw;
+  } catch (const LimitExceeded&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RankFailure(rank, fmt::format("{}: {}", error_kind(e), e.what()), error);
+  } catch (...) {
+    throw RankFailure(rank, "a non-standard exception", error);
+  }
+}
+
+}  // namespace zc::sim

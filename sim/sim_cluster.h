@@ -1,0 +1,78 @@
+// SimCluster: many ranks in one process, each on its own Boost.Context fiber, under a
+// single-threaded scheduler that picks the next runnable rank with a seeded RNG (FoundationDB's
+// model): one seed, one interleaving, one result. It never hangs: mismatched collectives,
+// deadlocks, data races, crashed ranks and passed limits all end the run with a named error.
+#pragma once
+
+#include "engine/comm.h"
+#include "engine/device.h"
+#include "engine/rng.h"
+#include "engine/trace.h"
+#include "sim/cost_model.h"
+#include "sim/reduction.h"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace zc::sim {
+
+// Limits on everything (STYLE.md 11). Passing one is a LimitExceeded naming it.
+struct SimLimits {
+  int max_ranks = 8192;
+  int max_inflight_per_rank = 1024;        // async Work issued and not yet waited
+  std::int64_t max_scheduler_steps = 100'000'000;
+  std::int64_t max_device_ops_between_yields = 50'000'000;  // a rank that never communicates
+  int max_groups = 65536;
+  std::size_t max_trace_events_kept = 1 << 16;  // per rank; the hash covers all of them
+};
+
+struct SimOptions {
+  ReductionOrder order = ReductionOrder::linear;
+  // At each scheduler step, the chance that one ready async collective completes early (its
+  // output is written) rather than at its wait(). Seeded, so still deterministic.
+  double early_completion_chance = 0.25;
+  std::size_t fiber_stack_bytes = 256 * 1024;
+  SimLimits limits;
+  CostModel cost;
+};
+
+// What a rank's function receives: its environment, handed in (TigerBeetle style).
+struct RankContext {
+  int rank;
+  int world_size;
+  Device& device;  // race-checked host device
+  Comm& world;     // the world group
+  Trace& trace;    // this rank's event trace
+  Rng rng;         // this rank's stream of the root seed
+};
+
+struct SimResult {
+  std::uint64_t trace_hash = 0;     // per-rank trace hashes combined in rank order
+  std::uint64_t schedule_hash = 0;  // the interleaving: picks and early completions
+  std::int64_t scheduler_steps = 0;
+  double makespan_us = 0.0;         // simulated time of the slowest rank
+  std::vector<Trace> traces;        // per rank
+  std::vector<double> rank_time_us;
+};
+
+class SimCluster {
+ public:
+  SimCluster(int world_size, std::uint64_t seed, SimOptions options = {});
+
+  // Runs fn on every rank until all finish. Each call starts afresh from the seed, so two calls
+  // give the same result. Throws CollectiveMismatch, Deadlock, DataRace or LimitExceeded as
+  // raised, and RankFailure for any other exception from a rank.
+  SimResult run(const std::function<void(RankContext&)>& fn) const;
+
+  int world_size() const { return world_size_; }
+  std::uint64_t seed() const { return seed_; }
+  const SimOptions& options() const { return options_; }
+
+ private:
+  int world_size_;
+  std::uint64_t seed_;
+  SimOptions options_;
+};
+
+}  // namespace zc::sim

@@ -1,0 +1,101 @@
+// SimDevice: forwards every op to the rank's HostDevice after the race checks of Note [Race
+// detection], and charges the op's FLOPs and bytes to the rank's simulated clock.
+#include "sim/sim_device.h"
+
+#include "sim/cluster_state.h"
+
+namespace zc::sim {
+
+SimDevice::SimDevice(ClusterState& cluster, int rank, Device& inner)
+    : cluster_(cluster), rank_(rank), inner_(inner) {}
+
+template <class Body>
+auto SimDevice::guarded(const char* op, std::initializer_list<const Tensor*> reads,
+                        std::initializer_list<const Tensor*> writes, Body&& body) {
+  cluster_.before_device_op(rank_, op);
+  for (const Tensor* t : reads) cluster_.check_read(rank_, op, *t);
+  for (const Tensor* t : writes) cluster_.check_write(rank_, op, *t);
+  const DeviceCounters before = inner_.counters();
+  struct Charge {  // charges even when body returns a value
+    SimDevice& self;
+    const DeviceCounters& before;
+    ~Charge() {  // on_device_op is noexcept: it only advances the clock
+      const DeviceCounters& after = self.inner_.counters();
+      self.counters_ = after;
+      self.cluster_.on_device_op(self.rank_, after.flops - before.flops,
+                                 (after.bytes_read - before.bytes_read) +
+                                     (after.bytes_written - before.bytes_written));
+    }
+  } charge{*this, before};
+  return body();
+}
+
+Tensor SimDevice::alloc(DType dtype, Shape shape, std::string label) {
+  return guarded("alloc", {}, {}, [&] { return inner_.alloc(dtype, std::move(shape), label); });
+}
+void SimDevice::copy(const Tensor& dst, const Tensor& src) {
+  guarded("copy", {&src}, {&dst}, [&] { inner_.copy(dst, src); });
+}
+void SimDevice::fill(const Tensor& t, double value) {
+  guarded("fill", {}, {&t}, [&] { inner_.fill(t, value); });
+}
+void SimDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
+  guarded("upload", {}, {&dst}, [&] { inner_.upload(dst, src); });
+}
+void SimDevice::download(std::span<std::byte> dst, const Tensor& src) {
+  guarded("download", {&src}, {}, [&] { inner_.download(dst, src); });
+}
+void SimDevice::cast(const Tensor& dst, const Tensor& src) {
+  guarded("cast", {&src}, {&dst}, [&] { inner_.cast(dst, src); });
+}
+void SimDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
+  guarded("axpy", {&x, &y}, {&y}, [&] { inner_.axpy(y, alpha, x); });
+}
+void SimDevice::scale(const Tensor& x, double alpha) {
+  guarded("scale", {&x}, {&x}, [&] { inner_.scale(x, alpha); });
+}
+void SimDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  guarded("add", {&a, &b}, {&out}, [&] { inner_.add(out, a, b); });
+}
+void SimDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
+  guarded("mul", {&a, &b}, {&out}, [&] { inner_.mul(out, a, b); });
+}
+double SimDevice::sum_sq(const Tensor& x) {
+  return guarded("sum_sq", {&x}, {}, [&] { return inner_.sum_sq(x); });
+}
+double SimDevice::max_abs(const Tensor& x) {
+  return guarded("max_abs", {&x}, {}, [&] { return inner_.max_abs(x); });
+}
+bool SimDevice::has_inf_nan(const Tensor& x) {
+  return guarded("has_inf_nan", {&x}, {}, [&] { return inner_.has_inf_nan(x); });
+}
+void SimDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                          const Tensor& exp_avg_sq, const AdamParams& p) {
+  guarded("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq}, {&param, &exp_avg, &exp_avg_sq},
+          [&] { inner_.adam_step(param, grad, exp_avg, exp_avg_sq, p); });
+}
+void SimDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                         const SgdParams& p) {
+  guarded("sgd_step", {&param, &grad, &momentum_buf}, {&param, &momentum_buf},
+          [&] { inner_.sgd_step(param, grad, momentum_buf, p); });
+}
+void SimDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
+                       bool trans_b, bool accumulate) {
+  guarded("matmul", {&a, &b, &out}, {&out},
+          [&] { inner_.matmul(out, a, b, trans_a, trans_b, accumulate); });
+}
+void SimDevice::relu(const Tensor& out, const Tensor& x) {
+  guarded("relu", {&x}, {&out}, [&] { inner_.relu(out, x); });
+}
+void SimDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) {
+  guarded("relu_backward", {&grad_out, &x}, {&grad_in},
+          [&] { inner_.relu_backward(grad_in, grad_out, x); });
+}
+void SimDevice::add_row_vector(const Tensor& out, const Tensor& row) {
+  guarded("add_row_vector", {&out, &row}, {&out}, [&] { inner_.add_row_vector(out, row); });
+}
+void SimDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
+  guarded("sum_rows", {&x, &out}, {&out}, [&] { inner_.sum_rows(out, x, accumulate); });
+}
+
+}  // namespace zc::sim

@@ -1,0 +1,63 @@
+// SimDevice: a rank's HostDevice behind the race detector, and the clock that charges compute time.
+//
+// Note [Race detection]
+// Every Device op names the tensors it reads and writes. Before it runs, each is checked against
+// the rank's async collectives that are issued and not yet waited: writing an input or output
+// buffer of one, or reading its output, is a DataRace naming the op, the buffer and the
+// collective. The check follows happens-before (wait()), not the seeded completion time, so a
+// race is reported on every schedule, not only on the unlucky ones.
+#pragma once
+
+#include "engine/device.h"
+
+namespace zc::sim {
+
+class ClusterState;
+
+class SimDevice final : public Device {
+ public:
+  SimDevice(ClusterState& cluster, int rank, Device& inner);
+
+  Placement placement() const override { return inner_.placement(); }
+  std::string name() const override { return "sim:" + inner_.name(); }
+
+  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& t, double value) override;
+  void upload(const Tensor& dst, std::span<const std::byte> src) override;
+  void download(std::span<std::byte> dst, const Tensor& src) override;
+
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void axpy(const Tensor& y, double alpha, const Tensor& x) override;
+  void scale(const Tensor& x, double alpha) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void mul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+
+  double sum_sq(const Tensor& x) override;
+  double max_abs(const Tensor& x) override;
+  bool has_inf_nan(const Tensor& x) override;
+
+  void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                 const Tensor& exp_avg_sq, const AdamParams& p) override;
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                const SgdParams& p) override;
+
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              bool accumulate) override;
+  void relu(const Tensor& out, const Tensor& x) override;
+  void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
+  void add_row_vector(const Tensor& out, const Tensor& row) override;
+  void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
+
+ private:
+  // Checks reads then writes, runs `body` on the inner device, then charges its cost.
+  template <class Body>
+  auto guarded(const char* op, std::initializer_list<const Tensor*> reads,
+               std::initializer_list<const Tensor*> writes, Body&& body);
+
+  ClusterState& cluster_;
+  int rank_;
+  Device& inner_;
+};
+
+}  // namespace zc::sim
