@@ -243,8 +243,9 @@ void ClusterState::check_read(int rank, const char* op, const Tensor& t) {
 
 void ClusterState::check_write(int rank, const char* op, const Tensor& t) {
   for (const auto& w : rank_state(rank).inflight) {
-    const bool in = t.overlaps(w->in_);
-    if (in || t.overlaps(w->out_)) {
+    const bool out = t.overlaps(w->out_);  // in-place ops: report the output
+    const bool in = !out && t.overlaps(w->in_);
+    if (in || out) {
       throw DataRace(fmt::format(
           "rank {}: {} writes {} while async {} ({}, issued at trace event #{}) has {} as its "
           "{} and is not waited; call wait() on that Work before touching its buffers",

@@ -1,0 +1,203 @@
+// The house rules, enforced (TigerBeetle's tidy.zig): engine/ knows no backend; sim/ knows no real
+// backend; functions in engine/ and sim/ stay under 100 lines (a ratchet list may name exceptions);
+// no rand(), random_device or wall clock in engine/, sim/ or props/. The checker is tested on
+// crafted snippets first, so a rule that silently matches nothing fails too.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<fs::path> sources(const std::string& dir) {
+  std::vector<fs::path> out;
+  const fs::path root = fs::path(ZC_SOURCE_DIR) / dir;
+  if (!fs::exists(root)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    const std::string ext = e.path().extension().string();
+    if (ext == ".h" || ext == ".cpp" || ext == ".hpp" || ext == ".cu" || ext == ".cuh") {
+      out.push_back(e.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Lines of `text` that include a header matching `forbidden`.
+std::vector<std::string> bad_includes(const std::string& text, const std::regex& forbidden) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  static const std::regex include(R"(^\s*#\s*include\s*[<"]([^>"]+)[>"])");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, include) && std::regex_search(m[1].str(), forbidden)) {
+      out.push_back(line);
+    }
+  }
+  return out;
+}
+
+// Replaces comments, string and char literals with spaces, keeping newlines, so braces inside
+// them do not count.
+std::string strip(const std::string& s) {
+  std::string out = s;
+  enum { code, line_comment, block_comment, str, chr } st = code;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i], n = i + 1 < s.size() ? s[i + 1] : '\0';
+    switch (st) {
+      case code:
+        if (c == '/' && n == '/') st = line_comment;
+        else if (c == '/' && n == '*') st = block_comment;
+        else if (c == '"') st = str;
+        else if (c == '\'') st = chr;
+        else continue;
+        if (c != '"' && c != '\'') out[i] = ' ';
+        break;
+      case line_comment:
+        if (c == '\n') st = code; else out[i] = ' ';
+        break;
+      case block_comment:
+        if (c == '*' && n == '/') { out[i] = out[i + 1] = ' '; ++i; st = code; }
+        else if (c != '\n') out[i] = ' ';
+        break;
+      case str:
+      case chr:
+        if (c == '\\') { out[i] = ' '; if (i + 1 < s.size()) out[++i] = ' '; break; }
+        if ((st == str && c == '"') || (st == chr && c == '\'')) { st = code; break; }
+        if (c != '\n') out[i] = ' ';
+        break;
+    }
+  }
+  return out;
+}
+
+struct LongFunction {
+  int line;
+  int length;
+};
+
+// Outermost brace blocks opened right after a parameter list (") {", ") const {", ") override {",
+// "-> T {", or "{" alone on a line after ")") count as function bodies; lambdas and control blocks
+// inside them count toward their function.
+std::vector<LongFunction> long_functions(const std::string& text, int max_lines) {
+  const std::string s = strip(text);
+  static const std::regex opener(R"(\)\s*(const|noexcept|override|final|mutable|\s)*(->[^;{}]*)?$)");
+  std::vector<LongFunction> out;
+  int line = 1, depth = 0, fn_depth = -1, fn_line = 0;
+  std::string before;  // code since the last ; { or } at this level
+  for (char c : s) {
+    if (c == '\n') ++line;
+    if (c == '{') {
+      if (fn_depth < 0 && std::regex_search(before, opener)) {
+        fn_depth = depth;
+        fn_line = line;
+      }
+      ++depth;
+      before.clear();
+    } else if (c == '}') {
+      --depth;
+      if (depth == fn_depth) {
+        if (line - fn_line + 1 > max_lines) out.push_back({fn_line, line - fn_line + 1});
+        fn_depth = -1;
+      }
+      before.clear();
+    } else if (c == ';') {
+      before.clear();
+    } else {
+      before += c;
+    }
+  }
+  return out;
+}
+
+const std::regex kBackendHeaders(R"(^(sim/|real/|cuda|nccl|mpi|cublas))");
+const std::regex kRealHeaders(R"(^(real/|cuda|nccl|mpi|cublas))");
+const std::regex kNondeterminism(R"(\b(rand|srand|random_device|system_clock|steady_clock|high_resolution_clock|time)\s*\()");
+
+// The ratchet: functions allowed past the limit, by "file:line-of-opening". Empty, and it should
+// only shrink.
+const std::vector<std::string> kLongFunctionExceptions = {};
+
+TEST(TidyChecker, FindsWhatItMustFind) {
+  EXPECT_EQ(bad_includes("#include \"sim/sim_comm.h\"\n#include <vector>\n", kBackendHeaders).size(), 1u);
+  EXPECT_EQ(bad_includes("#  include <cuda_runtime.h>\n#include <nccl.h>\n#include <mpi.h>\n",
+                         kBackendHeaders).size(), 3u);
+  EXPECT_TRUE(bad_includes("#include \"engine/comm.h\"\n", kBackendHeaders).empty());
+  std::string fn = "int f(int x) const {\n";
+  for (int i = 0; i < 120; ++i) fn += "  if (x) { x += 1; }\n";
+  fn += "}\nstruct S { int g() { return 1; } };\n";
+  const auto found = long_functions(fn, 100);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].line, 1);
+  EXPECT_EQ(found[0].length, 122);
+  EXPECT_TRUE(long_functions("void g() {\n  auto s = \"}}}\"; // }\n}\n", 2).size() == 1u);
+  EXPECT_TRUE(long_functions("namespace a {\nstruct B {\n};\n}\n", 1).empty());
+  EXPECT_TRUE(std::regex_search(strip("int x = rand();"), kNondeterminism));
+  EXPECT_FALSE(std::regex_search(strip("// rand()\nint operand(1);"), kNondeterminism));
+}
+
+TEST(Tidy, EngineIncludesNoBackend) {
+  std::string report;
+  for (const fs::path& p : sources("engine")) {
+    for (const std::string& line : bad_includes(read(p), kBackendHeaders)) {
+      report += p.string() + ": " + line + "\n";
+    }
+  }
+  EXPECT_EQ(report, "") << "engine/ must not include sim/, real/, CUDA, NCCL or MPI (DESIGN.md)";
+}
+
+TEST(Tidy, SimIncludesNoRealBackend) {
+  std::string report;
+  for (const fs::path& p : sources("sim")) {
+    for (const std::string& line : bad_includes(read(p), kRealHeaders)) {
+      report += p.string() + ": " + line + "\n";
+    }
+  }
+  EXPECT_EQ(report, "");
+}
+
+TEST(Tidy, FunctionsInEngineAndSimStayUnderAHundredLines) {
+  std::string report;
+  int checked = 0;
+  for (const std::string dir : {"engine", "sim"}) {
+    for (const fs::path& p : sources(dir)) {
+      ++checked;
+      for (const LongFunction& f : long_functions(read(p), 100)) {
+        const std::string key = fs::relative(p, ZC_SOURCE_DIR).string() + ":" + std::to_string(f.line);
+        if (std::find(kLongFunctionExceptions.begin(), kLongFunctionExceptions.end(), key) !=
+            kLongFunctionExceptions.end()) continue;
+        report += key + " is " + std::to_string(f.length) + " lines\n";
+      }
+    }
+  }
+  EXPECT_GT(checked, 10);
+  EXPECT_EQ(report, "") << "split these functions (STYLE.md 8)";
+}
+
+TEST(Tidy, NoWallClockOrUnseededRandomnessInDeterministicCode) {
+  std::string report;
+  for (const std::string dir : {"engine", "sim", "props"}) {
+    for (const fs::path& p : sources(dir)) {
+      const std::string s = strip(read(p));
+      std::smatch m;
+      if (std::regex_search(s, m, kNondeterminism)) report += p.string() + ": " + m[0].str() + "\n";
+    }
+  }
+  EXPECT_EQ(report, "") << "use zc::Rng from the root seed; simulated time only (STYLE.md 6)";
+}
+
+}  // namespace
