@@ -34,7 +34,9 @@ class Trace {
   std::vector<TraceEvent> events_;
 };
 
-// FNV-1a over bytes, continuing from `h`.
+// FNV-1a over bytes, continuing from `h`: for short strings.
 std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ull);
+// A 64-bit hash of a data buffer, eight bytes per step (tensor contents in traces).
+std::uint64_t hash_data(const void* data, std::size_t bytes);
 
 }  // namespace zc

@@ -41,7 +41,8 @@ struct Member {  // one rank's part in a rendezvous
   CallSig sig;
   std::vector<std::byte> input;   // snapshot taken at issue
   Tensor out;                     // written at completion
-  std::vector<std::byte> result;  // computed when the last member arrives
+  // Computed when the last member arrives; shared between members that get the same bytes.
+  std::shared_ptr<const std::vector<std::byte>> result;
   SimWork* work = nullptr;        // alive in its rank's inflight list until waited
   double issue_us = 0.0;
   int split_color = kNoColor;
@@ -55,6 +56,7 @@ struct Rendezvous {
   std::int64_t seq = 0;
   std::vector<Member> members;  // by group rank
   int arrived = 0;
+  CallSig first_sig;  // the first arrival's call: every later one must equal it
   bool computed = false;
   double done_us = 0.0;
   std::vector<int> waiting;  // global ranks blocked in wait() on it

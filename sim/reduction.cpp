@@ -4,6 +4,7 @@
 #include "engine/errors.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace zc::sim {
 
@@ -11,30 +12,66 @@ std::string_view reduction_order_name(ReductionOrder o) {
   return o == ReductionOrder::linear ? "linear" : "ring";
 }
 
-double combine(DType dtype, ReduceOp op, double a, double b) {
-  if (op != ReduceOp::sum) {
-    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-    return op == ReduceOp::max ? std::max(a, b) : std::min(a, b);
+namespace {
+
+// One dtype's storage: how an element is loaded into the compute type T and rounded back.
+template <class T, class Stored, T (*Load)(Stored), Stored (*Store)(T)>
+struct Format {
+  using Compute = T;
+  static T load(const std::byte* base, std::int64_t i) {
+    Stored s;
+    std::memcpy(&s, base + i * static_cast<std::int64_t>(sizeof(Stored)), sizeof(Stored));
+    return Load(s);
   }
-  if (dtype == DType::f64) return a + b;
-  const float s = static_cast<float>(a) + static_cast<float>(b);
-  switch (dtype) {
-    case DType::f16: return f16_bits_to_f32(f32_to_f16_bits(s));
-    case DType::bf16: return bf16_bits_to_f32(f32_to_bf16_bits(s));
-    default: return s;
+  static void store(std::byte* base, std::int64_t i, T v) {
+    const Stored s = Store(v);
+    std::memcpy(base + i * static_cast<std::int64_t>(sizeof(Stored)), &s, sizeof(Stored));
   }
+  static T round(T v) { return Load(Store(v)); }  // the rounding of one combine
+};
+template <class T> T same(T v) { return v; }
+using F64 = Format<double, double, same<double>, same<double>>;
+using F32 = Format<float, float, same<float>, same<float>>;
+using F16 = Format<float, std::uint16_t, f16_bits_to_f32, f32_to_f16_bits>;
+using BF16 = Format<float, std::uint16_t, bf16_bits_to_f32, f32_to_bf16_bits>;
+
+// Rank-outer, element-inner: each element sees the same sequence of combines as an element-by-
+// element loop would, so the result is identical, but each pass is straight over memory.
+template <class F>
+void reduce_range_as(ReduceOp op, std::span<const std::byte* const> inputs, std::int64_t offset,
+                     std::int64_t count, int first, std::byte* out) {
+  using T = typename F::Compute;
+  const int n = static_cast<int>(inputs.size());
+  std::vector<T> acc(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) acc[static_cast<std::size_t>(i)] = F::load(inputs[first], offset + i);
+  for (int j = 1; j < n; ++j) {
+    const std::byte* in = inputs[(first + j) % n];
+    for (std::int64_t i = 0; i < count; ++i) {
+      const T x = F::load(in, offset + i);
+      T& a = acc[static_cast<std::size_t>(i)];
+      if (op == ReduceOp::sum) {
+        a = F::round(a + x);
+      } else if (std::isnan(a) || std::isnan(x)) {
+        a = std::isnan(a) ? a : x;
+      } else {
+        a = op == ReduceOp::max ? std::max(a, x) : std::min(a, x);
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < count; ++i) F::store(out, i, acc[static_cast<std::size_t>(i)]);
 }
+
+}  // namespace
 
 void reduce_range(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,
                   std::int64_t offset, std::int64_t count, int first, std::byte* out) {
   const int n = static_cast<int>(inputs.size());
   ZC_ASSERT(n >= 1 && first >= 0 && first < n, "ring start {} of {} ranks", first, n);
-  for (std::int64_t i = 0; i < count; ++i) {
-    double acc = load_as_f64(inputs[first], dtype, offset + i);
-    for (int j = 1; j < n; ++j) {
-      acc = combine(dtype, op, acc, load_as_f64(inputs[(first + j) % n], dtype, offset + i));
-    }
-    store_from_f64(out, dtype, i, acc);
+  switch (dtype) {
+    case DType::f64: return reduce_range_as<F64>(op, inputs, offset, count, first, out);
+    case DType::f32: return reduce_range_as<F32>(op, inputs, offset, count, first, out);
+    case DType::f16: return reduce_range_as<F16>(op, inputs, offset, count, first, out);
+    case DType::bf16: return reduce_range_as<BF16>(op, inputs, offset, count, first, out);
   }
 }
 

@@ -22,10 +22,8 @@ namespace zc::sim {
 enum class ReductionOrder : std::uint8_t { linear, ring };
 std::string_view reduction_order_name(ReductionOrder o);
 
-// One combine in the dtype's arithmetic: f32 compute and one rounding for 16-bit types, f64 for f64.
-// NaN propagates through max and min.
-double combine(DType dtype, ReduceOp op, double a, double b);
-
+// Sums are computed in the dtype's arithmetic: f32 with one rounding per combine for 16-bit
+// types, f64 for f64. NaN propagates through max and min.
 // out[i] = reduction over the n inputs of element (offset + i), i < count, accumulated starting at
 // rank `first` and going around the ring (first, first+1, ..., first-1 mod n).
 void reduce_range(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,

@@ -13,9 +13,12 @@ namespace zc::sim {
 
 namespace {
 
-std::uint64_t hash_bytes(const std::vector<std::byte>& b) {
-  return fnv1a(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+std::uint64_t hash_bytes(const std::shared_ptr<const std::vector<std::byte>>& b) {
+  if (!b) return 0;
+  return hash_data(b->data(), b->size());
 }
+
+using Bytes = std::vector<std::byte>;
 
 std::string error_kind(const std::exception& e) {
   if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
@@ -63,10 +66,8 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in,
     m.input.resize(static_cast<std::size_t>(in.nbytes()));
     std::memcpy(m.input.data(), in.raw(), m.input.size());
   }
-  ++rv->arrived;
-  for (const Member& other : rv->members) {
-    if (other.arrived && !(other.sig == sig)) throw_mismatch(*rv);
-  }
+  if (rv->arrived++ == 0) rv->first_sig = sig;
+  if (!(rv->first_sig == sig)) throw_mismatch(*rv);
   comm.count_op(sig.kind, sig.bytes());
   rs.trace.record("comm", fmt::format("issue {} on {}", sig.str(), rv->where()));
   auto work = std::make_shared<SimWork>(*this, r, comm.rank(), rv, in, out, rs.trace.size() - 1);
@@ -121,43 +122,52 @@ void ClusterState::compute(Rendezvous& rv) {
   }
   rv.done_us = last_issue + options_.cost.collective_us(sig.kind, sig.bytes(), n);
   const std::int64_t esz = dtype_size(sig.dtype);
+  const auto sized = [&](std::int64_t numel) {
+    return std::make_shared<Bytes>(static_cast<std::size_t>(numel * esz));
+  };
+  std::shared_ptr<Bytes> shared;  // one result for every member (all_reduce, broadcast)
   for (int g = 0; g < n; ++g) {
     Member& m = rv.members[static_cast<std::size_t>(g)];
     switch (sig.kind) {
       case CollectiveKind::all_reduce:
-        m.result.resize(static_cast<std::size_t>(sig.out_numel * esz));
-        if (g == 0) {
-          all_reduce_into(sig.dtype, sig.op, options_.order, ins, sig.in_numel, m.result.data());
-        } else {
-          m.result = rv.members[0].result;
+        if (!shared) {
+          shared = sized(sig.out_numel);
+          all_reduce_into(sig.dtype, sig.op, options_.order, ins, sig.in_numel, shared->data());
         }
+        m.result = shared;
         break;
-      case CollectiveKind::reduce_scatter:
-        m.result.resize(static_cast<std::size_t>(sig.out_numel * esz));
-        reduce_scatter_into(sig.dtype, sig.op, options_.order, ins, sig.out_numel, g,
-                            m.result.data());
+      case CollectiveKind::reduce_scatter: {
+        auto r = sized(sig.out_numel);
+        reduce_scatter_into(sig.dtype, sig.op, options_.order, ins, sig.out_numel, g, r->data());
+        m.result = std::move(r);
         break;
-      case CollectiveKind::all_gather:
-        for (const Member& src : rv.members) {
-          m.result.insert(m.result.end(), src.input.begin(), src.input.end());
-        }
+      }
+      case CollectiveKind::all_gather: {
+        auto r = std::make_shared<Bytes>();
+        for (const Member& src : rv.members) r->insert(r->end(), src.input.begin(), src.input.end());
+        m.result = std::move(r);
         break;
+      }
       case CollectiveKind::reduce:
         if (g == sig.root) {
-          m.result.resize(static_cast<std::size_t>(sig.out_numel * esz));
+          auto r = sized(sig.out_numel);
           reduce_to_root_into(sig.dtype, sig.op, options_.order, ins, sig.in_numel, sig.root,
-                              m.result.data());
+                              r->data());
+          m.result = std::move(r);
         }
         break;
       case CollectiveKind::broadcast:
-        m.result = rv.members[static_cast<std::size_t>(sig.root)].input;
+        if (!shared) shared = std::make_shared<Bytes>(rv.members[static_cast<std::size_t>(sig.root)].input);
+        m.result = shared;
         break;
       case CollectiveKind::all_to_all: {
         const std::size_t chunk = static_cast<std::size_t>(sig.in_numel / n * esz);
+        auto r = std::make_shared<Bytes>();
         for (const Member& src : rv.members) {
           const std::byte* from = src.input.data() + static_cast<std::size_t>(g) * chunk;
-          m.result.insert(m.result.end(), from, from + chunk);
+          r->insert(r->end(), from, from + chunk);
         }
+        m.result = std::move(r);
         break;
       }
       case CollectiveKind::barrier:
@@ -209,11 +219,11 @@ std::unique_ptr<Comm> ClusterState::split_result(const SimWork& work) {
 void ClusterState::complete(SimWork& work) {
   if (work.completed_) return;
   const Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
-  if (!m.result.empty()) {
-    ZC_ASSERT(static_cast<std::int64_t>(m.result.size()) == work.out_.nbytes(),
-              "{}: result of {} bytes for an output of {}", work.rv_->where(), m.result.size(),
+  if (m.result && !m.result->empty()) {
+    ZC_ASSERT(static_cast<std::int64_t>(m.result->size()) == work.out_.nbytes(),
+              "{}: result of {} bytes for an output of {}", work.rv_->where(), m.result->size(),
               work.out_.nbytes());
-    std::memcpy(work.out_.raw(), m.result.data(), m.result.size());
+    std::memcpy(work.out_.raw(), m.result->data(), m.result->size());
   }
   work.completed_ = true;
   drop_ready(work);
