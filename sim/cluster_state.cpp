@@ -69,6 +69,7 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
 ClusterState::~ClusterState() { destroy_fibers(); }
 
 void ClusterState::destroy_fibers() noexcept {
+  tearing_down_ = true;
   // A suspended fiber's destructor unwinds its stack (forced_unwind), running the rank's RAII.
   for (auto& rs : ranks_) {
     set_current_rank(rs->rank);
@@ -94,6 +95,8 @@ void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
   for (auto& owned : ranks_) {
     RankState& rs = *owned;
     auto body = [this, &rs, &fn](ctx::fiber&& sink) -> ctx::fiber {
+      // With ucontext fibers (sanitizer builds) destroying a fiber that never ran starts it.
+      if (tearing_down_) return std::move(sink);
       rs.sink = std::move(sink);
       try {
         RankContext rc{rs.rank, world_size_, *rs.device, *rs.world, rs.trace,

@@ -47,12 +47,12 @@ struct Member {  // one rank's part in a rendezvous
   double issue_us = 0.0;
   int split_color = kNoColor;
   int split_key = 0;
-  std::shared_ptr<Group> split_group;  // split only: the member's new group
+  Group* split_group = nullptr;  // split only: the member's new group
   int split_rank = -1;
 };
 
 struct Rendezvous {
-  std::shared_ptr<Group> group;
+  Group* group = nullptr;  // owned by ClusterState::groups_ (no cycle through Group::open)
   std::int64_t seq = 0;
   std::vector<Member> members;  // by group rank
   int arrived = 0;
@@ -142,6 +142,7 @@ class ClusterState {
   std::int64_t steps_ = 0;
   int finished_ = 0;
   int current_ = -1;
+  bool tearing_down_ = false;  // fibers never started must not run user code when destroyed
 };
 
 class SimWork final : public Work, public std::enable_shared_from_this<SimWork> {

@@ -44,7 +44,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in,
   if (in.defined()) check_read(r, op, in);
   if (out.defined()) check_write(r, op, out);
 
-  const std::shared_ptr<Group>& group = comm.group();
+  Group* group = comm.group().get();
   const std::int64_t seq = comm.next_seq();
   std::shared_ptr<Rendezvous>& slot = group->open[seq];
   if (!slot) {
@@ -201,7 +201,7 @@ void ClusterState::compute_split(Rendezvous& rv) {
     }
     std::vector<int> globals;
     for (int pr : parent_ranks) globals.push_back(rv.group->members[static_cast<std::size_t>(pr)]);
-    auto group = make_group(fmt::format("{}.c{}", rv.group->name, color), globals);
+    Group* group = make_group(fmt::format("{}.c{}", rv.group->name, color), globals).get();
     for (std::size_t k = 0; k < parent_ranks.size(); ++k) {
       Member& m = rv.members[static_cast<std::size_t>(parent_ranks[k])];
       m.split_group = group;
@@ -213,7 +213,7 @@ void ClusterState::compute_split(Rendezvous& rv) {
 std::unique_ptr<Comm> ClusterState::split_result(const SimWork& work) {
   const Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
   if (!m.split_group) return nullptr;
-  return std::make_unique<SimComm>(*this, work.rank_, m.split_group, m.split_rank);
+  return std::make_unique<SimComm>(*this, work.rank_, groups_[m.split_group->id], m.split_rank);
 }
 
 void ClusterState::complete(SimWork& work) {
