@@ -72,6 +72,7 @@ class Device {
   virtual void cast(const Tensor& dst, const Tensor& src) = 0;
   virtual void axpy(const Tensor& y, double alpha, const Tensor& x) = 0;  // y = y + alpha * x
   virtual void scale(const Tensor& x, double alpha) = 0;                  // x = alpha * x
+  virtual void div(const Tensor& x, double divisor) = 0;  // x = x / divisor (IEEE division)
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
   virtual void mul(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a * b
 
@@ -80,6 +81,8 @@ class Device {
   virtual double sum_sq(const Tensor& x) = 0;
   virtual double max_abs(const Tensor& x) = 0;  // NaN if any element is NaN
   virtual bool has_inf_nan(const Tensor& x) = 0;
+  // sum_i a[i] * b[i] in f64, in the canonical order (each product exact in f64 for 16/32-bit).
+  virtual double dot(const Tensor& a, const Tensor& b) = 0;
 
   // ---- optimizer updates (param, grad and states of equal numel; states f32) ----
   virtual void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
@@ -97,6 +100,10 @@ class Device {
   virtual void add_row_vector(const Tensor& out, const Tensor& row) = 0;  // out[m,n] += row[n]
   // out[n] = (accumulate ? out[n] : 0) + sum_m x[m,n], ascending m
   virtual void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  // Row-wise softmax cross-entropy: logits [B,C], labels [B] (class ids as floats). Writes the
+  // per-row loss [B] f32 and dlogits = softmax - onehot [B,C]; f32 math, max-subtracted expf.
+  virtual void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
+                            const Tensor& labels) = 0;
 
   const DeviceCounters& counters() const { return counters_; }
 

@@ -206,6 +206,15 @@ void HostDevice::scale(const Tensor& x, double alpha) {
   count(counters_, x.numel(), x.nbytes(), x.nbytes());
 }
 
+void HostDevice::div(const Tensor& x, double divisor) {
+  on("div", x, Placement::host);
+  with_compute({&x}, [&]<class T>(T) {
+    const T d = static_cast<T>(divisor);
+    for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(x, i, ld<T>(x, i) / d);
+  });
+  count(counters_, x.numel(), x.nbytes(), x.nbytes());
+}
+
 void HostDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   on("add", out, Placement::host);
   on("add", a, Placement::host);
@@ -230,23 +239,39 @@ void HostDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
   count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
 }
 
-double HostDevice::sum_sq(const Tensor& x) {
-  on("sum_sq", x, Placement::host);
-  const std::int64_t blocks = (x.numel() + kReduceBlock - 1) / kReduceBlock;
+// Note [Canonical reduction order] for sum_i term(i), terms computed in f64.
+template <class Term>
+double canonical_sum(std::int64_t n, Term term) {
+  const std::int64_t blocks = (n + kReduceBlock - 1) / kReduceBlock;
   std::vector<double> partials(static_cast<std::size_t>(blocks));
   std::vector<double> leaves;
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::int64_t lo = b * kReduceBlock;
-    const std::int64_t hi = std::min(x.numel(), lo + kReduceBlock);
+    const std::int64_t hi = std::min(n, lo + kReduceBlock);
     leaves.assign(static_cast<std::size_t>(kReduceBlock), 0.0);
-    for (std::int64_t i = lo; i < hi; ++i) {
-      const double v = load_as_f64(x.raw(), x.dtype(), i);
-      leaves[static_cast<std::size_t>(i - lo)] = v * v;
-    }
+    for (std::int64_t i = lo; i < hi; ++i) leaves[static_cast<std::size_t>(i - lo)] = term(i);
     partials[static_cast<std::size_t>(b)] = tree_sum(leaves);
   }
-  count(counters_, 2 * x.numel(), x.nbytes(), 0);
   return partials.empty() ? 0.0 : tree_sum(partials);
+}
+
+double HostDevice::sum_sq(const Tensor& x) {
+  on("sum_sq", x, Placement::host);
+  count(counters_, 2 * x.numel(), x.nbytes(), 0);
+  return canonical_sum(x.numel(), [&](std::int64_t i) {
+    const double v = load_as_f64(x.raw(), x.dtype(), i);
+    return v * v;
+  });
+}
+
+double HostDevice::dot(const Tensor& a, const Tensor& b) {
+  on("dot", a, Placement::host);
+  on("dot", b, Placement::host);
+  same_numel("dot", a, b);
+  count(counters_, 2 * a.numel(), a.nbytes() + b.nbytes(), 0);
+  return canonical_sum(a.numel(), [&](std::int64_t i) {
+    return load_as_f64(a.raw(), a.dtype(), i) * load_as_f64(b.raw(), b.dtype(), i);
+  });
 }
 
 double HostDevice::max_abs(const Tensor& x) {
@@ -406,6 +431,36 @@ void HostDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
     }
   });
   count(counters_, x.numel(), x.nbytes(), out.nbytes());
+}
+
+void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
+                              const Tensor& labels) {
+  for (const Tensor* t : {&dlogits, &row_loss, &logits, &labels}) on("softmax_xent", *t, Placement::host);
+  same_numel("softmax_xent", dlogits, logits);
+  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
+    throw UsageError(fmt::format("softmax_xent: logits {} need labels and row_loss of [{}]",
+                                 shape_str(logits.shape()), logits.ndim() == 2 ? logits.dim(0) : -1));
+  }
+  const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto label = static_cast<std::int64_t>(load_as_f32(labels.raw(), labels.dtype(), r));
+    if (label < 0 || label >= cols) {
+      throw UsageError(fmt::format("softmax_xent: label {} of row {} outside [0, {})", label, r, cols));
+    }
+    float mx = -INFINITY;
+    for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, load_as_f32(logits.raw(), logits.dtype(), r * cols + c));
+    float denom = 0.0f;
+    for (std::int64_t c = 0; c < cols; ++c) denom = denom + std::exp(load_as_f32(logits.raw(), logits.dtype(), r * cols + c) - mx);
+    const float log_denom = std::log(denom);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float z = load_as_f32(logits.raw(), logits.dtype(), r * cols + c) - mx;
+      const float p = std::exp(z) / denom;
+      store_from_f32(dlogits.raw(), dlogits.dtype(), r * cols + c, c == label ? p - 1.0f : p);
+    }
+    const float zl = load_as_f32(logits.raw(), logits.dtype(), r * cols + label) - mx;
+    store_from_f32(row_loss.raw(), row_loss.dtype(), r, log_denom - zl);
+  }
+  count(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 
 }  // namespace zc

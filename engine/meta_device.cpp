@@ -56,6 +56,10 @@ void MetaDevice::scale(const Tensor& x, double) {
   all_meta("scale", {&x});
   tally(counters_, x.numel(), x.nbytes(), x.nbytes());
 }
+void MetaDevice::div(const Tensor& x, double) {
+  all_meta("div", {&x});
+  tally(counters_, x.numel(), x.nbytes(), x.nbytes());
+}
 void MetaDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   all_meta("add", {&out, &a, &b});
   same_numel("add", out, a);
@@ -82,6 +86,21 @@ bool MetaDevice::has_inf_nan(const Tensor& x) {
   all_meta("has_inf_nan", {&x});
   tally(counters_, x.numel(), x.nbytes(), 0);
   return false;
+}
+double MetaDevice::dot(const Tensor& a, const Tensor& b) {
+  all_meta("dot", {&a, &b});
+  same_numel("dot", a, b);
+  tally(counters_, 2 * a.numel(), a.nbytes() + b.nbytes(), 0);
+  return 0.0;
+}
+void MetaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
+                              const Tensor& labels) {
+  all_meta("softmax_xent", {&dlogits, &row_loss, &logits, &labels});
+  same_numel("softmax_xent", dlogits, logits);
+  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
+    throw UsageError("softmax_xent: logits must be [B,C] with labels and row_loss [B]");
+  }
+  tally(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 void MetaDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                            const Tensor& exp_avg_sq, const AdamParams&) {

@@ -54,6 +54,9 @@ void SimDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
 void SimDevice::scale(const Tensor& x, double alpha) {
   guarded("scale", {&x}, {&x}, [&] { inner_.scale(x, alpha); });
 }
+void SimDevice::div(const Tensor& x, double divisor) {
+  guarded("div", {&x}, {&x}, [&] { inner_.div(x, divisor); });
+}
 void SimDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   guarded("add", {&a, &b}, {&out}, [&] { inner_.add(out, a, b); });
 }
@@ -68,6 +71,14 @@ double SimDevice::max_abs(const Tensor& x) {
 }
 bool SimDevice::has_inf_nan(const Tensor& x) {
   return guarded("has_inf_nan", {&x}, {}, [&] { return inner_.has_inf_nan(x); });
+}
+double SimDevice::dot(const Tensor& a, const Tensor& b) {
+  return guarded("dot", {&a, &b}, {}, [&] { return inner_.dot(a, b); });
+}
+void SimDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
+                             const Tensor& labels) {
+  guarded("softmax_xent", {&logits, &labels}, {&dlogits, &row_loss},
+          [&] { inner_.softmax_xent(dlogits, row_loss, logits, labels); });
 }
 void SimDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                           const Tensor& exp_avg_sq, const AdamParams& p) {

@@ -30,12 +30,14 @@ class SimDevice final : public Device {
   void cast(const Tensor& dst, const Tensor& src) override;
   void axpy(const Tensor& y, double alpha, const Tensor& x) override;
   void scale(const Tensor& x, double alpha) override;
+  void div(const Tensor& x, double divisor) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void mul(const Tensor& out, const Tensor& a, const Tensor& b) override;
 
   double sum_sq(const Tensor& x) override;
   double max_abs(const Tensor& x) override;
   bool has_inf_nan(const Tensor& x) override;
+  double dot(const Tensor& a, const Tensor& b) override;
 
   void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                  const Tensor& exp_avg_sq, const AdamParams& p) override;
@@ -48,6 +50,8 @@ class SimDevice final : public Device {
   void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
   void add_row_vector(const Tensor& out, const Tensor& row) override;
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
+                    const Tensor& labels) override;
 
  private:
   // Checks reads then writes, runs `body` on the inner device, then charges its cost.

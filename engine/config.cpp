@@ -1,0 +1,387 @@
+// Config parsing: a Reader walks the JSON with a key path, checks every type, remembers which keys
+// it consumed, and turns the rest into warnings. Cross-key rules come after all keys are read.
+#include "engine/config.h"
+
+#include "engine/errors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace zc {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string type_of(const json& v) { return v.type_name(); }
+
+// Reads one JSON object; `path` names it in messages ("zero_optimization").
+class Reader {
+ public:
+  Reader(const json& obj, std::string path, std::vector<std::string>& warnings)
+      : obj_(obj), path_(std::move(path)), warnings_(warnings) {
+    if (!obj_.is_object()) {
+      throw ConfigError(fmt::format("'{}' must be an object, got {}", path_, type_of(obj_)));
+    }
+  }
+  ~Reader() = default;
+
+  std::string key_path(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
+  bool has(const std::string& key) {
+    seen_.insert(key);
+    return obj_.contains(key) && !obj_.at(key).is_null();
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (!v.is_boolean()) throw wrong_type(key, "true or false", v);
+    return v.get<bool>();
+  }
+  double number(const std::string& key, double fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (!v.is_number()) throw wrong_type(key, "a number", v);
+    return v.get<double>();
+  }
+  std::int64_t integer(const std::string& key, std::int64_t fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    // DeepSpeed configs often write sizes as 5e8: accept a float that is a whole number.
+    if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<std::int64_t>(v.get<double>()))) {
+      return static_cast<std::int64_t>(v.get<double>());
+    }
+    if (!v.is_number_integer()) throw wrong_type(key, "an integer", v);
+    return v.get<std::int64_t>();
+  }
+  std::string string(const std::string& key, const std::string& fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (!v.is_string()) throw wrong_type(key, "a string", v);
+    return v.get<std::string>();
+  }
+  const json* object(const std::string& key) {
+    if (!has(key)) return nullptr;
+    return &obj_.at(key);
+  }
+  // Warns about keys nobody asked for. Call after all reads.
+  void warn_unknown() {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!seen_.count(it.key())) {
+        warnings_.push_back(fmt::format("unknown key '{}' ignored", key_path(it.key())));
+      }
+    }
+  }
+  std::vector<std::string>& warnings() { return warnings_; }
+
+  ConfigError error(const std::string& key, const std::string& why) const {
+    return ConfigError(fmt::format("'{}': {}", key_path(key), why));
+  }
+
+ private:
+  ConfigError wrong_type(const std::string& key, const char* expected, const json& v) const {
+    return ConfigError(fmt::format("'{}' must be {}, got {} {}", key_path(key), expected,
+                                   type_of(v), v.dump()));
+  }
+  const json& obj_;
+  std::string path_;
+  std::vector<std::string>& warnings_;
+  std::set<std::string> seen_;
+};
+
+template <class T>
+void require(bool ok, Reader& r, const std::string& key, T&& why) {
+  if (!ok) throw r.error(key, std::forward<T>(why));
+}
+
+OffloadDevice read_offload(Reader& zr, const std::string& key) {
+  const json* o = zr.object(key);
+  if (o == nullptr) return OffloadDevice::none;
+  Reader r(*o, zr.key_path(key), zr.warnings());
+  const std::string dev = r.string("device", "none");
+  r.boolean("pin_memory", false);
+  r.number("buffer_count", 4);
+  r.warn_unknown();
+  if (dev == "none") return OffloadDevice::none;
+  if (dev == "cpu") return OffloadDevice::cpu;
+  if (dev == "nvme") {
+    throw NotImplementedError(fmt::format("'{}.device': nvme offload is not modelled; use cpu or none",
+                                          zr.key_path(key)));
+  }
+  throw r.error("device", fmt::format("'{}' is not an offload device: use cpu or none", dev));
+}
+
+void read_zero(Config& c, Reader& top) {
+  const json* z = top.object("zero_optimization");
+  if (z == nullptr) return;
+  Reader r(*z, "zero_optimization", c.warnings);
+  ZeroConfig& zc = c.zero;
+  zc.stage = static_cast<int>(r.integer("stage", 0));
+  require(zc.stage >= 0 && zc.stage <= 3, r, "stage", fmt::format("{} is not a ZeRO stage: use 0, 1, 2 or 3", zc.stage));
+  zc.contiguous_gradients = r.boolean("contiguous_gradients", true);
+  zc.overlap_comm = r.boolean("overlap_comm", zc.stage == 3);
+  zc.reduce_bucket_size = r.integer("reduce_bucket_size", zc.reduce_bucket_size);
+  require(zc.reduce_bucket_size > 0, r, "reduce_bucket_size", "must be a positive number of elements");
+  zc.allgather_bucket_size = r.integer("allgather_bucket_size", zc.allgather_bucket_size);
+  require(zc.allgather_bucket_size > 0, r, "allgather_bucket_size", "must be a positive number of elements");
+  zc.reduce_scatter = r.boolean("reduce_scatter", true);
+  zc.round_robin_gradients = r.boolean("round_robin_gradients", false);
+  zc.use_multi_rank_bucket_allreduce = r.boolean("use_multi_rank_bucket_allreduce", true);
+  zc.offload_optimizer = read_offload(r, "offload_optimizer");
+  zc.offload_param = read_offload(r, "offload_param");
+  zc.stage3_param_persistence_threshold =
+      r.integer("stage3_param_persistence_threshold", zc.stage3_param_persistence_threshold);
+  require(zc.stage3_param_persistence_threshold >= 0, r, "stage3_param_persistence_threshold", "must be >= 0");
+  zc.stage3_prefetch_bucket_size = r.integer("stage3_prefetch_bucket_size", zc.stage3_prefetch_bucket_size);
+  require(zc.stage3_prefetch_bucket_size >= 0, r, "stage3_prefetch_bucket_size", "must be >= 0");
+  for (const char* k : {"allgather_partitions", "load_from_fp32_weights", "elastic_checkpoint",
+                        "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                        "stage3_gather_16bit_weights_on_model_save", "ignore_unused_parameters"}) {
+    if (r.has(k)) c.warnings.push_back(fmt::format("'zero_optimization.{}' accepted and ignored: it does not change what zerocheck models", k));
+  }
+  r.warn_unknown();
+  if (zc.offload_param == OffloadDevice::cpu && zc.stage != 3) {
+    throw ConfigError("'zero_optimization.offload_param' needs stage 3: parameters are only "
+                      "partitioned (and so offloadable) in ZeRO-3");
+  }
+  if (zc.offload_optimizer == OffloadDevice::cpu && zc.stage == 0) {
+    throw ConfigError("'zero_optimization.offload_optimizer' needs stage 1, 2 or 3: stage 0 has "
+                      "no partitioned optimizer state to offload");
+  }
+}
+
+void read_optimizer(Config& c, Reader& top) {
+  const json* o = top.object("optimizer");
+  if (o == nullptr) return;
+  Reader r(*o, "optimizer", c.warnings);
+  const std::string type = r.string("type", "Adam");
+  OptimizerConfig& oc = c.optimizer;
+  if (type == "Adam" || type == "adam") {
+    oc.type = OptimizerType::adam;
+  } else if (type == "AdamW" || type == "adamw") {
+    oc.type = OptimizerType::adamw;
+  } else if (type == "SGD" || type == "sgd") {
+    oc.type = OptimizerType::sgd;
+  } else {
+    throw NotImplementedError(fmt::format("'optimizer.type': {} is not modelled; use Adam, AdamW or SGD", type));
+  }
+  const json* p = r.object("params");
+  r.warn_unknown();
+  if (p == nullptr) return;
+  Reader pr(*p, "optimizer.params", c.warnings);
+  oc.lr = pr.number("lr", oc.lr);
+  require(oc.lr >= 0, pr, "lr", fmt::format("learning rate {} is negative", oc.lr));
+  if (pr.has("betas")) {
+    const json& b = p->at("betas");
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number()) {
+      throw pr.error("betas", fmt::format("must be two numbers [beta1, beta2], got {}", b.dump()));
+    }
+    oc.beta1 = b[0].get<double>();
+    oc.beta2 = b[1].get<double>();
+    require(oc.beta1 >= 0 && oc.beta1 < 1 && oc.beta2 >= 0 && oc.beta2 < 1, pr, "betas", "each beta must be in [0, 1)");
+  }
+  oc.eps = pr.number("eps", oc.eps);
+  require(oc.eps > 0, pr, "eps", "must be positive");
+  oc.weight_decay = pr.number("weight_decay", oc.weight_decay);
+  require(oc.weight_decay >= 0, pr, "weight_decay", "must be >= 0");
+  oc.adam_w_mode = pr.boolean("adam_w_mode", true);  // DeepSpeed: Adam is decoupled by default
+  if (oc.type == OptimizerType::adamw) oc.adam_w_mode = true;
+  oc.bias_correction = pr.boolean("bias_correction", true);
+  oc.momentum = pr.number("momentum", 0.0);
+  oc.dampening = pr.number("dampening", 0.0);
+  oc.nesterov = pr.boolean("nesterov", false);
+  pr.boolean("torch_adam", false);
+  pr.boolean("fused", false);
+  pr.warn_unknown();
+}
+
+void read_precision(Config& c, Reader& top) {
+  if (const json* f = top.object("fp16")) {
+    Reader r(*f, "fp16", c.warnings);
+    Fp16Config& fc = c.fp16;
+    fc.enabled = r.boolean("enabled", false);
+    fc.loss_scale = r.number("loss_scale", 0.0);
+    require(fc.loss_scale >= 0, r, "loss_scale", "must be >= 0 (0 selects dynamic loss scaling)");
+    fc.initial_scale_power = static_cast<int>(r.integer("initial_scale_power", 16));
+    require(fc.initial_scale_power >= 0 && fc.initial_scale_power <= 64, r, "initial_scale_power", "must be in [0, 64]");
+    fc.loss_scale_window = static_cast<int>(r.integer("loss_scale_window", 1000));
+    require(fc.loss_scale_window >= 1, r, "loss_scale_window", "must be >= 1");
+    fc.hysteresis = static_cast<int>(r.integer("hysteresis", 2));
+    require(fc.hysteresis >= 1, r, "hysteresis", "must be >= 1");
+    fc.consecutive_hysteresis = r.boolean("consecutive_hysteresis", false);
+    fc.min_loss_scale = r.number("min_loss_scale", 1.0);
+    require(fc.min_loss_scale > 0, r, "min_loss_scale", "must be positive");
+    r.boolean("auto_cast", false);
+    r.warn_unknown();
+  }
+  for (const char* key : {"bf16", "bfloat16"}) {
+    const json* b = top.object(key);
+    if (b == nullptr) continue;
+    Reader r(*b, key, c.warnings);
+    c.bf16.enabled = r.boolean("enabled", false);
+    c.bf16.check_grad_overflow = r.boolean("check_grad_overflow", false);
+    r.boolean("immediate_grad_update", false);
+    r.warn_unknown();
+  }
+  if (const json* d = top.object("data_types")) {
+    Reader r(*d, "data_types", c.warnings);
+    if (r.has("grad_accum_dtype")) {
+      const std::string name = r.string("grad_accum_dtype", "");
+      try {
+        c.grad_accum_dtype = parse_dtype(name);
+      } catch (const ConfigError&) {
+        throw r.error("grad_accum_dtype", fmt::format("'{}' is not a dtype: use fp32, fp16 or bf16", name));
+      }
+    }
+    r.warn_unknown();
+  }
+}
+
+void read_parallel(Config& c, Reader& top) {
+  c.sequence_parallel_size = static_cast<int>(top.integer("sequence_parallel_size", 1));
+  require(c.sequence_parallel_size >= 1, top, "sequence_parallel_size", "must be >= 1");
+  if (const json* t = top.object("tensor_parallel")) {
+    Reader r(*t, "tensor_parallel", c.warnings);
+    c.autotp_size = static_cast<int>(r.integer("autotp_size", 1));
+    require(c.autotp_size >= 1, r, "autotp_size", "must be >= 1");
+    r.warn_unknown();
+  }
+  if (const json* m = top.object("moe")) {
+    Reader r(*m, "moe", c.warnings);
+    r.boolean("enabled", true);
+    c.ep_size = static_cast<int>(r.integer("ep_size", 1));
+    require(c.ep_size >= 1, r, "ep_size", "must be >= 1");
+    r.warn_unknown();
+  }
+  if (const json* k = top.object("compile")) {
+    Reader r(*k, "compile", c.warnings);
+    c.compile.deepcompile = r.boolean("deepcompile", false);
+    if (r.has("passes")) {
+      const json& p = k->at("passes");
+      if (!p.is_array()) throw r.error("passes", fmt::format("must be a list of pass names, got {}", p.dump()));
+      for (const json& name : p) {
+        const std::string s = name.is_string() ? name.get<std::string>() : name.dump();
+        if (s != "z1" && s != "z3" && s != "autosp" && s != "autotp") {
+          throw r.error("passes", fmt::format("unknown pass {}: use z1, z3, autosp or autotp", s));
+        }
+        c.compile.passes.push_back(s);
+      }
+    }
+    r.warn_unknown();
+  }
+}
+
+void derive_batch_sizes(Config& c, Reader& top, int world) {
+  const bool has_tbs = top.has("train_batch_size"), has_mb = top.has("train_micro_batch_size_per_gpu");
+  const bool has_ga = top.has("gradient_accumulation_steps");
+  c.train_batch_size = top.integer("train_batch_size", 0);
+  c.train_micro_batch_size_per_gpu = top.integer("train_micro_batch_size_per_gpu", 0);
+  c.gradient_accumulation_steps = top.integer("gradient_accumulation_steps", 1);
+  require(c.gradient_accumulation_steps >= 1, top, "gradient_accumulation_steps", "must be >= 1");
+  require(!has_tbs || c.train_batch_size >= 1, top, "train_batch_size", "must be >= 1");
+  require(!has_mb || c.train_micro_batch_size_per_gpu >= 1, top, "train_micro_batch_size_per_gpu", "must be >= 1");
+  const std::int64_t ga = c.gradient_accumulation_steps, w = world;
+  if (has_tbs && has_mb) {
+    const std::int64_t implied = c.train_micro_batch_size_per_gpu * w;
+    if (!has_ga) {
+      if (c.train_batch_size % implied != 0) {
+        throw ConfigError(fmt::format("'train_batch_size' {} is not a multiple of train_micro_batch_size_per_gpu {} x world {}",
+                                      c.train_batch_size, c.train_micro_batch_size_per_gpu, w));
+      }
+      c.gradient_accumulation_steps = c.train_batch_size / implied;
+    } else if (c.train_batch_size != implied * ga) {
+      throw ConfigError(fmt::format(
+          "'train_batch_size' {} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x world {}; "
+          "fix one of the three or drop train_batch_size", c.train_batch_size, c.train_micro_batch_size_per_gpu, ga, w));
+    }
+  } else if (has_tbs) {
+    if (c.train_batch_size % (ga * w) != 0) {
+      throw ConfigError(fmt::format("'train_batch_size' {} is not divisible by gradient_accumulation_steps {} x world {}",
+                                    c.train_batch_size, ga, w));
+    }
+    c.train_micro_batch_size_per_gpu = c.train_batch_size / (ga * w);
+  } else if (has_mb) {
+    c.train_batch_size = c.train_micro_batch_size_per_gpu * ga * w;
+  } else {
+    throw ConfigError("either 'train_batch_size' or 'train_micro_batch_size_per_gpu' must be set");
+  }
+}
+
+void check_combinations(const Config& c) {
+  if (c.fp16.enabled && c.bf16.enabled) {
+    throw ConfigError("'fp16.enabled' and 'bf16.enabled' are both true: choose one precision");
+  }
+  const DType model = c.model_dtype(), accum = c.accumulation_dtype();
+  if (model == DType::f16 && accum != DType::f16) {
+    throw NotImplementedError(fmt::format("'data_types.grad_accum_dtype' {} with fp16: DeepSpeed supports fp16 "
+                                          "accumulation only", dtype_name(accum)));
+  }
+  if (model == DType::f32 && accum != DType::f32) {
+    throw ConfigError(fmt::format("'data_types.grad_accum_dtype' {} is narrower than the fp32 model", dtype_name(accum)));
+  }
+  if (!c.zero_enabled() && model != accum) {
+    throw NotImplementedError(fmt::format("'data_types.grad_accum_dtype' {} with a {} model needs ZeRO stage >= 1 "
+                                          "(unsupported mix without ZeRO)", dtype_name(accum), dtype_name(model)));
+  }
+  if (!c.managed_gradient_accumulation) {
+    throw NotImplementedError("'managed_gradient_accumulation': false (caller-owned boundaries) is not modelled "
+                              "yet; remove the key or set it to true");
+  }
+  if (c.gradient_clipping < 0) throw ConfigError("'gradient_clipping' must be >= 0 (0 disables clipping)");
+}
+
+}  // namespace
+
+Config Config::from_json(const json& j, int world_size) {
+  if (world_size < 1) throw UsageError(fmt::format("Config: world size {} must be >= 1", world_size));
+  Config c;
+  Reader top(j, "", c.warnings);
+  derive_batch_sizes(c, top, world_size);
+  c.gradient_clipping = top.number("gradient_clipping", 0.0);
+  c.managed_gradient_accumulation = top.boolean("managed_gradient_accumulation", true);
+  c.steps_per_print = static_cast<int>(top.integer("steps_per_print", 10));
+  read_optimizer(c, top);
+  read_precision(c, top);
+  read_zero(c, top);
+  read_parallel(c, top);
+  for (const char* k : {"wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor",
+                        "zero_allow_untested_optimizer", "scheduler", "activation_checkpointing",
+                        "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
+    if (top.has(k)) c.warnings.push_back(fmt::format("'{}' accepted and ignored: not modelled", k));
+  }
+  top.warn_unknown();
+  check_combinations(c);
+  return c;
+}
+
+Config Config::from_json_text(const std::string& text, int world_size) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(fmt::format("ds_config is not valid JSON: {}", e.what()));
+  }
+  return from_json(j, world_size);
+}
+
+Config Config::from_file(const std::string& path, int world_size) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("cannot read ds_config file '{}'", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json_text(ss.str(), world_size);
+}
+
+DType Config::model_dtype() const {
+  if (fp16.enabled) return DType::f16;
+  if (bf16.enabled) return DType::bf16;
+  return DType::f32;
+}
+
+DType Config::accumulation_dtype() const { return grad_accum_dtype.value_or(model_dtype()); }
+
+}  // namespace zc

@@ -1,0 +1,99 @@
+// Config: DeepSpeed's ds_config.json keys (SPEC.md section 1) with DeepSpeed's defaults. A real
+// user's file is accepted or rejected with an error naming the key and the reason; unknown keys
+// are kept as warnings (`warnings`), as DeepSpeed logs them.
+#pragma once
+
+#include "engine/dtype.h"
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zc {
+
+enum class OptimizerType : std::uint8_t { adam, adamw, sgd };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::adam;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;  // DeepSpeed's Adam defaults to decoupled weight decay (AdamW)
+  double momentum = 0.0;    // SGD
+  double dampening = 0.0;
+  bool nesterov = false;
+  bool bias_correction = true;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+  bool check_grad_overflow = false;
+};
+
+enum class OffloadDevice : std::uint8_t { none, cpu };
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool overlap_comm = false;  // DeepSpeed: true only for stage 3 unless set
+  std::int64_t reduce_bucket_size = 500'000'000;
+  std::int64_t allgather_bucket_size = 500'000'000;
+  bool reduce_scatter = true;
+  bool round_robin_gradients = false;
+  bool use_multi_rank_bucket_allreduce = true;
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;
+  std::int64_t stage3_param_persistence_threshold = 100'000;
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;
+};
+
+struct CompileSection {
+  bool deepcompile = false;
+  std::vector<std::string> passes;  // subset of {z1, z3, autosp, autotp}
+};
+
+struct Config {
+  std::int64_t train_batch_size = 0;
+  std::int64_t train_micro_batch_size_per_gpu = 0;
+  std::int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;
+  bool managed_gradient_accumulation = true;
+  OptimizerConfig optimizer;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  std::optional<DType> grad_accum_dtype;  // data_types.grad_accum_dtype
+  ZeroConfig zero;
+  CompileSection compile;
+  int sequence_parallel_size = 1;
+  int autotp_size = 1;   // tensor_parallel.autotp_size
+  int ep_size = 1;       // moe.ep_size
+  int steps_per_print = 10;
+  std::vector<std::string> warnings;  // unknown keys, ignored settings
+
+  // Parses a ds_config object for `world_size` data-parallel ranks (batch sizes are checked and
+  // derived as DeepSpeed does). Throws ConfigError or NotImplementedError naming the key.
+  static Config from_json(const nlohmann::json& j, int world_size);
+  static Config from_json_text(const std::string& text, int world_size);
+  static Config from_file(const std::string& path, int world_size);
+
+  DType model_dtype() const;
+  DType accumulation_dtype() const;  // grad_accum_dtype or the model dtype
+  bool zero_enabled() const { return zero.stage > 0; }
+};
+
+}  // namespace zc

@@ -1,0 +1,160 @@
+// MLP forward and explicit backward. Shapes: x [B, in]; layer l: W [out, in], b [out];
+// h = x W^T + b [B, out]; a = relu(h) between layers when enabled.
+#include "models/mlp.h"
+
+#include "engine/errors.h"
+
+namespace zc {
+
+Linear::Linear(std::string name, std::int64_t in, std::int64_t out)
+    : Module(std::move(name)), in_features(in), out_features(out) {
+  params().add("weight", {out, in}, DType::f32);
+  params().add("bias", {out}, DType::f32);
+}
+
+MlpSpec simple_model_spec(std::int64_t hidden, int nlayers, LossKind loss) {
+  MlpSpec s;
+  s.dims.assign(static_cast<std::size_t>(nlayers) + 1, hidden);
+  s.relu = false;
+  s.loss = loss;
+  return s;
+}
+
+Mlp::Mlp(MlpSpec spec, std::string name) : Model(std::move(name)), spec_(std::move(spec)) {
+  if (spec_.dims.size() < 2) throw UsageError("Mlp needs at least [in, out] dims");
+  for (std::size_t l = 0; l + 1 < spec_.dims.size(); ++l) {
+    layers_.push_back(&add_child<Linear>(fmt::format("layers.{}", l), spec_.dims[l], spec_.dims[l + 1]));
+  }
+  finalize_parameters();
+}
+
+std::string Mlp::describe() const {
+  std::string dims;
+  for (std::int64_t d : spec_.dims) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+  return fmt::format("mlp({}{}, {} loss)", dims, spec_.relu ? ", relu" : "",
+                     spec_.loss == LossKind::linear ? "linear" : "cross-entropy");
+}
+
+void Mlp::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex, Rng& rng) {
+  dtype_ = dtype;
+  for (Linear* l : layers_) {
+    const double g = 1.0 / std::sqrt(static_cast<double>(l->in_features));
+    init_param(dev, l->weight(), dtype, domain, ex, rng, g);
+    init_param(dev, l->bias(), dtype, domain, ex, rng, g);
+  }
+}
+
+HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, const ExactSpec& ex) const {
+  HostBatch hb;
+  hb.samples = samples;
+  const std::int64_t in = spec_.dims.front(), out = spec_.dims.back();
+  HostArray x{{samples, in}, {}};
+  for (std::int64_t i = 0; i < samples * in; ++i) x.values.push_back(draw_value(rng, domain, ex));
+  hb.arrays.emplace("x", std::move(x));
+  if (spec_.loss == LossKind::linear) {
+    HostArray c{{samples, out}, {}};
+    for (std::int64_t i = 0; i < samples * out; ++i) {
+      const double v = domain == DataDomain::exact
+                           ? static_cast<double>(rng.range(-ex.max_k, ex.max_k) * ex.grad_multiple)
+                           : rng.normal();
+      c.values.push_back(v);
+    }
+    hb.arrays.emplace("c", std::move(c));
+  } else {
+    HostArray labels{{samples}, {}};
+    for (std::int64_t i = 0; i < samples; ++i) {
+      labels.values.push_back(static_cast<double>(rng.below(static_cast<std::uint64_t>(out))));
+    }
+    hb.arrays.emplace("labels", std::move(labels));
+  }
+  return hb;
+}
+
+Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x) {
+  l.run_pre_forward();
+  Tensor h = dev.alloc(dtype_, {x.dim(0), l.out_features}, l.path() + ".out");  // [B, out]
+  dev.matmul(h, x, l.weight().data, false, true, false);
+  dev.add_row_vector(h, l.bias().data);
+  l.run_post_forward();
+  return h;
+}
+
+Tensor Mlp::encode(Device& dev, const Tensor& x) {
+  Tensor cur = x;
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    Tensor h = layer_forward(dev, *layers_[l], cur);
+    if (spec_.relu && l + 1 < layers_.size()) dev.relu(h, h);
+    cur = h;
+  }
+  return cur;
+}
+
+double Mlp::forward(Device& dev, const Batch& batch) {
+  run_pre_forward();
+  const Tensor& x = batch.at("x");
+  batch_ = batch.samples;
+  acts_.assign(1, x);
+  pre_.clear();
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    Tensor h = layer_forward(dev, *layers_[l], acts_.back());
+    pre_.push_back(h);
+    if (spec_.relu && l + 1 < layers_.size()) {
+      Tensor a = dev.alloc(dtype_, h.shape());
+      dev.relu(a, h);
+      acts_.push_back(a);
+    } else {
+      acts_.push_back(h);
+    }
+  }
+  double loss;
+  const Tensor& out = acts_.back();
+  if (spec_.loss == LossKind::linear) {
+    coeff_ = batch.at("c");
+    loss = dev.dot(coeff_, out) / static_cast<double>(batch_);
+  } else {
+    dlogits_ = dev.alloc(dtype_, out.shape(), "dlogits");
+    Tensor rows = dev.alloc(DType::f32, {batch_}, "row_loss");
+    dev.softmax_xent(dlogits_, rows, out, batch.at("labels"));
+    Tensor ones = dev.alloc(DType::f32, {batch_});
+    dev.fill(ones, 1.0);
+    loss = dev.dot(rows, ones) / static_cast<double>(batch_);
+  }
+  run_post_forward();
+  return loss;
+}
+
+void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
+  ZC_ASSERT(acts_.size() == layers_.size() + 1, "backward without forward");
+  Tensor dy = dev.alloc(dtype_, acts_.back().shape(), "dout");  // [B, out]
+  dev.copy(dy, spec_.loss == LossKind::linear ? coeff_ : dlogits_);
+  dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch
+  dev.scale(dy, loss_scale);                   // the fp16 loss scale (a power of two)
+  dev.div(dy, static_cast<double>(ga));        // DeepSpeed divides output grads by GA
+  backward_from(dev, dy);
+}
+
+void Mlp::backward_from(Device& dev, Tensor dy) {
+  run_pre_backward();
+  for (std::size_t li = layers_.size(); li-- > 0;) {
+    Linear& l = *layers_[li];
+    l.run_pre_backward();
+    if (spec_.relu && li + 1 < layers_.size()) dev.relu_backward(dy, dy, pre_[li]);
+    const Tensor& x = acts_[li];  // [B, in]
+    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW");  // [out, in]
+    dev.matmul(dw, dy, x, true, false, false);
+    Tensor db = dev.alloc(dtype_, l.bias().shape, "db");  // [out]
+    dev.sum_rows(db, dy, false);
+    Tensor dx;
+    if (li > 0) {
+      dx = dev.alloc(dtype_, x.shape(), "dx");  // [B, in]
+      dev.matmul(dx, dy, l.weight().data, false, false, false);
+    }
+    accumulate_grad(dev, l.weight(), dw);
+    accumulate_grad(dev, l.bias(), db);
+    l.run_post_backward();
+    dy = dx;
+  }
+  run_post_backward();
+}
+
+}  // namespace zc

@@ -1,0 +1,59 @@
+// MLP and SimpleModel: stacks of Linear layers (each a child module with weight [out,in] and bias
+// [out]), optional ReLU between layers, and a loss: cross-entropy (gaussian domain) or a linear
+// loss L = sum(c * out) / B whose output gradient c / B is exact (exact domain). SimpleModel is
+// DeepSpeed's unit-test model: nlayers Linear(hidden, hidden) with no activation.
+#pragma once
+
+#include "models/model.h"
+
+namespace zc {
+
+enum class LossKind : std::uint8_t { linear, cross_entropy };
+
+struct MlpSpec {
+  std::vector<std::int64_t> dims;  // [in, h1, ..., out]
+  bool relu = false;
+  LossKind loss = LossKind::linear;
+};
+
+class Linear : public Module {
+ public:
+  Linear(std::string name, std::int64_t in, std::int64_t out);
+  Parameter& weight() { return *params().get("weight"); }  // [out, in]
+  Parameter& bias() { return *params().get("bias"); }      // [out]
+  std::int64_t in_features, out_features;
+};
+
+class Mlp : public Model {
+ public:
+  explicit Mlp(MlpSpec spec, std::string name = "mlp");
+  void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                   Rng& rng) override;
+  HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
+                       const ExactSpec& ex) const override;
+  double forward(Device& dev, const Batch& batch) override;
+  void backward(Device& dev, double loss_scale, std::int64_t ga) override;
+  std::string describe() const override;
+  const MlpSpec& spec() const { return spec_; }
+
+  // The output of the last forward, [B, out] model dtype (Contrastive's representations).
+  const Tensor& output() const { return acts_.back(); }
+  // Forward without keeping activations for backward (GradCache's first pass).
+  Tensor encode(Device& dev, const Tensor& x);
+  // Backward from a given output gradient dy [B, out] (already scaled).
+  void backward_from(Device& dev, Tensor dy);
+
+ private:
+  Tensor layer_forward(Device& dev, Linear& l, const Tensor& x);
+  MlpSpec spec_;
+  std::vector<Linear*> layers_;
+  std::vector<Tensor> acts_;     // acts_[l] = input of layer l; acts_.back() = output
+  std::vector<Tensor> pre_;      // pre-activation of layer l (for ReLU backward)
+  Tensor coeff_, dlogits_;       // linear loss coefficients / cross-entropy dlogits
+  std::int64_t batch_ = 0;
+};
+
+// DeepSpeed's SimpleModel(hidden_dim, nlayers): nlayers x Linear(hidden, hidden), no activation.
+MlpSpec simple_model_spec(std::int64_t hidden, int nlayers, LossKind loss);
+
+}  // namespace zc

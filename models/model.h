@@ -1,0 +1,74 @@
+// Model: a Module tree with explicit forward and backward (llm.c style), plus the data it trains
+// on. Every model can be initialised and fed in the exact data domain (SPEC 8: values k * 2^-e
+// with small k, loss-gradient coefficients multiples of `grad_multiple`, so every sum the engine
+// forms is exact) and with gaussian data.
+#pragma once
+
+#include "engine/module.h"
+#include "engine/rng.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace zc {
+
+enum class DataDomain : std::uint8_t { exact, gaussian };
+std::string_view data_domain_name(DataDomain d);
+
+// Exact-domain sizing: values are k * 2^-scale_exp with |k| <= max_k; loss coefficients are
+// multiplied by grad_multiple (the product of every divisor the engine applies: world per
+// reduction, GA), so each division the engine does is exact.
+struct ExactSpec {
+  int max_k = 1;
+  int scale_exp = 0;
+  std::int64_t grad_multiple = 1;
+};
+
+// Host-side data with a leading sample dimension, so a global batch can be sliced per rank.
+struct HostArray {
+  Shape shape;  // [samples, ...]
+  std::vector<double> values;
+};
+struct HostBatch {
+  std::int64_t samples = 0;
+  std::map<std::string, HostArray> arrays;
+  HostBatch slice(std::int64_t begin, std::int64_t count) const;
+};
+
+struct Batch {
+  std::int64_t samples = 0;
+  std::map<std::string, Tensor> tensors;
+  const Tensor& at(const std::string& name) const;
+};
+// Uploads every array in `dtype`, except "labels" which stays f32.
+Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype);
+
+// A value of the data domain: exact k * 2^-e, or a standard normal times `gaussian_scale`.
+double draw_value(Rng& rng, DataDomain domain, const ExactSpec& ex, double gaussian_scale = 1.0);
+
+class Model : public Module {
+ public:
+  explicit Model(std::string name) : Module(std::move(name)) {}
+
+  // Allocates every parameter on `dev` in `dtype` and fills it from `rng`.
+  virtual void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                           Rng& rng) = 0;
+  virtual HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
+                               const ExactSpec& ex) const = 0;
+  // Runs forward on this rank's micro-batch, keeps what backward needs, returns the loss.
+  virtual double forward(Device& dev, const Batch& batch) = 0;
+  // Accumulates grads of (loss * loss_scale / ga) into the params, firing grad-ready hooks in
+  // backward order. The output gradient is scaled then divided, as DeepSpeed does.
+  virtual void backward(Device& dev, double loss_scale, std::int64_t ga) = 0;
+  virtual std::string describe() const = 0;
+  DType dtype() const { return dtype_; }
+
+ protected:
+  // Allocates p on dev and fills it with domain values.
+  void init_param(Device& dev, Parameter& p, DType dtype, DataDomain domain, const ExactSpec& ex,
+                  Rng& rng, double gaussian_scale);
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace zc
