@@ -55,7 +55,7 @@ HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, con
     HostArray c{{samples, out}, {}};
     for (std::int64_t i = 0; i < samples * out; ++i) {
       const double v = domain == DataDomain::exact
-                           ? static_cast<double>(rng.range(-ex.max_k, ex.max_k) * ex.grad_multiple)
+                           ? std::ldexp(static_cast<double>(rng.range(-ex.max_k, ex.max_k) * ex.grad_multiple), -ex.scale_exp)
                            : rng.normal();
       c.values.push_back(v);
     }

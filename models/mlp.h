@@ -4,7 +4,7 @@
 // DeepSpeed's unit-test model: nlayers Linear(hidden, hidden) with no activation.
 #pragma once
 
-#include "models/model.h"
+#include "engine/model.h"
 
 namespace zc {
 

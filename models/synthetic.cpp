@@ -3,6 +3,8 @@
 
 #include "engine/errors.h"
 
+#include <cmath>
+
 namespace zc {
 
 Synthetic::Synthetic(std::vector<Shape> shapes, std::string name)
@@ -30,7 +32,7 @@ HostBatch Synthetic::make_batch(Rng& rng, std::int64_t samples, DataDomain domai
     HostArray g{{samples, n}, {}};
     for (std::int64_t k = 0; k < samples * n; ++k) {
       g.values.push_back(domain == DataDomain::exact
-                             ? static_cast<double>(rng.range(-ex.max_k, ex.max_k) * ex.grad_multiple)
+                             ? std::ldexp(static_cast<double>(rng.range(-ex.max_k, ex.max_k) * ex.grad_multiple), -ex.scale_exp)
                              : rng.normal());
     }
     hb.arrays.emplace(fmt::format("g{}", i), std::move(g));

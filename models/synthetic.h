@@ -3,7 +3,7 @@
 // For exact plumbing tests: what the engine reduces is exactly what the caller wrote.
 #pragma once
 
-#include "models/model.h"
+#include "engine/model.h"
 
 namespace zc {
 

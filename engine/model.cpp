@@ -1,5 +1,5 @@
 // Model data plumbing: host batches, upload, domain values.
-#include "models/model.h"
+#include "engine/model.h"
 
 #include "engine/errors.h"
 

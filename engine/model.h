@@ -1,5 +1,5 @@
-// Model: a Module tree with explicit forward and backward (llm.c style), plus the data it trains
-// on. Every model can be initialised and fed in the exact data domain (SPEC 8: values k * 2^-e
+// Model: the interface the Engine trains (concrete models live in models/): a Module tree with
+// explicit forward and backward (llm.c style), plus the data it trains on. Every model can be initialised and fed in the exact data domain (SPEC 8: values k * 2^-e
 // with small k, loss-gradient coefficients multiples of `grad_multiple`, so every sum the engine
 // forms is exact) and with gaussian data.
 #pragma once
@@ -17,7 +17,7 @@ enum class DataDomain : std::uint8_t { exact, gaussian };
 std::string_view data_domain_name(DataDomain d);
 
 // Exact-domain sizing: values are k * 2^-scale_exp with |k| <= max_k; loss coefficients are
-// multiplied by grad_multiple (the product of every divisor the engine applies: world per
+// k * grad_multiple * 2^-scale_exp, with grad_multiple (the product of every divisor the engine applies: world per
 // reduction, GA), so each division the engine does is exact.
 struct ExactSpec {
   int max_k = 1;

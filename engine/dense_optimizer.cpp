@@ -1,0 +1,150 @@
+// DenseOptimizer: boundary all-reduce and the unpartitioned (or ZeRO-1 bf16) optimizer step.
+#include "engine/dense_optimizer.h"
+
+#include "engine/errors.h"
+
+namespace zc {
+
+DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
+                               const Options& opts, bool zero1_bf16_wrapper)
+    : ZeroOptimizer(cfg, model, dev, comm, opts), partitioned_(zero1_bf16_wrapper),
+      use_hp_(cfg.model_dtype() == DType::bf16), world_(comm.size()), rank_(comm.rank()) {
+  std::vector<std::int64_t> numels;
+  for (Parameter* p : params_) numels.push_back(p->numel());
+  layout_ = FlatLayout::build(numels, partitioned_ ? world_ : 1, partitioned_);
+  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat");
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
+    dev_.cast(view, p.data);
+    p.data = view.view(p.shape);
+  }
+  if (use_hp_) hp_ = dev_.alloc(DType::f32, {layout_.padded}, "fp32_groups_gradients_flat");
+  const std::int64_t pn = layout_.partition_numel;
+  const int part = partitioned_ ? rank_ : 0;
+  master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition");
+  dev_.cast(master_, flat_.narrow(part * pn, pn));
+  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer");
+  record(fmt::format("{} init: {} params, {} elements", name(), params_.size(), layout_.numel));
+}
+
+std::string_view DenseOptimizer::name() const {
+  if (use_hp_) return "BF16_Optimizer";
+  return dtype_ == DType::f16 ? "FP16_Optimizer" : "TorchOptimizer";
+}
+
+void DenseOptimizer::on_grad_ready(Parameter& p) {
+  if (!use_hp_ || !p.grad.defined()) return;
+  const auto it = std::find(params_.begin(), params_.end(), &p);
+  ZC_ASSERT(it != params_.end(), "grad hook for unknown param {}", p.name);
+  const std::size_t i = static_cast<std::size_t>(it - params_.begin());
+  dev_.axpy(hp_.narrow(layout_.offsets[i], p.numel()), 1.0, p.grad.view({p.numel()}));
+  p.grad = Tensor();  // accumulate_hp_grads_and_remove_lp
+}
+
+void DenseOptimizer::allreduce_gradients() {
+  if (boundary_) buffered_allreduce();
+}
+
+void DenseOptimizer::buffered_allreduce() {
+  if (use_hp_) {
+    for (std::int64_t at = 0; at < layout_.padded; at += kMemoryOptAllreduceSize) {
+      Tensor chunk = hp_.narrow(at, std::min(kMemoryOptAllreduceSize, layout_.padded - at));
+      dev_.div(chunk, static_cast<double>(world_));
+      comm_.all_reduce(chunk);
+    }
+  } else {
+    // Every rank reduces every param: a None grad becomes zeros (DeepSpeed does the same).
+    std::size_t i = 0;
+    while (i < params_.size()) {
+      std::int64_t total = 0;
+      std::size_t j = i;
+      while (j < params_.size() && (j == i || total + params_[j]->numel() <= kMemoryOptAllreduceSize)) {
+        total += params_[j++]->numel();
+      }
+      Tensor flat = dev_.alloc(dtype_, {total}, "allreduce_bucket");  // [total] model dtype
+      std::int64_t at = 0;
+      for (std::size_t k = i; k < j; ++k) {
+        Parameter& p = *params_[k];
+        if (!p.grad.defined()) p.grad = dev_.alloc(dtype_, p.shape, p.name + ".grad");
+        dev_.copy(flat.narrow(at, p.numel()), p.grad.view({p.numel()}));
+        at += p.numel();
+      }
+      dev_.div(flat, static_cast<double>(world_));
+      comm_.all_reduce(flat);
+      at = 0;
+      for (std::size_t k = i; k < j; ++k) {
+        dev_.copy(params_[k]->grad.view({params_[k]->numel()}), flat.narrow(at, params_[k]->numel()));
+        at += params_[k]->numel();
+      }
+      i = j;
+    }
+  }
+  reduced_ = true;
+}
+
+Tensor DenseOptimizer::grads_flat() {
+  if (use_hp_) return hp_;
+  Tensor g = dev_.alloc(accum_dtype_, {layout_.padded}, "grads_flat");
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i]->grad.defined()) {
+      dev_.cast(g.narrow(layout_.offsets[i], params_[i]->numel()), params_[i]->grad.view({params_[i]->numel()}));
+    }
+  }
+  return g;
+}
+
+bool DenseOptimizer::step() {
+  micro_step_id_ = -1;
+  if (!reduced_) {
+    throw UsageError("step() at an accumulation boundary without reduced gradients: call "
+                     "backward() at the boundary first");
+  }
+  const std::int64_t pn = layout_.partition_numel;
+  const int part = partitioned_ ? rank_ : 0;
+  Tensor grads = grads_flat().narrow(part * pn, pn);  // this rank's slice of the reduced grads
+  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
+  overflow_ = check && any_rank_overflow({grads});
+  const double prev_scale = scaler_.cur_scale();
+  scaler_.update_scale(overflow_);
+  if (overflow_) {
+    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
+    zero_grad();
+    return false;
+  }
+  const double norm = global_norm(dev_.sum_sq(grads), partitioned_);
+  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+  Tensor grad32 = dev_.alloc(DType::f32, {pn}, "fp32_grad");  // [pn] f32
+  dev_.cast(grad32, grads);
+  dev_.scale(grad32, 1.0 / combined);
+  base_->step(master_, grad32);
+  Tensor mine = flat_.narrow(part * pn, pn);
+  dev_.cast(mine, master_);
+  zero_grad();
+  if (partitioned_) comm_.all_gather(flat_, mine);
+  record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
+  return true;
+}
+
+void DenseOptimizer::zero_grad() {
+  for (Parameter* p : params_) {
+    p->grad = Tensor();
+    p->grad_accum = Tensor();
+  }
+  if (use_hp_) dev_.fill(hp_, 0.0);
+  reduced_ = false;
+}
+
+std::vector<Tensor> DenseOptimizer::averaged_gradients() {
+  if (!reduced_) return {};
+  const std::int64_t pn = layout_.partition_numel;
+  return {grads_flat().narrow((partitioned_ ? rank_ : 0) * pn, pn)};
+}
+
+std::vector<double> DenseOptimizer::gathered_grads() {
+  std::vector<double> v = reduced_ ? to_f64(dev_, grads_flat()) : std::vector<double>(static_cast<std::size_t>(layout_.padded), 0.0);
+  v.resize(static_cast<std::size_t>(layout_.numel));
+  return v;
+}
+
+}  // namespace zc

@@ -1,0 +1,46 @@
+// DenseOptimizer: stage 0's optimizers (a plain fp32 optimizer, FP16_Optimizer, and DeepSpeed's
+// BF16_Optimizer for bf16) and the BF16_Optimizer wrapper that DeepSpeed uses for ZeRO-1 + bf16 +
+// fp32 gradient accumulation without offload. Grads are all-reduced at the accumulation boundary
+// in buckets (engine.buffered_allreduce_fallback); bf16 grads are accumulated in an fp32 flat
+// buffer by the grad hooks and the 16-bit grads dropped.
+#pragma once
+
+#include "engine/flat_layout.h"
+#include "engine/zero_optimizer.h"
+
+namespace zc {
+
+class DenseOptimizer final : public ZeroOptimizer {
+ public:
+  // zero1_bf16_wrapper: the ZeRO-1 BF16_Optimizer (optimizer state partitioned over the world).
+  DenseOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts,
+                 bool zero1_bf16_wrapper);
+
+  std::string_view name() const override;
+  void on_grad_ready(Parameter& p) override;
+  void allreduce_gradients() override;
+  bool step() override;
+  void zero_grad() override;
+  std::vector<Tensor> averaged_gradients() override;
+  std::vector<Tensor> master_partitions() override { return {master_}; }
+  std::vector<double> gathered_grads() override;
+
+ private:
+  Tensor grads_flat();  // [padded] accumulation dtype: the reduced grads, flattened
+  void buffered_allreduce();
+
+  bool partitioned_;
+  bool use_hp_;  // bf16: fp32 "hp" grads accumulated by hooks
+  int world_, rank_;
+  FlatLayout layout_;
+  Tensor flat_;    // [padded] model dtype; params are views
+  Tensor hp_;      // [padded] f32 when use_hp_
+  Tensor master_;  // [partition_numel] f32
+  std::unique_ptr<BaseOptimizer> base_;
+  bool reduced_ = false;
+};
+
+// engine.buffered_allreduce_fallback's bucket: DeepSpeed's MEMORY_OPT_ALLREDUCE_SIZE elements.
+inline constexpr std::int64_t kMemoryOptAllreduceSize = 500'000'000;
+
+}  // namespace zc

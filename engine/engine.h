@@ -1,0 +1,93 @@
+// Engine: DeepSpeed's engine API over a (Device&, Comm&) pair (DESIGN.md "Engine"): forward,
+// backward, step, zero_grad, the accumulation boundary, no_sync, and introspection for verifiers.
+// Follows SPEC 2: backward = prologue, the model's backward (grad hooks fire), epilogue.
+#pragma once
+
+#include "engine/model.h"
+#include "engine/zero_optimizer.h"
+
+#include <exception>
+#include <memory>
+#include <optional>
+
+namespace zc {
+
+class Engine {
+ public:
+  // The model's params must be allocated on `dev`; they are broadcast from rank 0 (as DeepSpeed's
+  // _broadcast_model does) and then flattened by the optimizer.
+  Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  struct Loss {
+    double value = 0.0;
+    std::int64_t forward_id = -1;
+  };
+  Loss forward(const Batch& batch);
+  void backward(const Loss& loss);
+  void step();
+  void zero_grad();
+  void set_gradient_accumulation_boundary(bool is_boundary);
+  bool is_gradient_accumulation_boundary() const;
+
+  // Runs body with gradient reduction disabled (DeepSpeed's no_sync context): an error for
+  // stage >= 2 and on reentry; the flag is cleared when body returns or throws.
+  template <class Body>
+  void no_sync(Body&& body) {
+    enter_no_sync();
+    std::exception_ptr error;
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    inside_no_sync_ = false;
+    if (error) std::rethrow_exception(error);
+  }
+
+  // ---- introspection ----
+  std::int64_t micro_steps() const { return micro_steps_; }
+  std::int64_t global_steps() const { return global_steps_; }
+  std::int64_t skipped_steps() const { return skipped_steps_; }
+  int micro_step_id() const { return optimizer_->micro_step_id(); }
+  double loss_scale() const { return optimizer_->loss_scale(); }
+  std::vector<Tensor> averaged_gradients() { return optimizer_->averaged_gradients(); }
+  std::vector<Tensor> master_partitions() { return optimizer_->master_partitions(); }
+  // Every param's full value, in named_parameters() order (local: stages 0-2 keep full params).
+  std::vector<double> full_params();
+  // The full averaged gradient after the boundary. A collective: every rank must call it.
+  std::vector<double> full_grads() { return optimizer_->gathered_grads(); }
+  const CommStats& comm_stats() const { return comm_.stats(); }
+  ZeroOptimizer& optimizer() { return *optimizer_; }
+  const Config& config() const { return cfg_; }
+  const Options& options() const { return opts_; }
+  bool inside_no_sync() const { return inside_no_sync_; }
+
+ private:
+  void enter_no_sync();
+  void backward_prologue();
+  void backward_epilogue();
+  void allreduce_gradients();
+  void broadcast_model();
+  void record(std::string_view what);
+
+  Config cfg_;
+  Model& model_;
+  Device& dev_;
+  Comm& comm_;
+  Options opts_;
+  std::unique_ptr<ZeroOptimizer> optimizer_;
+  std::int64_t micro_steps_ = 0;
+  std::int64_t global_steps_ = 0;
+  std::int64_t skipped_steps_ = 0;
+  std::int64_t forward_id_ = -1;
+  std::optional<bool> boundary_override_;  // set_gradient_accumulation_boundary
+  bool inside_no_sync_ = false;
+  bool enable_backward_allreduce_ = true;
+  bool deepcompile_active_ = false;         // set by compile() (issue "Compile passes")
+  bool parallelization_pass_only_ = false;
+};
+
+}  // namespace zc

@@ -1,0 +1,76 @@
+// FlatLayout arithmetic, through the decide:: templates the Z3 proofs instantiate.
+#include "engine/flat_layout.h"
+
+#include "engine/decisions.h"
+#include "engine/errors.h"
+
+namespace zc {
+
+FlatLayout FlatLayout::build(const std::vector<std::int64_t>& numels, int world, bool pad) {
+  ZC_ASSERT(world >= 1, "world {}", world);
+  FlatLayout l;
+  l.world = world;
+  l.numels = numels;
+  for (std::int64_t n : numels) {
+    ZC_ASSERT(n >= 0, "negative param numel {}", n);
+    l.offsets.push_back(l.numel);
+    l.numel += n;
+  }
+  const std::int64_t w = world;
+  l.padded = pad ? decide::zero12_padded_numel<std::int64_t>(l.numel, w) : l.numel;
+  l.partition_numel = pad ? decide::zero12_partition_numel<std::int64_t>(l.numel, w) : l.numel;
+  if (!pad) ZC_ASSERT(world == 1, "an unpadded layout has one partition");
+  l.check_coverage();
+  return l;
+}
+
+std::vector<int> FlatLayout::params_in_partition(int r) const {
+  std::vector<int> out;
+  const std::int64_t start = partition_start(r), end = start + partition_numel;
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    if (decide::param_in_partition<std::int64_t>(offsets[i], numels[i], start, end)) {
+      out.push_back(static_cast<int>(i));
+    }
+  }
+  return out;
+}
+
+std::int64_t FlatLayout::first_offset(int r) const {
+  const std::int64_t start = partition_start(r);
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    if (offsets[i] < start && start < offsets[i] + numels[i]) return start - offsets[i];
+  }
+  return 0;
+}
+
+std::vector<std::pair<int, std::int64_t>> FlatLayout::partitions_of_param(int i) const {
+  std::vector<std::pair<int, std::int64_t>> out;
+  const std::int64_t off = offsets[static_cast<std::size_t>(i)];
+  const std::int64_t n = numels[static_cast<std::size_t>(i)];
+  if (n == 0 || partition_numel == 0) return out;
+  const int first = static_cast<int>(off / partition_numel);
+  const int last = static_cast<int>((off + n - 1) / partition_numel);
+  for (int p = first; p <= last; ++p) out.emplace_back(p, std::max<std::int64_t>(0, partition_start(p) - off));
+  return out;
+}
+
+void FlatLayout::check_coverage() const {
+  ZC_ASSERT(padded >= numel && partition_numel * world == padded, "partitions {} x {} != padded {}",
+            partition_numel, world, padded);
+  std::int64_t covered = 0;
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    std::int64_t slice_sum = 0;
+    const auto parts = partitions_of_param(static_cast<int>(i));
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const std::int64_t lo = parts[k].second;
+      const std::int64_t hi = k + 1 < parts.size() ? parts[k + 1].second : numels[i];
+      ZC_ASSERT(lo < hi, "param {} slice [{}, {}) of partition {} is empty", i, lo, hi, parts[k].first);
+      slice_sum += hi - lo;
+    }
+    ZC_ASSERT(slice_sum == numels[i], "param {}: slices cover {} of {} elements", i, slice_sum, numels[i]);
+    covered += slice_sum;
+  }
+  ZC_ASSERT(covered == numel, "params cover {} of {} elements", covered, numel);
+}
+
+}  // namespace zc

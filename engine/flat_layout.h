@@ -1,0 +1,37 @@
+// The ZeRO-1/2 flat-group layout (SPEC 4): params laid end to end, the total padded to a multiple
+// of 2 x world, cut into `world` equal partitions. A param belongs to a partition if it starts in
+// it or straddles its start. Built from the templates in decisions.h; its coverage is asserted
+// when built and again before each optimizer step (paired assertions).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace zc {
+
+struct FlatLayout {
+  std::vector<std::int64_t> offsets;  // per param: start in the flat buffer
+  std::vector<std::int64_t> numels;   // per param
+  std::int64_t numel = 0;             // sum of numels
+  std::int64_t padded = 0;            // numel rounded up to 2 x world (or numel when unpadded)
+  std::int64_t partition_numel = 0;   // padded / world
+  int world = 1;
+
+  // pad_to_2x_world: ZeRO-1/2 alignment; false for a single unpartitioned group (stage 0).
+  static FlatLayout build(const std::vector<std::int64_t>& numels, int world, bool pad_to_2x_world);
+
+  std::int64_t partition_start(int r) const { return r * partition_numel; }
+  // Indices of the params that belong to partition r, in order.
+  std::vector<int> params_in_partition(int r) const;
+  // How far into the first param of partition r the partition starts (DeepSpeed's first_offset).
+  std::int64_t first_offset(int r) const;
+  // Every (partition id, offset within the param where that partition's slice begins) a param
+  // touches, in ascending offset (DeepSpeed's param_to_partition_ids with grad_start_offset).
+  std::vector<std::pair<int, std::int64_t>> partitions_of_param(int i) const;
+  // Paired with build(): every element of [0, padded) lies in exactly one partition and every
+  // param element in exactly one partition slice. Throws InternalError otherwise.
+  void check_coverage() const;
+};
+
+}  // namespace zc

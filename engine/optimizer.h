@@ -1,0 +1,55 @@
+// The pieces of an optimizer step shared by every ZeRO stage: DeepSpeed's dynamic loss scaler,
+// the base optimizer (Adam/AdamW/SGD) over an f32 flat partition with its states, and the
+// unscale-and-clip factor (SPEC 4: combined = loss_scale * max(1, (norm/loss_scale + 1e-6)/clip)).
+#pragma once
+
+#include "engine/config.h"
+#include "engine/device.h"
+
+namespace zc {
+
+// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py), or a static scale.
+class LossScaler {
+ public:
+  explicit LossScaler(const Config& cfg);
+  double cur_scale() const { return cur_scale_; }
+  bool dynamic() const { return dynamic_; }
+  // Halves on overflow (after `hysteresis` overflows), doubles after `loss_scale_window` clean
+  // iterations. Throws UsageError when asked to go below min_loss_scale... never: it clamps.
+  void update_scale(bool overflow);
+  int cur_hysteresis() const { return cur_hysteresis_; }
+
+ private:
+  bool dynamic_;
+  double cur_scale_;
+  double min_scale_ = 1.0;
+  double scale_factor_ = 2.0;
+  int scale_window_ = 1000;
+  int delayed_shift_ = 2;
+  int cur_hysteresis_ = 2;
+  bool consecutive_hysteresis_ = false;
+  std::int64_t cur_iter_ = 0;
+  std::int64_t last_overflow_iter_ = -1;
+};
+
+// The base optimizer on one f32 flat tensor (a partition of the master params).
+class BaseOptimizer {
+ public:
+  BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel, const std::string& label);
+  // master -= update(grad); grad is f32 [numel], already unscaled and clipped.
+  void step(const Tensor& master, const Tensor& grad);
+  std::int64_t steps() const { return steps_; }
+  const Tensor& exp_avg() const { return state_a_; }
+
+ private:
+  OptimizerConfig cfg_;
+  Device& dev_;
+  Tensor state_a_;  // [numel] f32: Adam exp_avg, or SGD momentum buffer
+  Tensor state_b_;  // [numel] f32: Adam exp_avg_sq
+  std::int64_t steps_ = 0;
+};
+
+// The factor every gradient is divided by before the update.
+double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip);
+
+}  // namespace zc

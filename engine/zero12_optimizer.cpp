@@ -1,0 +1,294 @@
+// Zero12Optimizer: construction, hooks, ipg buckets and reductions (SPEC 4). The step is in
+// zero12_step.cpp.
+//
+// Note [Bucket reduction]
+// DeepSpeed divides a bucket by the world size, then (use_multi_rank_bucket_allreduce, the
+// default) all-reduces the per-destination slices together and each rank keeps the slices of its
+// own partition; with it off, each destination's slices are reduced to their owner. Either way a
+// rank ends with the reduced values of its partition. With overlap_comm the reduction is async:
+// what follows it (copying own grads into grads_in_partition, dropping others) runs when it is
+// waited, which is before the bucket buffer is written again, or at the epilogue.
+#include "engine/zero12_optimizer.h"
+
+#include "engine/errors.h"
+
+#include <algorithm>
+
+namespace zc {
+
+Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
+                                 const Options& opts)
+    : ZeroOptimizer(cfg, model, dev, comm, opts), world_(comm.size()), rank_(comm.rank()),
+      partition_gradients_(cfg.zero.stage >= 2), overlap_(cfg.zero.overlap_comm),
+      contiguous_(cfg.zero.contiguous_gradients), use_accum_attr_(accum_dtype_ != dtype_),
+      bucket_size_(cfg.zero.reduce_bucket_size) {
+  has_hooks_ = partition_gradients_ || overlap_ || contiguous_ || use_accum_attr_;
+  std::vector<std::int64_t> numels;
+  for (Parameter* p : params_) numels.push_back(p->numel());
+  layout_ = FlatLayout::build(numels, world_, true);
+  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat");  // [padded] model dtype
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
+    dev_.cast(view, p.data);
+    p.data = view.view(p.shape);
+  }
+  const std::int64_t pn = layout_.partition_numel;
+  master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32
+  dev_.cast(master_, flat_.narrow(rank_ * pn, pn));
+  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer");
+  is_in_partition_.assign(params_.size(), 0);
+  partition_pos_.assign(params_.size(), -1);
+  for (int i : layout_.params_in_partition(rank_)) {
+    in_partition_.push_back(i);
+    is_in_partition_[static_cast<std::size_t>(i)] = 1;
+    partition_pos_[static_cast<std::size_t>(i)] = grads_in_partition_numel_;
+    grads_in_partition_numel_ += params_[static_cast<std::size_t>(i)]->numel();
+  }
+  accum_.resize(in_partition_.size());
+  already_reduced_.assign(params_.size(), 0);
+  bucket_capacity_ = std::max<std::int64_t>(1, std::min(bucket_size_, layout_.numel));
+  record(fmt::format("zero{} init: {} params, flat {} padded {} partition {}", cfg.zero.stage,
+                     params_.size(), layout_.numel, layout_.padded, pn));
+}
+
+bool Zero12Optimizer::has_gradient_for_reduction(int i) const {
+  const Parameter& p = *params_[static_cast<std::size_t>(i)];
+  return use_accum_attr_ ? p.grad_accum.defined() : p.grad.defined();
+}
+
+Tensor Zero12Optimizer::gradient_for_reduction(int i) {
+  Parameter& p = *params_[static_cast<std::size_t>(i)];
+  if (!use_accum_attr_) return p.grad;
+  if (!p.grad_accum.defined()) return Tensor();
+  Tensor g = dev_.alloc(dtype_, p.shape, p.name + ".grad_reduc");  // [shape] model dtype
+  dev_.cast(g, p.grad_accum);
+  return g;
+}
+
+void Zero12Optimizer::fill_grad_accum(Parameter& p) {
+  if (!p.grad.defined()) return;
+  if (!p.grad_accum.defined()) {
+    p.grad_accum = dev_.alloc(accum_dtype_, p.shape, p.name + ".grad_accum");
+    dev_.cast(p.grad_accum, p.grad);
+  } else {
+    dev_.axpy(p.grad_accum, 1.0, p.grad);
+  }
+  p.grad = Tensor();
+}
+
+void Zero12Optimizer::clear_backward_seen_flag() {
+  if (epilogue_ran_) {
+    for (Parameter* p : params_) p->grad_accum = Tensor();
+  }
+  epilogue_ran_ = false;
+}
+
+void Zero12Optimizer::setup_buckets() {
+  if (ready_for_gradients_) return;
+  micro_step_id_ += 1;
+  if (contiguous_) {
+    buffers_.clear();
+    buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_0"));  // [cap] model dtype
+    if (overlap_) buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_1"));
+    bucket_index_ = 0;
+  }
+  ready_for_gradients_ = true;
+}
+
+void Zero12Optimizer::on_grad_ready(Parameter& p) {
+  if (!has_hooks_) return;
+  if (coalescing) return;  // SPEC 6: grads accumulate locally in .grad while coalescing
+  const auto it = std::find(params_.begin(), params_.end(), &p);
+  ZC_ASSERT(it != params_.end(), "grad hook for unknown param {}", p.name);
+  setup_buckets();
+  if (use_accum_attr_) fill_grad_accum(p);
+  if (partition_gradients_ || overlap_) {
+    reduce_ready_partitions_and_remove_grads(static_cast<int>(it - params_.begin()));
+  }
+}
+
+void Zero12Optimizer::reduce_ready_partitions_and_remove_grads(int i) {
+  if (partition_gradients_ || boundary_) reduce_independent_p_g_buckets_and_remove_grads(i);
+}
+
+void Zero12Optimizer::reduce_independent_p_g_buckets_and_remove_grads(int i) {
+  Parameter& p = *params_[static_cast<std::size_t>(i)];
+  const std::int64_t n = p.numel();
+  if (n == 0) return;
+  if (bucket_elements_ + n > bucket_size_) {
+    reduce_ipg_grads();
+    if (contiguous_ && overlap_) bucket_index_ = 1 - bucket_index_;
+  }
+  if (already_reduced_[static_cast<std::size_t>(i)]) {
+    throw UsageError(fmt::format(
+        "The parameter {} has already been reduced. Gradient computed twice for this partition. "
+        "Multiple gradient reductions are currently not supported", p.name));
+  }
+  already_reduced_[static_cast<std::size_t>(i)] = 1;
+  Tensor grad = gradient_for_reduction(i);
+  if (!grad.defined()) {
+    throw UsageError(fmt::format("rank {}: invalid to reduce param {} with a None gradient", rank_, p.name));
+  }
+  if (contiguous_ && n > bucket_size_) {
+    extra_large_ = i;  // reduced on its own, in place (oversize-param path)
+    p.grad = grad;
+  } else if (contiguous_) {
+    wait_buffer(bucket_index_);
+    Tensor slot = buffers_[static_cast<std::size_t>(bucket_index_)].narrow(bucket_elements_, n);
+    dev_.copy(slot, grad.view({n}));
+    p.grad = slot.view(p.shape);
+  } else {
+    bucket_grads_.push_back(grad);
+    p.grad = grad;
+  }
+  bucket_elements_ += n;
+  bucket_params_.push_back(i);
+}
+
+void Zero12Optimizer::reduce_ipg_grads() {
+  if (bucket_params_.empty()) return;
+  Pending pend;
+  if (contiguous_ && extra_large_ >= 0) {
+    ZC_ASSERT(bucket_params_.size() == 1, "more than 1 param in ipg bucket with an extra-large param");
+    Parameter& p = *params_[static_cast<std::size_t>(extra_large_)];
+    pend = average_tensor(p.grad.view({p.numel()}), bucket_params_);
+    extra_large_ = -1;
+  } else if (contiguous_) {
+    pend = average_tensor(buffers_[static_cast<std::size_t>(bucket_index_)].narrow(0, bucket_elements_),
+                          bucket_params_);
+    pend.buffer = bucket_index_;
+  } else {
+    // buffered_reduce_fallback: flatten, reduce, copy back into every grad.
+    Tensor flat = dev_.alloc(dtype_, {bucket_elements_}, "reduce_fallback_flat");  // [elements]
+    std::int64_t at = 0;
+    std::vector<std::pair<Tensor, Tensor>> back;
+    for (const Tensor& g : bucket_grads_) {
+      Tensor slot = flat.narrow(at, g.numel());
+      dev_.copy(slot, g.view({g.numel()}));
+      back.emplace_back(g.view({g.numel()}), slot);
+      at += g.numel();
+    }
+    pend = average_tensor(flat, bucket_params_);
+    pend.copy_back = std::move(back);
+  }
+  bucket_params_.clear();
+  bucket_grads_.clear();
+  bucket_elements_ = 0;
+  if (overlap_) {
+    pending_.push_back(std::move(pend));
+  } else {
+    finish(pend);
+  }
+}
+
+Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params) {
+  Pending pend;
+  pend.params = std::move(params);
+  dev_.div(flat, static_cast<double>(world_));  // gradient_average: pre-divide by the world
+  if (cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter) {
+    pend.work = comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_});
+    return pend;
+  }
+  // Per destination, in order of first appearance: reduce the owner's slices to the owner.
+  std::vector<std::pair<int, std::vector<Tensor>>> per_dst;
+  std::int64_t at = 0;
+  for (int i : pend.params) {
+    const auto parts = layout_.partitions_of_param(i);
+    const std::int64_t n = layout_.numels[static_cast<std::size_t>(i)];
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const std::int64_t lo = parts[k].second, hi = k + 1 < parts.size() ? parts[k + 1].second : n;
+      auto it = std::find_if(per_dst.begin(), per_dst.end(), [&](const auto& e) { return e.first == parts[k].first; });
+      if (it == per_dst.end()) it = per_dst.insert(per_dst.end(), {parts[k].first, {}});
+      it->second.push_back(flat.narrow(at + lo, hi - lo));
+    }
+    at += n;
+  }
+  for (auto& [dst, slices] : per_dst) {
+    std::int64_t total = 0;
+    for (const Tensor& s : slices) total += s.numel();
+    Tensor tmp = dev_.alloc(dtype_, {total}, "reduce_to_owner");
+    std::int64_t off = 0;
+    for (const Tensor& s : slices) {
+      dev_.copy(tmp.narrow(off, s.numel()), s);
+      off += s.numel();
+    }
+    comm_.reduce(tmp, {.op = ReduceOp::sum, .root = dst});
+    if (dst == rank_) {
+      off = 0;
+      for (const Tensor& s : slices) {
+        dev_.copy(s, tmp.narrow(off, s.numel()));
+        off += s.numel();
+      }
+    }
+  }
+  return pend;
+}
+
+void Zero12Optimizer::finish(Pending& pend) {
+  if (pend.work) pend.work->wait();
+  for (auto& [dst, src] : pend.copy_back) dev_.copy(dst, src);
+  for (int i : pend.params) {
+    Parameter& p = *params_[static_cast<std::size_t>(i)];
+    const bool mine = is_in_partition_[static_cast<std::size_t>(i)] != 0;
+    if (partition_gradients_ && !mine) {
+      p.grad = Tensor();  // other ranks own it
+    } else if (contiguous_ && mine) {
+      copy_grads_in_partition(i);
+    }
+  }
+}
+
+void Zero12Optimizer::wait_buffer(int index) {
+  // FIFO: everything issued before the last reduction of this buffer completes first.
+  std::size_t last = pending_.size();
+  for (std::size_t k = 0; k < pending_.size(); ++k) {
+    if (pending_[k].buffer == index) last = k;
+  }
+  if (last == pending_.size()) return;
+  for (std::size_t k = 0; k <= last; ++k) finish(pending_[k]);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(last + 1));
+}
+
+void Zero12Optimizer::wait_all() {
+  for (Pending& p : pending_) finish(p);
+  pending_.clear();
+}
+
+void Zero12Optimizer::wait_reduction_stream() { wait_all(); }
+
+void Zero12Optimizer::copy_grads_in_partition(int i) {
+  Parameter& p = *params_[static_cast<std::size_t>(i)];
+  if (!grads_in_partition_.defined()) {
+    grads_in_partition_ = dev_.alloc(dtype_, {std::max<std::int64_t>(grads_in_partition_numel_, 1)},
+                                     "grads_in_partition");  // [sum numel in partition] model dtype
+  }
+  Tensor slot = grads_in_partition_.narrow(partition_pos_[static_cast<std::size_t>(i)], p.numel());
+  dev_.copy(slot, p.grad.view({p.numel()}));
+  p.grad = slot.view(p.shape);
+}
+
+void Zero12Optimizer::reduce_gradients() {
+  if (!overlap_) {
+    for (int i = 0; i < num_params(); ++i) {
+      if (has_gradient_for_reduction(i)) reduce_ready_partitions_and_remove_grads(i);
+    }
+  }
+  independent_gradient_partition_epilogue();
+}
+
+void Zero12Optimizer::allreduce_gradients() {
+  if (partition_gradients_) {
+    independent_gradient_partition_epilogue();
+  } else if (boundary_) {
+    reduce_gradients();
+  }
+}
+
+void Zero12Optimizer::backward_epilogue() {
+  if (use_accum_attr_) {
+    for (Parameter* p : params_) fill_grad_accum(*p);
+  }
+}
+
+}  // namespace zc

@@ -1,0 +1,89 @@
+// Zero12Optimizer: DeepSpeed's DeepSpeedZeroOptimizer for stages 1 and 2 (SPEC 4), one flat group.
+// Invariants: each param's grad is reduced at most once per epilogue cycle ("gradient computed
+// twice" otherwise); a bucket buffer is written only after its previous reduction was waited; the
+// partition accumulator is set by the first epilogue of a step and added to by later ones.
+#pragma once
+
+#include "engine/flat_layout.h"
+#include "engine/zero_optimizer.h"
+
+namespace zc {
+
+class Zero12Optimizer final : public ZeroOptimizer {
+ public:
+  Zero12Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts);
+
+  std::string_view name() const override { return "DeepSpeedZeroOptimizer"; }
+  void clear_backward_seen_flag() override;
+  void on_grad_ready(Parameter& p) override;
+  void allreduce_gradients() override;
+  void backward_epilogue() override;
+  bool step() override;
+  void zero_grad() override;
+  std::vector<Tensor> averaged_gradients() override;
+  std::vector<Tensor> master_partitions() override { return {master_}; }
+  std::vector<double> gathered_grads() override;
+  bool supports_coalescing() const override { return true; }
+
+  // DeepSpeed's names, public for Engine::coalesce_grad_reduction's flush (SPEC 6).
+  void setup_buckets();
+  void reduce_ready_partitions_and_remove_grads(int i);
+  void independent_gradient_partition_epilogue();
+  void wait_reduction_stream();
+  bool has_gradient_for_reduction(int i) const;
+  int num_params() const { return static_cast<int>(params_.size()); }
+  const FlatLayout& layout() const { return layout_; }
+
+ private:
+  struct Pending {  // an issued reduction and what to do once it completes
+    WorkPtr work;
+    std::vector<int> params;
+    int buffer = -1;  // ipg buffer index, -1 when not a bucket buffer
+    std::vector<std::pair<Tensor, Tensor>> copy_back;  // (destination, source) after wait
+  };
+
+  void reduce_gradients();  // stage 1 at the boundary
+  void reduce_independent_p_g_buckets_and_remove_grads(int i);
+  void reduce_ipg_grads();
+  Pending average_tensor(const Tensor& flat, std::vector<int> params);
+  void finish(Pending& p);
+  void wait_buffer(int index);
+  void wait_all();
+  void copy_grads_in_partition(int i);
+  Tensor gradient_for_reduction(int i);
+  void fill_grad_accum(Parameter& p);
+  void accumulate_partition();
+  void build_averaged();
+  void release_ipg_buffers();
+  void reset_accumulators();
+
+  int world_, rank_;
+  bool partition_gradients_, overlap_, contiguous_, use_accum_attr_, has_hooks_;
+  std::int64_t bucket_size_;
+  FlatLayout layout_;
+  Tensor flat_;    // [padded] model dtype; every param's data is a view
+  Tensor master_;  // [partition_numel] f32: this rank's master partition
+  std::unique_ptr<BaseOptimizer> base_;
+  std::vector<int> in_partition_;        // param indices in this rank's partition
+  std::vector<char> is_in_partition_;    // by param index
+  std::vector<std::int64_t> partition_pos_;  // by param index: offset in grads_in_partition
+  std::int64_t grads_in_partition_numel_ = 0;
+  Tensor grads_in_partition_;            // [sum of numels in partition] model dtype
+  std::vector<Tensor> accum_;            // per in_partition_ param, accum dtype ("all_grad_tensors")
+  bool accum_set_ = false;
+  Tensor averaged_;                      // [partition_numel] accum dtype
+  // The ipg bucket.
+  std::int64_t bucket_capacity_ = 0;     // min(reduce_bucket_size, group numel)
+  std::vector<Tensor> buffers_;          // 1, or 2 with contiguous + overlap_comm
+  int bucket_index_ = 0;
+  std::int64_t bucket_elements_ = 0;
+  std::vector<int> bucket_params_;
+  std::vector<Tensor> bucket_grads_;     // non-contiguous path
+  int extra_large_ = -1;
+  std::vector<char> already_reduced_;
+  std::vector<Pending> pending_;         // overlap_comm: FIFO of issued reductions
+  bool ready_for_gradients_ = false;
+  bool epilogue_ran_ = false;
+};
+
+}  // namespace zc

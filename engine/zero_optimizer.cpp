@@ -1,0 +1,63 @@
+// ZeroOptimizer's shared parts and the choice of wrapper, as DeepSpeed's
+// _do_optimizer_sanity_check / _configure_zero_optimizer make it.
+#include "engine/zero_optimizer.h"
+
+#include "engine/dense_optimizer.h"
+#include "engine/errors.h"
+#include "engine/zero12_optimizer.h"
+
+#include <cmath>
+
+namespace zc {
+
+ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
+                             const Options& opts)
+    : cfg_(cfg), model_(model), dev_(dev), comm_(comm), opts_(opts),
+      dtype_(cfg.model_dtype()), accum_dtype_(cfg.accumulation_dtype()), scaler_(cfg) {
+  for (Parameter* p : model.named_parameters()) {
+    if (p->requires_grad) params_.push_back(p);
+  }
+}
+
+bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads) {
+  bool local = false;
+  for (const Tensor& g : grads) {
+    if (g.defined() && dev_.has_inf_nan(g)) local = true;
+  }
+  Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag");  // [1] f32
+  dev_.fill(flag, local ? 1.0 : 0.0);
+  comm_.all_reduce(flag, {.op = ReduceOp::max});
+  return to_f64(dev_, flag)[0] != 0.0;
+}
+
+double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned) {
+  if (!partitioned) return std::sqrt(local_sum_sq);
+  Tensor t = dev_.alloc(DType::f64, {1}, "norm_sq");  // [1] f64
+  dev_.fill(t, local_sum_sq);
+  comm_.all_reduce(t);
+  return std::sqrt(to_f64(dev_, t)[0]);
+}
+
+void ZeroOptimizer::record(std::string_view what) {
+  if (opts_.trace != nullptr) opts_.trace->record("engine", what);
+}
+
+std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,
+                                                   Comm& comm, const Options& opts) {
+  const int stage = cfg.zero.stage;
+  if (stage >= 3) {
+    throw NotImplementedError("ZeRO stage 3 is not built yet (issue 'ZeRO-3, CPU offload and MoE')");
+  }
+  if (cfg.zero.offload_optimizer == OffloadDevice::cpu) {
+    throw NotImplementedError("'zero_optimization.offload_optimizer' is not built yet (issue 'ZeRO-3, "
+                              "CPU offload and MoE')");
+  }
+  if (stage == 0) return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, false);
+  // DeepSpeed: ZeRO-1 + bf16 + fp32 grad accumulation without offload uses BF16_Optimizer.
+  if (stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32) {
+    return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, true);
+  }
+  return std::make_unique<Zero12Optimizer>(cfg, model, dev, comm, opts);
+}
+
+}  // namespace zc

@@ -1,0 +1,84 @@
+// ZeroOptimizer: what the Engine drives, in DeepSpeed's vocabulary (ZeROOptimizer): grad hooks,
+// the backward-end reduction, step, zero_grad, and introspection for verifiers. Implementations:
+// Zero12Optimizer (DeepSpeedZeroOptimizer, stages 1-2) and DenseOptimizer (stage 0's FP16/BF16/
+// fp32 optimizers, and the BF16_Optimizer wrapper DeepSpeed picks for ZeRO-1 + bf16 + fp32 grads).
+#pragma once
+
+#include "engine/comm.h"
+#include "engine/config.h"
+#include "engine/known_bugs.h"
+#include "engine/module.h"
+#include "engine/optimizer.h"
+#include "engine/trace.h"
+
+#include <memory>
+
+namespace zc {
+
+// Per-engine options: the environment and switches that are not ds_config keys.
+struct Options {
+  BugSet bugs;              // known bugs switched back on (SPEC 9)
+  Trace* trace = nullptr;   // engine events go here when set
+  bool pipeline = false;    // a PipelineModule (only its refusal paths are modelled)
+};
+
+class ZeroOptimizer {
+ public:
+  ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts);
+  virtual ~ZeroOptimizer() = default;
+
+  virtual std::string_view name() const = 0;
+  void set_gradient_accumulation_boundary(bool b) { boundary_ = b; }
+  bool is_gradient_accumulation_boundary() const { return boundary_; }
+
+  // forward() calls it first; ZeRO-3 counts micro steps here.
+  virtual void clear_backward_seen_flag() {}
+  // The per-parameter grad hook.
+  virtual void on_grad_ready(Parameter& p) = 0;
+  // The optimizer's part of Engine::allreduce_gradients (stage >= 2: epilogue every backward;
+  // stage 1: reduce at the boundary; stage 0: bucketed all-reduce at the boundary).
+  virtual void allreduce_gradients() = 0;
+  virtual void backward_epilogue() {}
+  // One optimizer step; false when skipped for overflow.
+  virtual bool step() = 0;
+  virtual void zero_grad() = 0;
+
+  // ---- introspection ----
+  // This rank's flat gradient partition per group ([partition_numel] accumulation dtype), as the
+  // next step() will consume it; empty before the boundary.
+  virtual std::vector<Tensor> averaged_gradients() = 0;
+  // This rank's f32 master partition per group.
+  virtual std::vector<Tensor> master_partitions() = 0;
+  // Full averaged gradient in param order, as f64 values. A collective: every rank calls it.
+  virtual std::vector<double> gathered_grads() = 0;
+  int micro_step_id() const { return micro_step_id_; }
+  double loss_scale() const { return scaler_.cur_scale(); }
+  bool overflow() const { return overflow_; }
+  virtual bool supports_coalescing() const { return false; }
+  bool coalescing = false;  // set by Engine::coalesce_grad_reduction
+
+ protected:
+  // True on every rank if any rank has an inf/NaN in `grads` (all-reduce MAX).
+  bool any_rank_overflow(const std::vector<Tensor>& grads);
+  // sqrt of the sum over ranks of each rank's sum of squares (all-reduce SUM in f64).
+  double global_norm(double local_sum_sq, bool partitioned);
+  void record(std::string_view what);
+
+  Config cfg_;
+  Module& model_;
+  Device& dev_;
+  Comm& comm_;
+  Options opts_;
+  std::vector<Parameter*> params_;  // trainable params, in named_parameters() order
+  DType dtype_;        // model dtype
+  DType accum_dtype_;  // gradient accumulation dtype
+  bool boundary_ = true;
+  int micro_step_id_ = -1;  // DeepSpeed's INITIAL_MICRO_STEP_ID
+  bool overflow_ = false;
+  LossScaler scaler_;
+};
+
+std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,
+                                                   Comm& comm, const Options& opts);
+
+}  // namespace zc

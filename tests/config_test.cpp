@@ -1,0 +1,112 @@
+// ds_config parsing: DeepSpeed's defaults, a real user's file, and malformed or contradictory
+// configs, each rejected with a message that names the key and the reason.
+#include "engine/config.h"
+#include "engine/errors.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace zc {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(Config, DeepSpeedDefaults) {
+  const Config c = Config::from_json(json{{"train_micro_batch_size_per_gpu", 4}}, 2);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500'000'000);
+  EXPECT_TRUE(c.managed_gradient_accumulation);
+  EXPECT_EQ(c.model_dtype(), DType::f32);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::adam);
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  const Config z3 = Config::from_json(json{{"train_micro_batch_size_per_gpu", 1}, {"zero_optimization", {{"stage", 3}}}}, 1);
+  EXPECT_TRUE(z3.zero.overlap_comm) << "overlap_comm defaults to true only for stage 3";
+}
+
+TEST(Config, AcceptsARealUsersFile) {
+  const char* text = R"({
+    "train_batch_size": 64,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_clipping": 1.0,
+    "steps_per_print": 100,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "bf16": {"enabled": true},
+    "data_types": {"grad_accum_dtype": "fp32"},
+    "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true,
+                          "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
+                          "allgather_partitions": true},
+    "wall_clock_breakdown": false,
+    "my_custom_key": 1
+  })";
+  const Config c = Config::from_json_text(text, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.model_dtype(), DType::bf16);
+  EXPECT_EQ(c.accumulation_dtype(), DType::f32);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::adamw);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_TRUE(c.zero.overlap_comm);
+  bool warned = false;
+  for (const std::string& w : c.warnings) warned |= w.find("unknown key 'my_custom_key'") != std::string::npos;
+  EXPECT_TRUE(warned) << "unknown keys warn, they do not fail";
+}
+
+struct Bad {
+  const char* name;
+  const char* json_text;
+  const char* fragment;  // must appear in the message
+  bool not_implemented = false;
+};
+
+class ConfigRejects : public ::testing::TestWithParam<Bad> {};
+
+TEST_P(ConfigRejects, WithAMessageNamingTheKey) {
+  const Bad& b = GetParam();
+  try {
+    Config::from_json_text(b.json_text, 4);
+    FAIL() << b.name << ": accepted";
+  } catch (const NotImplementedError& e) {
+    EXPECT_TRUE(b.not_implemented) << b.name << ": NotImplementedError " << e.what();
+    EXPECT_NE(std::string(e.what()).find(b.fragment), std::string::npos) << e.what();
+  } catch (const ConfigError& e) {
+    EXPECT_FALSE(b.not_implemented) << b.name << ": ConfigError " << e.what();
+    EXPECT_NE(std::string(e.what()).find(b.fragment), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
+  Bad{"no_batch", R"({})", "either 'train_batch_size' or 'train_micro_batch_size_per_gpu'"},
+  Bad{"batch_mismatch", R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "'train_batch_size' 30 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world 4"},
+  Bad{"batch_not_divisible", R"({"train_batch_size": 10})", "not divisible by gradient_accumulation_steps 1 x world 4"},
+  Bad{"ga_zero", R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 0})", "'gradient_accumulation_steps': must be >= 1"},
+  Bad{"stage_string", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": "two"}})", "'zero_optimization.stage' must be an integer, got string \"two\""},
+  Bad{"stage_range", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 4}})", "'zero_optimization.stage': 4 is not a ZeRO stage"},
+  Bad{"zero_not_object", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": 2})", "'zero_optimization' must be an object"},
+  Bad{"fp16_and_bf16", R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}, "bf16": {"enabled": true}})", "'fp16.enabled' and 'bf16.enabled' are both true"},
+  Bad{"bucket_zero", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})", "'zero_optimization.reduce_bucket_size': must be a positive number"},
+  Bad{"optimizer_unknown", R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}})", "'optimizer.type': Lamb is not modelled", true},
+  Bad{"lr_negative", R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"lr": -1}}})", "'optimizer.params.lr': learning rate -1 is negative"},
+  Bad{"betas_shape", R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})", "'optimizer.params.betas': must be two numbers"},
+  Bad{"offload_device", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})", "'zero_optimization.offload_optimizer.device': 'gpu' is not an offload device"},
+  Bad{"offload_nvme", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})", "nvme offload is not modelled", true},
+  Bad{"offload_param_stage2", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", "'zero_optimization.offload_param' needs stage 3"},
+  Bad{"offload_optimizer_stage0", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})", "'zero_optimization.offload_optimizer' needs stage 1, 2 or 3"},
+  Bad{"clip_negative", R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": -1})", "'gradient_clipping' must be >= 0"},
+  Bad{"loss_scale_negative", R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "loss_scale": -2}})", "'fp16.loss_scale': must be >= 0"},
+  Bad{"scale_power", R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "initial_scale_power": 99}})", "'fp16.initial_scale_power': must be in [0, 64]"},
+  Bad{"accum_dtype_name", R"({"train_micro_batch_size_per_gpu": 1, "data_types": {"grad_accum_dtype": "int8"}})", "'data_types.grad_accum_dtype': 'int8' is not a dtype"},
+  Bad{"accum_fp32_stage0", R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}})", "needs ZeRO stage >= 1", true},
+  Bad{"accum_narrower", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "bf16"}})", "narrower than the fp32 model"},
+  Bad{"fp16_fp32_accum", R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}, "zero_optimization": {"stage": 2}, "data_types": {"grad_accum_dtype": "fp32"}})", "with fp16: DeepSpeed supports fp16 accumulation only", true},
+  Bad{"unknown_pass", R"({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": true, "passes": ["z2"]}})", "'compile.passes': unknown pass z2: use z1, z3, autosp or autotp"},
+  Bad{"autotp_zero", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 0}})", "'tensor_parallel.autotp_size': must be >= 1"},
+  Bad{"unmanaged", R"({"train_micro_batch_size_per_gpu": 1, "managed_gradient_accumulation": false})", "'managed_gradient_accumulation': false", true},
+  Bad{"bool_type", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "overlap_comm": "yes"}})", "'zero_optimization.overlap_comm' must be true or false"},
+  Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"}),
+  [](const ::testing::TestParamInfo<Bad>& p) { return std::string(p.param.name); });
+
+}  // namespace
+}  // namespace zc

@@ -1,0 +1,191 @@
+// Sharded parity (issue "ZeRO engine core"): for stage 0, 1, 2 x contiguous x overlap x dtype x
+// world 1, 2, 3, 4, 8 x GA 1, 3 x N 1-4 backward chunks, the gathered params and grads after each
+// step are bit-identical to a single-rank run on the same global batch in the exact domain, and
+// every rank holds identical params. Models whose grads do not depend on the params (Synthetic,
+// one-layer SimpleModel) are checked over several steps; deeper MLPs over their first step, where
+// every gradient is exact (later steps multiply inexact Adam-updated params).
+#include "engine/errors.h"
+#include "models/mlp.h"
+#include "models/synthetic.h"
+#include "tests/support/harness.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace zc::testing {
+namespace {
+
+struct Case {
+  int stage;
+  bool contiguous;
+  bool overlap;
+  DType dtype;
+  int world;
+  int ga;
+  int n;
+  std::string name() const {
+    return fmt::format("z{}_c{}_o{}_{}_w{}_ga{}_n{}", stage, contiguous, overlap, dtype_name(dtype),
+                       world, ga, n);
+  }
+};
+
+nlohmann::json config_for(const Case& c, std::int64_t bucket) {
+  nlohmann::json j = {
+      {"gradient_accumulation_steps", c.ga},
+      {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+      {"zero_optimization", {{"stage", c.stage}, {"contiguous_gradients", c.contiguous},
+                             {"overlap_comm", c.overlap}, {"reduce_bucket_size", bucket}}}};
+  if (c.dtype == DType::f16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
+  if (c.dtype == DType::bf16) j["bf16"] = {{"enabled", true}};
+  return j;
+}
+
+// Every division the engine does is by GA (backward) and by the world (each reduction). Stage 0
+// re-reduces already-reduced grads on each of the N boundary backwards (as DeepSpeed's
+// buffered_allreduce_fallback does), so its grads must survive N divisions by the world.
+ExactSpec exact_for(const Case& c) {
+  ExactSpec ex;
+  ex.max_k = 1;
+  std::int64_t m = c.ga;
+  const int reductions = c.stage == 0 ? c.n : 1;
+  for (int i = 0; i < reductions; ++i) m *= c.world;
+  ex.grad_multiple = m;
+  // Keep fp16 grads (times the loss scale 16, summed over N chunks) below 2^14.
+  if (c.dtype == DType::f16) {
+    const double peak = 2.0 * static_cast<double>(m) * c.n * 16.0 * 4.0;
+    ex.scale_exp = std::max(0, static_cast<int>(std::ceil(std::log2(peak))) - 14);
+  }
+  return ex;
+}
+
+// Exact data needs every sum to fit the mantissa: the odd part of grad_multiple and the largest
+// per-backward sum (max_k x the global batch) together. Stage 0 in 16-bit at odd worlds with many
+// chunks needs world^N in the mantissa, which bf16's 8 bits cannot hold: there is no exact data
+// for those few configurations, and they are skipped with that reason.
+std::string exact_infeasible(const RunSpec& spec, DType dtype) {
+  std::int64_t odd = spec.exact.grad_multiple;
+  while (odd % 2 == 0) odd /= 2;
+  int bits = 0;
+  while ((std::int64_t{1} << bits) <= odd) ++bits;
+  const std::int64_t span = spec.exact.max_k * spec.micro_batch * spec.world;
+  int span_bits = 0;
+  while ((std::int64_t{1} << span_bits) <= span) ++span_bits;
+  if (bits + span_bits <= dtype_mantissa_bits(dtype)) return "";
+  return fmt::format("no exact data: odd part {} of grad_multiple ({} bits) + sums up to {} ({} bits) "
+                     "exceed {}'s {} mantissa bits", odd, bits, span, span_bits, dtype_name(dtype),
+                     dtype_mantissa_bits(dtype));
+}
+
+void expect_parity(const RunSpec& spec, DType dtype) {
+  if (const std::string why = exact_infeasible(spec, dtype); !why.empty()) GTEST_SKIP() << why;
+
+  const RunResult sharded = run_on_sim(spec);
+  const RunResult ref = run_on_sim(single_rank_reference(spec));
+  ASSERT_TRUE(sharded.ranks_agree) << sharded.disagreement;
+  ASSERT_EQ(sharded.params.size(), ref.params.size());
+  for (std::size_t s = 0; s < ref.params.size(); ++s) {
+    const std::string g = first_difference(sharded.grads[s], ref.grads[s], dtype);
+    ASSERT_EQ(g, "") << "averaged grads differ at step " << s;
+    const std::string p = first_difference(sharded.params[s], ref.params[s], dtype);
+    ASSERT_EQ(p, "") << "params differ after step " << s;
+  }
+}
+
+std::vector<Case> synthetic_cases() {
+  std::vector<Case> out;
+  for (int stage : {0, 1, 2}) {
+    for (bool contiguous : {false, true}) {
+      for (bool overlap : {false, true}) {
+        for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+          for (int world : {1, 2, 3, 4, 8}) {
+            for (int ga : {1, 3}) {
+              for (int n : {1, 2, 3, 4}) {
+                if (stage == 0 && (contiguous || overlap)) continue;  // stage 0 has no buckets
+                out.push_back({stage, contiguous, overlap, dt, world, ga, n});
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+class SyntheticParity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SyntheticParity, GatheredParamsAndGradsMatchASingleRankBitForBit) {
+  const Case& c = GetParam();
+  RunSpec spec;
+  // Odd sizes: params straddle partitions and the padding is exercised; a small bucket forces
+  // several flushes and the oversize-param path (the 23-element param).
+  spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{5}, {3, 2}, {23}, {1}, {4}}); };
+  spec.ds_config = config_for(c, 8);
+  spec.world = c.world;
+  spec.steps = 2;
+  spec.n_backward = c.n;
+  spec.micro_batch = 2;
+  spec.exact = exact_for(c);
+  spec.seed = 11;
+  expect_parity(spec, c.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllConfigs, SyntheticParity, ::testing::ValuesIn(synthetic_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+std::vector<Case> mlp_cases() {
+  std::vector<Case> out;
+  for (int stage : {0, 1, 2}) {
+    for (bool overlap : {false, true}) {
+      for (DType dt : {DType::f32, DType::bf16}) {
+        for (int world : {1, 3, 4}) {
+          for (int n : {1, 2}) {
+            if (stage == 0 && overlap) continue;
+            out.push_back({stage, true, overlap, dt, world, world == 3 ? 3 : 1, n});
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+class SimpleModelParity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SimpleModelParity, OneLayerMatchesASingleRankOverSteps) {
+  const Case& c = GetParam();
+  RunSpec spec;
+  spec.make_model = [] { return std::make_unique<Mlp>(simple_model_spec(6, 1, LossKind::linear)); };
+  spec.ds_config = config_for(c, 16);
+  spec.world = c.world;
+  spec.steps = 3;
+  spec.n_backward = c.n;
+  spec.micro_batch = 2;
+  spec.exact = exact_for(c);
+  spec.seed = 5;
+  expect_parity(spec, c.dtype);
+}
+
+TEST_P(SimpleModelParity, DeepReluMlpMatchesASingleRankOnItsFirstStep) {
+  const Case& c = GetParam();
+  RunSpec spec;
+  spec.make_model = [] {
+    MlpSpec m{{4, 5, 3}, true, LossKind::linear};
+    return std::make_unique<Mlp>(m);
+  };
+  spec.ds_config = config_for(c, 16);
+  spec.world = c.world;
+  spec.steps = 1;
+  spec.n_backward = c.n;
+  spec.micro_batch = 2;
+  spec.exact = exact_for(c);
+  spec.seed = 9;
+  expect_parity(spec, c.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sampled, SimpleModelParity, ::testing::ValuesIn(mlp_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+}  // namespace
+}  // namespace zc::testing

@@ -1,0 +1,98 @@
+// The simulated training run behind the parity tests.
+#include "tests/support/harness.h"
+
+#include "engine/errors.h"
+
+#include <bit>
+#include <cstring>
+
+namespace zc::testing {
+
+namespace {
+
+std::uint64_t batch_stream(int step, int micro, int chunk) {
+  return 0x1000000ull + static_cast<std::uint64_t>(step) * 1000000ull +
+         static_cast<std::uint64_t>(micro) * 1000ull + static_cast<std::uint64_t>(chunk);
+}
+
+}  // namespace
+
+std::string first_difference(const std::vector<double>& a, const std::vector<double>& b, DType dtype) {
+  if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::bit_cast<std::uint64_t>(a[i]) != std::bit_cast<std::uint64_t>(b[i]) &&
+        !(std::isnan(a[i]) && std::isnan(b[i]))) {
+      return fmt::format("index {}: {} (0x{:016x}) vs {} (0x{:016x}) [{}]", i, a[i],
+                         std::bit_cast<std::uint64_t>(a[i]), b[i], std::bit_cast<std::uint64_t>(b[i]),
+                         dtype_name(dtype));
+    }
+  }
+  return "";
+}
+
+RunSpec single_rank_reference(const RunSpec& spec) {
+  RunSpec ref = spec;
+  ref.world = 1;
+  ref.micro_batch = spec.micro_batch * spec.world;
+  ref.after_step = nullptr;
+  return ref;
+}
+
+RunResult run_on_sim(const RunSpec& spec) {
+  RunResult result;
+  const int W = spec.world;
+  std::vector<std::vector<std::vector<double>>> params(static_cast<std::size_t>(W));
+  std::vector<std::vector<std::vector<double>>> grads(static_cast<std::size_t>(W));
+  result.comm.resize(static_cast<std::size_t>(W));
+  nlohmann::json cfg_json = spec.ds_config;
+  cfg_json["train_micro_batch_size_per_gpu"] = spec.micro_batch;
+  cfg_json.erase("train_batch_size");
+  sim::SimCluster cluster(W, spec.seed, spec.sim);
+  result.sim = cluster.run([&](sim::RankContext& ctx) {
+    const Config cfg = Config::from_json(cfg_json, W);
+    std::unique_ptr<Model> model = spec.make_model();
+    Rng init_rng = Rng(spec.seed).split(7);
+    model->init_params(ctx.device, cfg.model_dtype(), spec.domain, spec.exact, init_rng);
+    Options opts;
+    opts.bugs = spec.bugs;
+    opts.trace = &ctx.trace;
+    Engine engine(cfg, *model, ctx.device, ctx.world, opts);
+    const std::int64_t ga = cfg.gradient_accumulation_steps;
+    for (int s = 0; s < spec.steps; ++s) {
+      double loss_sum = 0;
+      for (int m = 0; m < ga; ++m) {
+        for (int c = 0; c < spec.n_backward; ++c) {
+          Rng data_rng = Rng(spec.seed).split(batch_stream(spec.same_batch_every_step ? 0 : s, m, c));
+          const HostBatch global = model->make_batch(data_rng, spec.micro_batch * W, spec.domain, spec.exact);
+          const Batch mine = upload_batch(ctx.device, global.slice(ctx.rank * spec.micro_batch, spec.micro_batch),
+                                          cfg.model_dtype());
+          const Engine::Loss loss = engine.forward(mine);
+          loss_sum += loss.value;
+          engine.backward(loss);
+        }
+        if (m + 1 == ga) grads[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_grads());
+        engine.step();
+      }
+      params[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_params());
+      if (ctx.rank == 0) result.losses.push_back(loss_sum / static_cast<double>(ga * spec.n_backward));
+      if (spec.after_step) spec.after_step(ctx.rank, s, engine);
+    }
+    result.comm[static_cast<std::size_t>(ctx.rank)] = ctx.world.stats();
+  });
+  result.params = params[0];
+  result.grads = grads[0];
+  for (int r = 1; r < W && result.ranks_agree; ++r) {
+    for (int s = 0; s < spec.steps; ++s) {
+      std::string d = first_difference(params[0][static_cast<std::size_t>(s)], params[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)], DType::f64);
+      if (d.empty()) d = first_difference(grads[0][static_cast<std::size_t>(s)], grads[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)], DType::f64);
+      if (!d.empty()) {
+        result.ranks_agree = false;
+        result.disagreement = fmt::format("rank {} vs rank 0 after step {}: {}", r, s, d);
+        break;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace zc::testing

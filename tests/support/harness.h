@@ -1,0 +1,53 @@
+// A training run on the simulated cluster, shared by the engine tests, props and the CLI: every
+// rank builds the same model, trains `steps` steps of GA micro-steps with N backward chunks each,
+// and records what the verifiers compare. The global batch of each (step, micro, chunk) is drawn
+// once from the seed; rank r trains on samples [r*B, (r+1)*B) of it, so a world-1 run with
+// micro-batch W*B sees exactly the same data.
+#pragma once
+
+#include "engine/engine.h"
+#include "sim/sim_cluster.h"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+
+namespace zc::testing {
+
+struct RunSpec {
+  nlohmann::json ds_config;  // train_micro_batch_size_per_gpu is set from micro_batch
+  int world = 1;
+  std::function<std::unique_ptr<Model>()> make_model;
+  int steps = 2;
+  int n_backward = 1;  // backward chunks per micro-step
+  std::int64_t micro_batch = 2;
+  DataDomain domain = DataDomain::exact;
+  ExactSpec exact;
+  std::uint64_t seed = 1;
+  bool same_batch_every_step = false;
+  BugSet bugs;
+  sim::SimOptions sim;
+  // Called on every rank after each step with (rank, step, engine); for extra checks.
+  std::function<void(int, int, Engine&)> after_step;
+};
+
+struct RunResult {
+  std::vector<std::vector<double>> params;  // [step] rank 0's full params after the step
+  std::vector<std::vector<double>> grads;   // [step] rank 0's full averaged grads before it
+  std::vector<double> losses;               // [step] rank 0's mean loss over the step's backwards
+  bool ranks_agree = true;                  // every rank held rank 0's params and grads
+  std::string disagreement;                 // the first difference, if any
+  std::vector<CommStats> comm;              // per rank, at the end
+  sim::SimResult sim;
+};
+
+RunResult run_on_sim(const RunSpec& spec);
+// The same spec as a single rank on the global batch (world 1, micro-batch W*B).
+RunSpec single_rank_reference(const RunSpec& spec);
+
+// "" if a and b are bit-identical, else the first difference (index, both values and bits).
+std::string first_difference(const std::vector<double>& a, const std::vector<double>& b,
+                             DType dtype);
+
+}  // namespace zc::testing
