@@ -30,6 +30,11 @@ std::string first_difference(const std::vector<double>& a, const std::vector<dou
   return "";
 }
 
+HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int micro, int chunk) {
+  Rng data_rng = Rng(spec.seed).split(batch_stream(spec.same_batch_every_step ? 0 : step, micro, chunk));
+  return model.make_batch(data_rng, spec.micro_batch * spec.world, spec.domain, spec.exact);
+}
+
 RunSpec single_rank_reference(const RunSpec& spec) {
   RunSpec ref = spec;
   ref.world = 1;
@@ -62,15 +67,17 @@ RunResult run_on_sim(const RunSpec& spec) {
       double loss_sum = 0;
       for (int m = 0; m < ga; ++m) {
         for (int c = 0; c < spec.n_backward; ++c) {
-          Rng data_rng = Rng(spec.seed).split(batch_stream(spec.same_batch_every_step ? 0 : s, m, c));
-          const HostBatch global = model->make_batch(data_rng, spec.micro_batch * W, spec.domain, spec.exact);
+          const HostBatch global = global_batch(spec, *model, s, static_cast<int>(m), c);
           const Batch mine = upload_batch(ctx.device, global.slice(ctx.rank * spec.micro_batch, spec.micro_batch),
                                           cfg.model_dtype());
           const Engine::Loss loss = engine.forward(mine);
           loss_sum += loss.value;
           engine.backward(loss);
         }
-        if (m + 1 == ga) grads[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_grads());
+        if (m + 1 == ga) {
+          grads[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_grads());
+          if (ctx.rank == 0) result.loss_scales.push_back(engine.loss_scale());
+        }
         engine.step();
       }
       params[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_params());

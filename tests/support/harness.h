@@ -36,6 +36,7 @@ struct RunResult {
   std::vector<std::vector<double>> params;  // [step] rank 0's full params after the step
   std::vector<std::vector<double>> grads;   // [step] rank 0's full averaged grads before it
   std::vector<double> losses;               // [step] rank 0's mean loss over the step's backwards
+  std::vector<double> loss_scales;          // [step] the loss scale the step's grads carry
   bool ranks_agree = true;                  // every rank held rank 0's params and grads
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
@@ -43,6 +44,8 @@ struct RunResult {
 };
 
 RunResult run_on_sim(const RunSpec& spec);
+// The global batch of (step, micro, chunk), exactly as run_on_sim draws it.
+HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int micro, int chunk);
 // The same spec as a single rank on the global batch (world 1, micro-batch W*B).
 RunSpec single_rank_reference(const RunSpec& spec);
 
