@@ -1,6 +1,7 @@
-// zerocheck's command line (CLI11). Subcommands that exist today: demo. verify, replay, run,
+// zerocheck's command line (CLI11). Subcommands that exist today: demo, run. verify, replay,
 // prove and verify-real arrive with their issues; until then CLI11 rejects them by name.
 #include "cli/demo.h"
+#include "cli/run.h"
 #include "engine/errors.h"
 
 #include <CLI/CLI.hpp>
@@ -20,12 +21,26 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--order", order, "Reduction order")
       ->check(CLI::IsMember({"linear", "ring"}));
 
+  zc::cli::RunOptions run;
+  CLI::App* run_cmd = app.add_subcommand("run", "Train a model on the simulated cluster with a ds_config.json");
+  run_cmd->add_option("--config", run.config_path, "DeepSpeed ds_config.json")->required()->check(CLI::ExistingFile);
+  run_cmd->add_option("--model", run.model, "simple | mlp | synthetic")
+      ->check(CLI::IsMember({"simple", "mlp", "synthetic"}));
+  run_cmd->add_option("--world-size", run.world_size, "Simulated ranks")->check(CLI::Range(1, 8192));
+  run_cmd->add_option("--steps", run.steps, "Optimizer steps")->check(CLI::Range(1, 100000));
+  run_cmd->add_option("--hidden", run.hidden, "Hidden size")->check(CLI::Range(1, 1 << 14));
+  run_cmd->add_option("--layers", run.layers, "Linear layers")->check(CLI::Range(1, 64));
+  run_cmd->add_option("--micro-batch", run.micro_batch, "Override train_micro_batch_size_per_gpu");
+  run_cmd->add_option("--seed", run.seed, "Root seed");
+  run_cmd->add_option("--domain", run.domain, "gaussian | exact")->check(CLI::IsMember({"gaussian", "exact"}));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
       demo.ring = order == "ring";
       return zc::cli::run_demo(demo);
     }
+    if (run_cmd->parsed()) return zc::cli::run_training(run);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());
     return 2;

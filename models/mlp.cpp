@@ -61,9 +61,24 @@ HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, con
     }
     hb.arrays.emplace("c", std::move(c));
   } else {
+    // Learnable labels: the argmax of a fixed random "teacher" map of x, the same for every batch.
+    Rng teacher(0x7eac4e5);
+    std::vector<double> t(static_cast<std::size_t>(in * out));
+    for (double& v : t) v = teacher.normal();
     HostArray labels{{samples}, {}};
+    const std::vector<double>& xv = hb.arrays.at("x").values;
     for (std::int64_t i = 0; i < samples; ++i) {
-      labels.values.push_back(static_cast<double>(rng.below(static_cast<std::uint64_t>(out))));
+      std::int64_t best = 0;
+      double best_v = -1e300;
+      for (std::int64_t o = 0; o < out; ++o) {
+        double v = 0;
+        for (std::int64_t k = 0; k < in; ++k) v += xv[static_cast<std::size_t>(i * in + k)] * t[static_cast<std::size_t>(k * out + o)];
+        if (v > best_v) {
+          best_v = v;
+          best = o;
+        }
+      }
+      labels.values.push_back(static_cast<double>(best));
     }
     hb.arrays.emplace("labels", std::move(labels));
   }

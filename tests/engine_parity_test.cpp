@@ -7,13 +7,13 @@
 #include "engine/errors.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
-#include "tests/support/harness.h"
+#include "props/training_run.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-namespace zc::testing {
+namespace zc::props {
 namespace {
 
 struct Case {
@@ -214,4 +214,4 @@ INSTANTIATE_TEST_SUITE_P(Sampled, SimpleModelParity, ::testing::ValuesIn(mlp_cas
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 }  // namespace
-}  // namespace zc::testing
+}  // namespace zc::props

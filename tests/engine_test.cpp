@@ -7,13 +7,13 @@
 #include "models/mlp.h"
 #include "models/synthetic.h"
 #include "sim/sim_cluster.h"
-#include "tests/support/harness.h"
+#include "props/training_run.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-namespace zc::testing {
+namespace zc::props {
 namespace {
 
 Config cfg_of(nlohmann::json j, int world) {
@@ -273,15 +273,18 @@ TEST(Training, SimpleModelLossFallsOnEightRanks) {
   spec.ds_config = {{"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
                     {"zero_optimization", {{"stage", 2}, {"overlap_comm", true}}}};
   spec.world = 8;
-  spec.steps = 20;
+  spec.steps = 30;
   spec.micro_batch = 4;
   spec.domain = DataDomain::gaussian;
   spec.seed = 3;
-  spec.same_batch_every_step = true;  // random labels: only a fixed batch can be learned
+  // Fresh batches every step; labels come from a fixed teacher map, so there is something to learn.
   const RunResult r = run_on_sim(spec);
   ASSERT_TRUE(r.ranks_agree) << r.disagreement;
-  ASSERT_EQ(r.losses.size(), 20u);
-  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << r.losses.front() << " -> " << r.losses.back();
+  ASSERT_EQ(r.losses.size(), 30u);
+  // Fresh batches make single steps noisy: compare the means of the first and last five steps.
+  const double first = (r.losses[0] + r.losses[1] + r.losses[2] + r.losses[3] + r.losses[4]) / 5;
+  const double last = (r.losses[25] + r.losses[26] + r.losses[27] + r.losses[28] + r.losses[29]) / 5;
+  EXPECT_LT(last, 0.75 * first) << first << " -> " << last;
 }
 
 TEST(KnownBugs, ParseAndPrint) {
@@ -294,4 +297,4 @@ TEST(KnownBugs, ParseAndPrint) {
 }
 
 }  // namespace
-}  // namespace zc::testing
+}  // namespace zc::props

@@ -1,4 +1,4 @@
-// A training run on the simulated cluster, shared by the engine tests, props and the CLI: every
+// A training run on the simulated cluster, shared by the tests, the properties and the CLI: every
 // rank builds the same model, trains `steps` steps of GA micro-steps with N backward chunks each,
 // and records what the verifiers compare. The global batch of each (step, micro, chunk) is drawn
 // once from the seed; rank r trains on samples [r*B, (r+1)*B) of it, so a world-1 run with
@@ -13,7 +13,7 @@
 #include <functional>
 #include <memory>
 
-namespace zc::testing {
+namespace zc::props {
 
 struct RunSpec {
   nlohmann::json ds_config;  // train_micro_batch_size_per_gpu is set from micro_batch
@@ -26,10 +26,11 @@ struct RunSpec {
   ExactSpec exact;
   std::uint64_t seed = 1;
   bool same_batch_every_step = false;
+  bool collect_grads = true;  // gather full grads each step (a collective; off for plain training)
   BugSet bugs;
   sim::SimOptions sim;
-  // Called on every rank after each step with (rank, step, engine); for extra checks.
-  std::function<void(int, int, Engine&)> after_step;
+  // Called on every rank after each step with (rank, step, engine, this rank's mean loss).
+  std::function<void(int, int, Engine&, double)> after_step;
 };
 
 struct RunResult {
@@ -53,4 +54,4 @@ RunSpec single_rank_reference(const RunSpec& spec);
 std::string first_difference(const std::vector<double>& a, const std::vector<double>& b,
                              DType dtype);
 
-}  // namespace zc::testing
+}  // namespace zc::props
