@@ -104,10 +104,8 @@ Tensor Mlp::encode(Device& dev, const Tensor& x) {
   return cur;
 }
 
-double Mlp::forward(Device& dev, const Batch& batch) {
-  run_pre_forward();
-  const Tensor& x = batch.at("x");
-  batch_ = batch.samples;
+Tensor Mlp::forward_features(Device& dev, const Tensor& x) {
+  batch_ = x.dim(0);
   acts_.assign(1, x);
   pre_.clear();
   for (std::size_t l = 0; l < layers_.size(); ++l) {
@@ -121,6 +119,12 @@ double Mlp::forward(Device& dev, const Batch& batch) {
       acts_.push_back(h);
     }
   }
+  return acts_.back();
+}
+
+double Mlp::forward(Device& dev, const Batch& batch) {
+  run_pre_forward();
+  forward_features(dev, batch.at("x"));
   double loss;
   const Tensor& out = acts_.back();
   if (spec_.loss == LossKind::linear) {

@@ -40,6 +40,8 @@ class Mlp : public Model {
   const Tensor& output() const { return acts_.back(); }
   // Forward without keeping activations for backward (GradCache's first pass).
   Tensor encode(Device& dev, const Tensor& x);
+  // Forward that keeps activations for backward_from; returns the output [B, out].
+  Tensor forward_features(Device& dev, const Tensor& x);
   // Backward from a given output gradient dy [B, out] (already scaled).
   void backward_from(Device& dev, Tensor dy);
 

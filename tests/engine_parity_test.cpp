@@ -24,31 +24,38 @@ struct Case {
   int world;
   int ga;
   int n;
+  bool accum32 = false;      // bf16 with data_types.grad_accum_dtype fp32
+  double clip = 0.0;         // gradient_clipping
+  std::string opt = "Adam";  // Adam | AdamW | SGD
   std::string name() const {
-    return fmt::format("z{}_c{}_o{}_{}_w{}_ga{}_n{}", stage, contiguous, overlap, dtype_name(dtype),
-                       world, ga, n);
+    return fmt::format("z{}_c{}_o{}_{}{}_w{}_ga{}_n{}{}_{}", stage, contiguous, overlap, dtype_name(dtype),
+                       accum32 ? "acc32" : "", world, ga, n, clip > 0 ? "_clip" : "", opt);
   }
 };
 
 nlohmann::json config_for(const Case& c, std::int64_t bucket) {
   nlohmann::json j = {
       {"gradient_accumulation_steps", c.ga},
-      {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+      {"optimizer", {{"type", c.opt}, {"params", {{"lr", 0.01}, {"weight_decay", c.opt == "Adam" ? 0.0 : 0.01}}}}},
+      {"gradient_clipping", c.clip},
       {"zero_optimization", {{"stage", c.stage}, {"contiguous_gradients", c.contiguous},
                              {"overlap_comm", c.overlap}, {"reduce_bucket_size", bucket}}}};
   if (c.dtype == DType::f16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
   if (c.dtype == DType::bf16) j["bf16"] = {{"enabled", true}};
+  if (c.accum32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
   return j;
 }
 
 // Every division the engine does is by GA (backward) and by the world (each reduction). Stage 0
-// re-reduces already-reduced grads on each of the N boundary backwards (as DeepSpeed's
-// buffered_allreduce_fallback does), so its grads must survive N divisions by the world.
+// and the ZeRO-1 BF16_Optimizer wrapper re-reduce already-reduced grads on each of the N boundary
+// backwards (as DeepSpeed's buffered_allreduce_fallback does), so their grads must survive N
+// divisions by the world.
 ExactSpec exact_for(const Case& c) {
   ExactSpec ex;
   ex.max_k = 1;
   std::int64_t m = c.ga;
-  const int reductions = c.stage == 0 ? c.n : 1;
+  const bool dense = c.stage == 0 || (c.stage == 1 && c.dtype == DType::bf16 && c.accum32);
+  const int reductions = dense ? c.n : 1;
   for (int i = 0; i < reductions; ++i) m *= c.world;
   ex.grad_multiple = m;
   // Keep fp16 grads (times the loss scale 16, summed over N chunks) below 2^14.
@@ -158,6 +165,35 @@ TEST_P(SyntheticParity, GatheredParamsAndGradsMatchASingleRankBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigs, SyntheticParity, ::testing::ValuesIn(synthetic_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+// bf16 with fp32 accumulation (ZeRO-1 takes DeepSpeed's BF16_Optimizer wrapper, ZeRO-2 the
+// grad_accum path), gradient clipping that binds, and the other optimizers.
+std::vector<Case> variant_cases() {
+  std::vector<Case> out;
+  for (int stage : {1, 2}) {
+    for (int world : {2, 3, 4}) {
+      for (int ga : {1, 3}) {
+        for (int n : {1, 3}) {
+          Case acc{stage, true, world != 3, DType::bf16, world, ga, n};
+          acc.accum32 = true;
+          out.push_back(acc);
+          Case clip{stage, true, false, DType::f32, world, ga, n};
+          clip.clip = 0.5;
+          out.push_back(clip);
+          for (const char* opt : {"AdamW", "SGD"}) {
+            Case o{stage, world != 2, true, DType::f16, world, ga, n};
+            o.opt = opt;
+            out.push_back(o);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, SyntheticParity, ::testing::ValuesIn(variant_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 std::vector<Case> mlp_cases() {
