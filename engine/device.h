@@ -7,6 +7,8 @@
 
 #include "engine/tensor.h"
 
+#include <memory>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -51,7 +53,7 @@ struct DeviceCounters {
   std::int64_t flops = 0;
   std::int64_t bytes_read = 0;
   std::int64_t bytes_written = 0;
-  std::int64_t bytes_allocated = 0;  // live allocation, in bytes
+  std::int64_t bytes_allocated = 0;  // cumulative bytes allocated
 };
 
 class Device {
@@ -106,9 +108,13 @@ class Device {
                             const Tensor& labels) = 0;
 
   const DeviceCounters& counters() const { return counters_; }
+  // Bytes of this device's storage still referenced by some tensor (freed when the last view
+  // of an allocation goes away). The meta device counts what it would hold.
+  virtual std::int64_t live_bytes() const { return *live_bytes_; }
 
  protected:
   DeviceCounters counters_;
+  std::shared_ptr<std::int64_t> live_bytes_ = std::make_shared<std::int64_t>(0);
 };
 
 // Note [Canonical reduction order]

@@ -3,6 +3,7 @@
 
 #include "engine/decisions.h"
 #include "engine/errors.h"
+#include "engine/zero3_optimizer.h"
 
 namespace zc {
 
@@ -122,6 +123,7 @@ void Engine::enter_no_sync() {
 }
 
 std::vector<double> Engine::full_params() {
+  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) return z3->gathered_params();
   std::vector<double> out;
   for (Parameter* p : model_.named_parameters()) {
     const std::vector<double> v = to_f64(dev_, p->data);

@@ -55,7 +55,8 @@ class Engine {
   double loss_scale() const { return optimizer_->loss_scale(); }
   std::vector<Tensor> averaged_gradients() { return optimizer_->averaged_gradients(); }
   std::vector<Tensor> master_partitions() { return optimizer_->master_partitions(); }
-  // Every param's full value, in named_parameters() order (local: stages 0-2 keep full params).
+  // Every param's full value, in named_parameters() order. Local for stages 0-2, which keep full
+  // params; a collective for stage 3 (every rank must call it).
   std::vector<double> full_params();
   // The full averaged gradient after the boundary. A collective: every rank must call it.
   std::vector<double> full_grads() { return optimizer_->gathered_grads(); }

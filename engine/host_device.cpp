@@ -132,7 +132,11 @@ Tensor HostDevice::alloc(DType dtype, Shape shape, std::string label) {
   void* data = std::calloc(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), 1);
   if (data == nullptr) throw UsageError(fmt::format("alloc: out of host memory ({} bytes)", bytes));
   storage->data = data;
-  storage->owner = std::shared_ptr<void>(data, std::free);
+  *live_bytes_ += bytes;
+  storage->owner = std::shared_ptr<void>(data, [live = live_bytes_, bytes](void* ptr) {
+    *live -= bytes;
+    std::free(ptr);
+  });
   storage->bytes = bytes;
   storage->placement = Placement::host;
   storage->id = next_storage_id_++;

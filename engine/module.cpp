@@ -83,17 +83,24 @@ void Module::finalize_parameters() {
 
 void Module::run_pre_forward() {
   in_forward_ = true;
-  for (auto& h : pre_forward_) h(*this);
+  for (auto& [owner, h] : pre_forward_) h(*this);
 }
 void Module::run_post_forward() {
-  for (auto& h : post_forward_) h(*this);
+  for (auto& [owner, h] : post_forward_) h(*this);
   in_forward_ = false;
 }
 void Module::run_pre_backward() {
-  for (auto& h : pre_backward_) h(*this);
+  for (auto& [owner, h] : pre_backward_) h(*this);
 }
 void Module::run_post_backward() {
-  for (auto& h : post_backward_) h(*this);
+  for (auto& [owner, h] : post_backward_) h(*this);
+}
+
+void Module::remove_hooks(const void* owner) {
+  for (auto* list : {&pre_forward_, &post_forward_, &pre_backward_, &post_backward_}) {
+    std::erase_if(*list, [&](const TaggedHook& h) { return h.first == owner; });
+  }
+  for (auto& c : children_) c->remove_hooks(owner);
 }
 
 void Module::accumulate_grad(Device& dev, Parameter& p, const Tensor& g) {

@@ -88,11 +88,14 @@ class Module {
   // Assigns ids and dotted names from this (root) module; call once the tree is built.
   void finalize_parameters();
 
-  // Hooks. Engines register; models call run_*() around their own forward/backward.
-  void add_pre_forward_hook(ModuleHook h) { pre_forward_.push_back(std::move(h)); }
-  void add_post_forward_hook(ModuleHook h) { post_forward_.push_back(std::move(h)); }
-  void add_pre_backward_hook(ModuleHook h) { pre_backward_.push_back(std::move(h)); }
-  void add_post_backward_hook(ModuleHook h) { post_backward_.push_back(std::move(h)); }
+  // Hooks. Engines register (tagged with an owner, so they can remove theirs); models call
+  // run_*() around their own forward/backward.
+  void add_pre_forward_hook(ModuleHook h, const void* owner = nullptr) { pre_forward_.push_back({owner, std::move(h)}); }
+  void add_post_forward_hook(ModuleHook h, const void* owner = nullptr) { post_forward_.push_back({owner, std::move(h)}); }
+  void add_pre_backward_hook(ModuleHook h, const void* owner = nullptr) { pre_backward_.push_back({owner, std::move(h)}); }
+  void add_post_backward_hook(ModuleHook h, const void* owner = nullptr) { post_backward_.push_back({owner, std::move(h)}); }
+  // Removes every hook `owner` registered on this module and its descendants.
+  void remove_hooks(const void* owner);
   void run_pre_forward();
   void run_post_forward();
   void run_pre_backward();
@@ -113,7 +116,8 @@ class Module {
   Module* parent_ = nullptr;
   ParamDict params_;
   std::vector<std::unique_ptr<Module>> children_;
-  std::vector<ModuleHook> pre_forward_, post_forward_, pre_backward_, post_backward_;
+  using TaggedHook = std::pair<const void*, ModuleHook>;
+  std::vector<TaggedHook> pre_forward_, post_forward_, pre_backward_, post_backward_;
   GradReadyHook grad_ready_;
   bool in_forward_ = false;
 };

@@ -5,6 +5,7 @@
 #include "engine/dense_optimizer.h"
 #include "engine/errors.h"
 #include "engine/zero12_optimizer.h"
+#include "engine/zero3_optimizer.h"
 
 #include <cmath>
 
@@ -19,10 +20,11 @@ ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm
   }
 }
 
-bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads) {
+bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads, Device* where) {
+  Device& d = where != nullptr ? *where : dev_;
   bool local = false;
   for (const Tensor& g : grads) {
-    if (g.defined() && dev_.has_inf_nan(g)) local = true;
+    if (g.defined() && d.has_inf_nan(g)) local = true;
   }
   Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag");  // [1] f32
   dev_.fill(flag, local ? 1.0 : 0.0);
@@ -45,16 +47,11 @@ void ZeroOptimizer::record(std::string_view what) {
 std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,
                                                    Comm& comm, const Options& opts) {
   const int stage = cfg.zero.stage;
-  if (stage >= 3) {
-    throw NotImplementedError("ZeRO stage 3 is not built yet (issue 'ZeRO-3, CPU offload and MoE')");
-  }
-  if (cfg.zero.offload_optimizer == OffloadDevice::cpu) {
-    throw NotImplementedError("'zero_optimization.offload_optimizer' is not built yet (issue 'ZeRO-3, "
-                              "CPU offload and MoE')");
-  }
+  if (stage >= 3) return std::make_unique<Zero3Optimizer>(cfg, model, dev, comm, opts);
   if (stage == 0) return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, false);
   // DeepSpeed: ZeRO-1 + bf16 + fp32 grad accumulation without offload uses BF16_Optimizer.
-  if (stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32) {
+  if (stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32 &&
+      cfg.zero.offload_optimizer != OffloadDevice::cpu) {
     return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, true);
   }
   return std::make_unique<Zero12Optimizer>(cfg, model, dev, comm, opts);

@@ -59,7 +59,8 @@ class ZeroOptimizer {
 
  protected:
   // True on every rank if any rank has an inf/NaN in `grads` (all-reduce MAX).
-  bool any_rank_overflow(const std::vector<Tensor>& grads);
+  // `where` is the device holding the grads (the CPU space's under offload); default dev_.
+  bool any_rank_overflow(const std::vector<Tensor>& grads, Device* where = nullptr);
   // sqrt of the sum over ranks of each rank's sum of squares (all-reduce SUM in f64).
   double global_norm(double local_sum_sq, bool partitioned);
   void record(std::string_view what);

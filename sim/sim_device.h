@@ -19,6 +19,7 @@ class SimDevice final : public Device {
   SimDevice(ClusterState& cluster, int rank, Device& inner);
 
   Placement placement() const override { return inner_.placement(); }
+  std::int64_t live_bytes() const override { return inner_.live_bytes(); }
   std::string name() const override { return "sim:" + inner_.name(); }
 
   Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;

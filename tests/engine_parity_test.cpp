@@ -101,7 +101,7 @@ void expect_parity(const RunSpec& spec, DType dtype) {
 
 std::vector<Case> synthetic_cases() {
   std::vector<Case> out;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (bool contiguous : {false, true}) {
       for (bool overlap : {false, true}) {
         for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
@@ -198,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, SyntheticParity, ::testing::ValuesIn(variant_
 
 std::vector<Case> mlp_cases() {
   std::vector<Case> out;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (bool overlap : {false, true}) {
       for (DType dt : {DType::f32, DType::bf16}) {
         for (int world : {1, 3, 4}) {

@@ -1,0 +1,196 @@
+// Zero3Optimizer: ipg buckets, reduce-scatter (divide by world first), partition_grads, the
+// epilogue and the step (SPEC 5).
+#include "engine/errors.h"
+#include "engine/zero3_optimizer.h"
+
+#include <algorithm>
+
+namespace zc {
+
+void Zero3Optimizer::clear_backward_seen_flag() {
+  // DeepSpeed defers the micro_step_id increment to the next forward, so every phase of one
+  // backward (reentrant checkpointing) sees the same value.
+  if (epilogue_ran_) micro_step_id_ += 1;
+  epilogue_ran_ = false;
+}
+
+void Zero3Optimizer::on_grad_ready(Parameter& p) {
+  if (coalescing) return;  // SPEC 6
+  reduce_ready_partitions_and_remove_grads(p);
+}
+
+void Zero3Optimizer::reduce_ready_partitions_and_remove_grads(Parameter& p) {
+  reduce_independent_p_g_buckets_and_remove_grads(shard_of(p));
+}
+
+void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
+  Parameter& p = *s.p;
+  if (bucket_elements_ + s.numel > bucket_size_ && bucket_elements_ > 0) reduce_and_partition_ipg_grads();
+  const std::size_t idx = index_.at(&p);
+  if (already_reduced_[idx]) {
+    throw UsageError(fmt::format("The parameter {} has already been reduced. Gradient computed "
+                                 "twice for this partition.", p.name));
+  }
+  already_reduced_[idx] = 1;
+  if (!p.grad.defined()) throw UsageError(fmt::format("reduce of param {} with a None gradient", p.name));
+  if (contiguous_ && bucket_elements_ + s.numel <= bucket_capacity_) {
+    Tensor slot = bucket_.narrow(bucket_elements_, s.numel);
+    dev_.copy(slot, p.grad.view({s.numel}));
+    p.grad = slot.view(p.shape);
+  }
+  bucket_params_.push_back(&s);
+  bucket_elements_ += s.numel;
+}
+
+// reduce_scatter_coalesced: section r of the input holds every param's r-th chunk (zero-padded),
+// so one reduce-scatter leaves each rank its chunks. Divided by the world first.
+void Zero3Optimizer::reduce_and_partition_ipg_grads() {
+  if (bucket_params_.empty()) return;
+  std::vector<Shard*> params = bucket_params_;
+  std::sort(params.begin(), params.end(), [](Shard* a, Shard* b) { return a->p->id < b->p->id; });
+  std::int64_t chunks = 0;
+  for (Shard* s : params) chunks += s->shard_numel;
+  Tensor in = dev_.alloc(dtype_, {chunks * world_}, "reduce_scatter_in");  // [world * chunks]
+  for (int r = 0; r < world_; ++r) {
+    std::int64_t at = r * chunks;
+    for (Shard* s : params) {
+      const std::int64_t lo = std::min(s->numel, r * s->shard_numel);
+      const std::int64_t len = std::min(s->numel, lo + s->shard_numel) - lo;
+      if (len > 0) dev_.copy(in.narrow(at, len), s->p->grad.view({s->numel}).narrow(lo, len));
+      at += s->shard_numel;
+    }
+  }
+  dev_.div(in, static_cast<double>(world_));
+  Pending pend;
+  pend.params = std::move(params);
+  if (cfg_.zero.reduce_scatter) {
+    pend.out = dev_.alloc(dtype_, {chunks}, "reduce_scatter_out");
+    pend.work = comm_.reduce_scatter(pend.out, in, {.op = ReduceOp::sum, .async_op = overlap_});
+  } else {  // all-reduce the whole bucket and keep this rank's section
+    pend.work = comm_.all_reduce(in, {.op = ReduceOp::sum, .async_op = overlap_});
+    pend.out = in.narrow(rank_ * chunks, chunks);
+  }
+  for (Shard* s : pend.params) s->p->grad = Tensor();  // copied into the input above
+  bucket_params_.clear();
+  bucket_elements_ = 0;
+  if (overlap_) {
+    pending_.push_back(std::move(pend));
+  } else {
+    finish(pend);
+  }
+}
+
+void Zero3Optimizer::finish(Pending& pend) {
+  if (pend.work) pend.work->wait();
+  partition_grads(pend.params, pend.out);
+}
+
+void Zero3Optimizer::wait_all() {
+  for (Pending& p : pending_) finish(p);
+  pending_.clear();
+}
+
+// SPEC 5: micro_step_id == 0 -> the grad partition is a copy; otherwise it accumulates. A rank
+// whose slice of a param is padding only skips it.
+void Zero3Optimizer::partition_grads(const std::vector<Shard*>& params, const Tensor& out) {
+  std::int64_t at = 0;
+  for (Shard* s : params) {
+    const Tensor part = out.narrow(at, s->shard_numel);
+    at += s->shard_numel;
+    if (s->shard_numel * rank_ >= s->numel) continue;  // contains no real data
+    Tensor buf = grad_partition_.narrow(s->offset, s->shard_numel);
+    if (micro_step_id_ == 0) {
+      dev_.cast(buf, part);
+    } else {
+      dev_.axpy(buf, 1.0, part);
+    }
+    if (cpu_ && cfg_.zero.offload_optimizer == OffloadDevice::cpu && boundary_) {
+      cpu_->to_cpu(fp32_grad_cpu_.narrow(s->offset, s->shard_numel), buf);
+    }
+  }
+  any_partitioned_grads_ = true;
+}
+
+void Zero3Optimizer::independent_gradient_partition_epilogue() {
+  reduce_and_partition_ipg_grads();
+  wait_all();
+  std::fill(already_reduced_.begin(), already_reduced_.end(), 0);
+  epilogue_ran_ = true;
+  record(fmt::format("zero3 epilogue: micro_step_id {} boundary {}", micro_step_id_, boundary_));
+}
+
+bool Zero3Optimizer::step() {
+  wait_all();
+  micro_step_id_ = 0;      // _pre_step: the next forward must not count the last backward
+  epilogue_ran_ = false;
+  if (!any_partitioned_grads_) {
+    throw UsageError("step() at an accumulation boundary without reduced gradients: call "
+                     "backward() at the boundary first");
+  }
+  const bool offload_opt = cfg_.zero.offload_optimizer == OffloadDevice::cpu;
+  Device& where = offload_opt ? cpu_->cpu() : dev_;
+  const Tensor grads = offload_opt ? fp32_grad_cpu_ : grad_partition_;
+  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
+  overflow_ = check && any_rank_overflow({grads}, &where);
+  const double prev_scale = scaler_.cur_scale();
+  scaler_.update_scale(overflow_);
+  if (overflow_) {
+    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
+    zero_grad();
+    any_partitioned_grads_ = false;
+    return false;
+  }
+  const double norm = global_norm(where.sum_sq(grads), true);
+  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+  Tensor grad32 = where.alloc(DType::f32, grads.shape(), "fp32_grad");
+  where.cast(grad32, grads);
+  where.scale(grad32, 1.0 / combined);
+  base_->step(master_, grad32);
+  if (cfg_.zero.offload_param == OffloadDevice::cpu) {
+    cpu_->cpu().cast(fp16_partition_, master_);
+  } else if (offload_opt) {
+    cpu_->to_device(fp16_partition_, master_);
+  } else {
+    dev_.cast(fp16_partition_, master_);
+  }
+  for (Shard& s : shards_) {  // persistent params hold full copies: refresh them
+    if (s.p->ds_status != ZeroStatus::available) continue;
+    s.p->data = Tensor();
+    s.p->ds_status = ZeroStatus::not_available;
+    begin_gather(s);
+    finish_gather(s);
+  }
+  if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
+  any_partitioned_grads_ = false;
+  record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
+  return true;
+}
+
+void Zero3Optimizer::zero_grad() {
+  for (Shard& s : shards_) s.p->grad = Tensor();
+  micro_step_id_ = 0;
+  epilogue_ran_ = false;  // or the next forward would count the last backward
+}
+
+std::vector<Tensor> Zero3Optimizer::averaged_gradients() {
+  if (!any_partitioned_grads_) return {};
+  return {cfg_.zero.offload_optimizer == OffloadDevice::cpu ? fp32_grad_cpu_ : grad_partition_};
+}
+
+std::vector<double> Zero3Optimizer::gathered_grads() {
+  const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
+  Tensor mine = dev_.alloc(accum_dtype_, {pn}, "grad_partition_copy");
+  if (any_partitioned_grads_) dev_.copy(mine, grad_partition_);
+  Tensor all = dev_.alloc(accum_dtype_, {pn * world_}, "gathered_grads");
+  comm_.all_gather(all, mine);
+  const std::vector<double> v = to_f64(dev_, all);
+  std::vector<double> out;
+  for (const Shard& s : shards_) {
+    for (std::int64_t i = 0; i < s.numel; ++i) {
+      out.push_back(v[static_cast<std::size_t>((i / s.shard_numel) * pn + s.offset + i % s.shard_numel)]);
+    }
+  }
+  return out;
+}
+
+}  // namespace zc

@@ -1,0 +1,209 @@
+// Zero3Optimizer: partitioning at construction and the parameter coordinator (module hooks that
+// gather and release params, with forward prefetch). Gradients and the step: zero3_grads.cpp.
+#include "engine/zero3_optimizer.h"
+
+#include "engine/decisions.h"
+#include "engine/errors.h"
+
+#include <algorithm>
+
+namespace zc {
+
+Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
+                               const Options& opts)
+    : ZeroOptimizer(cfg, model, dev, comm, opts), world_(comm.size()), rank_(comm.rank()),
+      overlap_(cfg.zero.overlap_comm), contiguous_(cfg.zero.contiguous_gradients),
+      bucket_size_(cfg.zero.reduce_bucket_size) {
+  const bool offload_opt = cfg.zero.offload_optimizer == OffloadDevice::cpu;
+  const bool offload_par = cfg.zero.offload_param == OffloadDevice::cpu;
+  if (offload_opt || offload_par) cpu_.emplace(dev_);
+  std::int64_t total = 0;
+  for (Parameter* p : params_) {
+    Shard s;
+    s.p = p;
+    s.numel = p->numel();
+    s.shard_numel = decide::zero3_shard_numel<std::int64_t>(s.numel, world_);
+    s.offset = partition_numel_;
+    s.persistent = s.numel <= cfg.zero.stage3_param_persistence_threshold;
+    partition_numel_ += s.shard_numel;
+    total += s.numel;
+    index_[p] = shards_.size();
+    shards_.push_back(s);
+  }
+  const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
+  fp16_partition_ = offload_par ? cpu_->alloc(dtype_, {pn}, "fp16_partitioned_groups_flat")
+                                : dev_.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat");
+  for (Shard& s : shards_) {
+    Parameter& p = *s.p;
+    const std::int64_t lo = std::min(s.numel, rank_ * s.shard_numel);
+    const std::int64_t len = std::min(s.numel, lo + s.shard_numel) - lo;
+    Tensor mine = fp16_partition_.narrow(s.offset, s.shard_numel);
+    if (len > 0) {
+      if (offload_par) {
+        cpu_->to_cpu(mine.narrow(0, len), p.data.view({s.numel}).narrow(lo, len));
+      } else {
+        dev_.copy(mine.narrow(0, len), p.data.view({s.numel}).narrow(lo, len));
+      }
+    }
+    p.ds_shard = mine;
+    p.data = Tensor();  // partitioned: the full tensor is freed
+    p.ds_status = ZeroStatus::not_available;
+  }
+  Device& opt_dev = offload_opt ? cpu_->cpu() : dev_;
+  master_ = opt_dev.alloc(DType::f32, {pn}, "fp32_partitioned_groups_flat");
+  if (offload_opt && !offload_par) {
+    cpu_->to_cpu(master_, fp16_partition_);
+  } else {
+    (offload_par ? cpu_->cpu() : dev_).cast(master_, fp16_partition_);
+  }
+  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer");
+  grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions");
+  if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition");
+  bucket_capacity_ = std::max<std::int64_t>(1, std::min(bucket_size_, total));
+  if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer");
+  already_reduced_.assign(shards_.size(), 0);
+  micro_step_id_ = 0;  // SPEC 5: 0 at init for ZeRO-3
+  install_hooks(model_);
+  record(fmt::format("zero3 init: {} params, partition {} elements, offload optimizer {} param {}",
+                     shards_.size(), partition_numel_, offload_opt, offload_par));
+}
+
+Zero3Optimizer::~Zero3Optimizer() { model_.remove_hooks(this); }
+
+Zero3Optimizer::Shard& Zero3Optimizer::shard_of(const Parameter& p) {
+  auto it = index_.find(&p);
+  ZC_ASSERT(it != index_.end(), "param {} is not managed by ZeRO-3", p.name);
+  return shards_[it->second];
+}
+
+std::vector<Parameter*> Zero3Optimizer::params_of(Module& m) {
+  std::vector<Parameter*> out;
+  for (auto& [name, p] : m.params()) {
+    if (index_.count(p.get())) out.push_back(p.get());
+  }
+  auto ext = external_.find(&m);
+  if (ext != external_.end()) out.insert(out.end(), ext->second.begin(), ext->second.end());
+  return out;
+}
+
+void Zero3Optimizer::register_external_parameter(Module& module, Parameter& p) {
+  shard_of(p);  // must be a managed param
+  auto& list = external_[&module];
+  if (std::find(list.begin(), list.end(), &p) == list.end()) list.push_back(&p);
+}
+
+void Zero3Optimizer::install_hooks(Module& m) {
+  m.add_pre_forward_hook([this](Module& mm) {
+    if (&mm == &model_) {  // a new forward: the previous one's module order drives prefetch
+      last_fwd_order_ = std::move(fwd_order_);
+      fwd_order_.clear();
+    }
+    fwd_order_.push_back(&mm);
+    fetch_module(mm);
+    prefetch_after(mm);
+  }, this);
+  m.add_post_forward_hook([this](Module& mm) { release_module(mm); }, this);
+  m.add_pre_backward_hook([this](Module& mm) { fetch_module(mm); }, this);
+  m.add_post_backward_hook([this](Module& mm) { release_module(mm); }, this);
+  for (auto& c : m.children()) install_hooks(*c);
+}
+
+void Zero3Optimizer::begin_gather(Shard& s) {
+  Parameter& p = *s.p;
+  ZC_ASSERT(p.ds_status == ZeroStatus::not_available, "gather of {} in status {}", p.name,
+            zero_status_name(p.ds_status));
+  Tensor src = p.ds_shard;
+  if (cfg_.zero.offload_param == OffloadDevice::cpu) {  // bring the shard to the device first
+    src = dev_.alloc(dtype_, {s.shard_numel}, p.name + ".shard_on_device");
+    cpu_->to_device(src, p.ds_shard);
+  }
+  s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, p.name + ".gathered");
+  s.inflight = comm_.all_gather(s.gather_buf, src, {.async_op = true});
+  p.ds_status = ZeroStatus::inflight;
+}
+
+void Zero3Optimizer::finish_gather(Shard& s) {
+  Parameter& p = *s.p;
+  ZC_ASSERT(p.ds_status == ZeroStatus::inflight && s.inflight, "finish_gather of {} in status {}",
+            p.name, zero_status_name(p.ds_status));
+  s.inflight->wait();
+  s.inflight.reset();
+  p.data = s.gather_buf.narrow(0, s.numel).view(p.shape);
+  p.ds_status = ZeroStatus::available;
+}
+
+void Zero3Optimizer::fetch_module(Module& m) {
+  for (Parameter* p : params_of(m)) {
+    Shard& s = shard_of(*p);
+    if (p->ds_status == ZeroStatus::available) continue;
+    if (p->ds_status == ZeroStatus::not_available) begin_gather(s);
+    finish_gather(s);
+  }
+}
+
+void Zero3Optimizer::release(Shard& s) {
+  Parameter& p = *s.p;
+  if (s.persistent || p.ds_status == ZeroStatus::not_available) return;
+  if (p.ds_status == ZeroStatus::inflight) {
+    throw UsageError(fmt::format("releasing param {} while its all-gather is INFLIGHT: wait for "
+                                 "the gather before release", p.name));
+  }
+  p.data = Tensor();
+  s.gather_buf = Tensor();
+  p.ds_status = ZeroStatus::not_available;
+}
+
+void Zero3Optimizer::release_module(Module& m) {
+  for (Parameter* p : params_of(m)) {
+    Shard& s = shard_of(*p);
+    if (p->ds_status == ZeroStatus::inflight) finish_gather(s);  // a prefetch of a param we also use
+    release(s);
+  }
+  if (&m == &model_) {  // end of the model's forward/backward: no prefetch may stay in flight
+    for (Shard& s : shards_) {
+      if (s.p->ds_status == ZeroStatus::inflight) {
+        finish_gather(s);
+        release(s);
+      }
+    }
+  }
+}
+
+// Starts the gathers of the modules that followed `m` in the previous forward, up to
+// stage3_prefetch_bucket_size elements (DeepSpeed's trace-based prefetch, forward only).
+void Zero3Optimizer::prefetch_after(Module& m) {
+  std::int64_t budget = cfg_.zero.stage3_prefetch_bucket_size;
+  if (budget <= 0) return;
+  auto it = std::find(last_fwd_order_.begin(), last_fwd_order_.end(), &m);
+  if (it == last_fwd_order_.end()) return;
+  for (++it; it != last_fwd_order_.end() && budget > 0; ++it) {
+    for (Parameter* p : params_of(**it)) {
+      Shard& s = shard_of(*p);
+      if (p->ds_status != ZeroStatus::not_available || s.numel > budget) continue;
+      begin_gather(s);
+      budget -= s.numel;
+    }
+  }
+}
+
+std::vector<double> Zero3Optimizer::gathered_params() {
+  const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
+  Tensor src = fp16_partition_;
+  if (cfg_.zero.offload_param == OffloadDevice::cpu) {
+    src = dev_.alloc(dtype_, {pn}, "partition_on_device");
+    cpu_->to_device(src, fp16_partition_);
+  }
+  Tensor all = dev_.alloc(dtype_, {pn * world_}, "gathered_params");
+  comm_.all_gather(all, src);
+  const std::vector<double> v = to_f64(dev_, all);
+  std::vector<double> out;
+  for (const Shard& s : shards_) {
+    for (std::int64_t i = 0; i < s.numel; ++i) {
+      const std::int64_t r = i / s.shard_numel, k = i % s.shard_numel;
+      out.push_back(v[static_cast<std::size_t>(r * pn + s.offset + k)]);
+    }
+  }
+  return out;
+}
+
+}  // namespace zc

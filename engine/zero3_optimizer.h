@@ -1,0 +1,99 @@
+// Zero3Optimizer: DeepSpeed's DeepSpeedZeroOptimizer_Stage3 (SPEC 5). Every param is padded to a
+// multiple of the world and sharded; module hooks all-gather a module's params before its forward
+// and backward (NOT_AVAILABLE -> INFLIGHT -> AVAILABLE) and release them after, except persistent
+// params (numel <= stage3_param_persistence_threshold). Grads are reduce-scattered in ipg buckets
+// (divide by world first) and partition_grads copies into the rank's grad partition when
+// micro_step_id == 0 and adds otherwise; ranks whose slice is padding only skip.
+// Invariants: outside a module's forward/backward only shards and persistent params are held; a
+// param is released only when AVAILABLE; micro_step_id is 0 at the first reduction of a step.
+#pragma once
+
+#include "engine/offload.h"
+#include "engine/zero_optimizer.h"
+
+#include <map>
+#include <optional>
+
+namespace zc {
+
+class Zero3Optimizer final : public ZeroOptimizer {
+ public:
+  Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts);
+  ~Zero3Optimizer() override;
+
+  std::string_view name() const override { return "DeepSpeedZeroOptimizer_Stage3"; }
+  void clear_backward_seen_flag() override;
+  void on_grad_ready(Parameter& p) override;
+  void allreduce_gradients() override { independent_gradient_partition_epilogue(); }
+  bool step() override;
+  void zero_grad() override;
+  std::vector<Tensor> averaged_gradients() override;
+  std::vector<Tensor> master_partitions() override { return {master_}; }
+  std::vector<double> gathered_grads() override;
+  bool supports_coalescing() const override { return true; }
+
+  // DeepSpeed's names, public for Engine::coalesce_grad_reduction's flush (SPEC 6).
+  void reduce_ready_partitions_and_remove_grads(Parameter& p);
+  void independent_gradient_partition_epilogue();
+  // A param used by `module` although another module owns it: gathered in module's hooks too.
+  void register_external_parameter(Module& module, Parameter& p);
+  // Gathers every param (for full_params); leaves them as they were.
+  std::vector<double> gathered_params();
+  const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
+  std::int64_t partition_numel() const { return partition_numel_; }
+
+ private:
+  struct Shard {
+    Parameter* p = nullptr;
+    std::int64_t numel = 0;
+    std::int64_t shard_numel = 0;  // ceil(numel / world)
+    std::int64_t offset = 0;       // position in the rank's flat partition
+    bool persistent = false;
+    WorkPtr inflight;              // the pending gather while INFLIGHT
+    Tensor gather_buf;             // [shard_numel * world] model dtype
+  };
+  struct Pending {
+    WorkPtr work;
+    std::vector<Shard*> params;
+    Tensor out;  // [sum of shard_numel] reduce-scatter output, model dtype
+  };
+
+  void install_hooks(Module& m);
+  void fetch_module(Module& m);
+  void release_module(Module& m);
+  void prefetch_after(Module& m);
+  void begin_gather(Shard& s);
+  void finish_gather(Shard& s);
+  void release(Shard& s);
+  void reduce_independent_p_g_buckets_and_remove_grads(Shard& s);
+  void reduce_and_partition_ipg_grads();
+  void finish(Pending& pend);
+  void partition_grads(const std::vector<Shard*>& params, const Tensor& out);
+  void wait_all();
+  Shard& shard_of(const Parameter& p);
+  std::vector<Parameter*> params_of(Module& m);
+
+  int world_, rank_;
+  bool overlap_, contiguous_;
+  std::int64_t bucket_size_, partition_numel_ = 0;
+  std::vector<Shard> shards_;
+  std::map<const Parameter*, std::size_t> index_;
+  std::map<Module*, std::vector<Parameter*>> external_;
+  std::optional<CpuSpace> cpu_;  // offload_optimizer / offload_param
+  Tensor fp16_partition_;  // [partition_numel] model dtype: every param's ds_shard is a view
+  Tensor master_;          // [partition_numel] f32 (cpu with offload_optimizer)
+  Tensor grad_partition_;  // [partition_numel] accum dtype ("__param_id_to_grad_partition")
+  Tensor fp32_grad_cpu_;   // [partition_numel] f32, offload_optimizer only
+  std::unique_ptr<BaseOptimizer> base_;
+  std::int64_t bucket_capacity_ = 0;
+  Tensor bucket_;          // [capacity] model dtype (contiguous_gradients)
+  std::int64_t bucket_elements_ = 0;
+  std::vector<Shard*> bucket_params_;
+  std::vector<char> already_reduced_;
+  std::vector<Pending> pending_;
+  std::vector<Module*> fwd_order_, last_fwd_order_;  // module pre-forward order, for prefetch
+  bool epilogue_ran_ = false;
+  bool any_partitioned_grads_ = false;
+};
+
+}  // namespace zc
