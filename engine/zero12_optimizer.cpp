@@ -20,8 +20,11 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
                                  const Options& opts)
     : ZeroOptimizer(cfg, model, dev, comm, opts), world_(comm.size()), rank_(comm.rank()),
       partition_gradients_(cfg.zero.stage >= 2), overlap_(cfg.zero.overlap_comm),
-      contiguous_(cfg.zero.contiguous_gradients), use_accum_attr_(accum_dtype_ != dtype_),
-      bucket_size_(cfg.zero.reduce_bucket_size) {
+      contiguous_(cfg.zero.contiguous_gradients || cfg.zero.offload_optimizer == OffloadDevice::cpu),
+      use_accum_attr_(accum_dtype_ != dtype_), bucket_size_(cfg.zero.reduce_bucket_size),
+      cpu_offload_(cfg.zero.offload_optimizer == OffloadDevice::cpu) {
+  // DeepSpeed: "CPU-Offload requires contiguous gradients".
+  if (cpu_offload_) cpu_.emplace(dev_);
   has_hooks_ = partition_gradients_ || overlap_ || contiguous_ || use_accum_attr_;
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
@@ -34,9 +37,16 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
     p.data = view.view(p.shape);
   }
   const std::int64_t pn = layout_.partition_numel;
-  master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32
-  dev_.cast(master_, flat_.narrow(rank_ * pn, pn));
-  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer");
+  if (cpu_offload_) {
+    master_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32, CPU
+    cpu_->to_cpu(master_, flat_.narrow(rank_ * pn, pn));
+    fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad");
+    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer");  // CPU Adam
+  } else {
+    master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32
+    dev_.cast(master_, flat_.narrow(rank_ * pn, pn));
+    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer");
+  }
   is_in_partition_.assign(params_.size(), 0);
   partition_pos_.assign(params_.size(), -1);
   for (int i : layout_.params_in_partition(rank_)) {
@@ -257,8 +267,51 @@ void Zero12Optimizer::wait_all() {
 
 void Zero12Optimizer::wait_reduction_stream() { wait_all(); }
 
+std::pair<std::int64_t, std::int64_t> Zero12Optimizer::partition_slice(int i) const {
+  const std::int64_t start = layout_.partition_start(rank_), end = start + layout_.partition_numel;
+  const std::int64_t off = layout_.offsets[static_cast<std::size_t>(i)];
+  const std::int64_t lo = std::max(off, start);
+  const std::int64_t hi = std::min(off + layout_.numels[static_cast<std::size_t>(i)], end);
+  return {lo - off, hi - lo};
+}
+
+// Offload (SPEC 4): accumulate in the CPU buffer when earlier backwards of this step exist
+// (micro_step_id > 0) or later ones will come (not at the boundary); at the boundary copy the
+// partition's slice into the fp32 grad on the CPU. KnownBug::B3 is the historical outer gate
+// `gradient_accumulation_steps > 1`, which drops backward chunks 1..N-1 when GA = 1.
+void Zero12Optimizer::async_accumulate_grad_in_cpu_via_gpu(int i) {
+  Parameter& p = *params_[static_cast<std::size_t>(i)];
+  auto it = accumulated_grads_in_cpu_.find(i);
+  if (it == accumulated_grads_in_cpu_.end()) {
+    it = accumulated_grads_in_cpu_.emplace(i, cpu_->alloc(dtype_, {p.numel()}, p.name + ".accumulated_grads_in_cpu")).first;
+  }
+  if (micro_step_id_ > 0) {  // bring the running sum back and add this backward's grad
+    Tensor tmp = dev_.alloc(dtype_, {p.numel()}, "temp_grad_buffer_for_gpu_offload");
+    cpu_->to_device(tmp, it->second);
+    dev_.axpy(p.grad.view({p.numel()}), 1.0, tmp);
+  }
+  cpu_->to_cpu(it->second, p.grad.view({p.numel()}));
+}
+
+void Zero12Optimizer::async_inplace_copy_grad_to_fp32_buffer_from_gpu(int i) {
+  Parameter& p = *params_[static_cast<std::size_t>(i)];
+  const auto [src, n] = partition_slice(i);
+  const std::int64_t dest = layout_.offsets[static_cast<std::size_t>(i)] + src - layout_.partition_start(rank_);
+  cpu_->to_cpu(fp32_grad_cpu_.narrow(dest, n), p.grad.view({p.numel()}).narrow(src, n));
+  p.grad = Tensor();
+  offload_grads_ready_ = true;
+}
+
 void Zero12Optimizer::copy_grads_in_partition(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
+  if (cpu_offload_) {
+    const bool accumulate = opts_.bugs.has(KnownBug::B3_offload_copy_gate)
+                                ? cfg_.gradient_accumulation_steps > 1
+                                : (micro_step_id_ > 0 || !boundary_);
+    if (accumulate) async_accumulate_grad_in_cpu_via_gpu(i);
+    if (boundary_) async_inplace_copy_grad_to_fp32_buffer_from_gpu(i);
+    return;
+  }
   if (!grads_in_partition_.defined()) {
     grads_in_partition_ = dev_.alloc(dtype_, {std::max<std::int64_t>(grads_in_partition_numel_, 1)},
                                      "grads_in_partition");  // [sum numel in partition] model dtype

@@ -5,7 +5,11 @@
 #pragma once
 
 #include "engine/flat_layout.h"
+#include "engine/offload.h"
 #include "engine/zero_optimizer.h"
+
+#include <map>
+#include <optional>
 
 namespace zc {
 
@@ -33,6 +37,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
   bool has_gradient_for_reduction(int i) const;
   int num_params() const { return static_cast<int>(params_.size()); }
   const FlatLayout& layout() const { return layout_; }
+  const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
 
  private:
   struct Pending {  // an issued reduction and what to do once it completes
@@ -50,6 +55,9 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void wait_buffer(int index);
   void wait_all();
   void copy_grads_in_partition(int i);
+  void async_accumulate_grad_in_cpu_via_gpu(int i);
+  void async_inplace_copy_grad_to_fp32_buffer_from_gpu(int i);
+  std::pair<std::int64_t, std::int64_t> partition_slice(int i) const;  // (offset in param, length)
   Tensor gradient_for_reduction(int i);
   void fill_grad_accum(Parameter& p);
   void accumulate_partition();
@@ -84,6 +92,12 @@ class Zero12Optimizer final : public ZeroOptimizer {
   std::vector<Pending> pending_;         // overlap_comm: FIFO of issued reductions
   bool ready_for_gradients_ = false;
   bool epilogue_ran_ = false;
+  // CPU offload (offload_optimizer): master, optimizer state and fp32 grads live on the CPU.
+  bool cpu_offload_ = false;
+  std::optional<CpuSpace> cpu_;
+  Tensor fp32_grad_cpu_;                     // [partition_numel] f32 on the CPU
+  std::map<int, Tensor> accumulated_grads_in_cpu_;  // per param: [numel] model dtype on the CPU
+  bool offload_grads_ready_ = false;
 };
 
 }  // namespace zc

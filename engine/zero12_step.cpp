@@ -10,8 +10,12 @@ void Zero12Optimizer::independent_gradient_partition_epilogue() {
   reduce_ipg_grads();
   wait_all();
   std::fill(already_reduced_.begin(), already_reduced_.end(), 0);
-  accumulate_partition();
-  if (boundary_) build_averaged();
+  if (!cpu_offload_) {  // with offload the fp32 grads on the CPU are the averaged gradients
+    accumulate_partition();
+    if (boundary_) build_averaged();
+  } else if (boundary_) {
+    offload_grads_ready_ = true;  // even on a rank whose partition is all padding
+  }
   release_ipg_buffers();
   for (Parameter* p : params_) p->grad = Tensor();  // _clear_param_grad_only: keep grad_accum
   epilogue_ran_ = true;
@@ -59,6 +63,8 @@ void Zero12Optimizer::reset_accumulators() {
   for (Tensor& t : accum_) t = Tensor();
   accum_set_ = false;
   averaged_ = Tensor();
+  if (cpu_offload_ && offload_grads_ready_) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
+  offload_grads_ready_ = false;
 }
 
 void Zero12Optimizer::zero_grad() {
@@ -72,12 +78,14 @@ void Zero12Optimizer::zero_grad() {
 bool Zero12Optimizer::step() {
   micro_step_id_ = -1;
   layout_.check_coverage();  // paired with FlatLayout::build
-  if (!averaged_.defined()) {
+  if (!(cpu_offload_ ? offload_grads_ready_ : averaged_.defined())) {
     throw UsageError("step() at an accumulation boundary without reduced gradients: call "
                      "backward() at the boundary first");
   }
+  Device& where = cpu_offload_ ? cpu_->cpu() : dev_;
+  const Tensor grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;
   const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  overflow_ = check && any_rank_overflow({averaged_});
+  overflow_ = check && any_rank_overflow({grads}, &where);
   const double prev_scale = scaler_.cur_scale();
   scaler_.update_scale(overflow_);
   if (overflow_) {
@@ -85,15 +93,19 @@ bool Zero12Optimizer::step() {
     zero_grad();
     return false;
   }
-  const double norm = global_norm(dev_.sum_sq(averaged_), true);
+  const double norm = global_norm(where.sum_sq(grads), true);
   const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
   const std::int64_t pn = layout_.partition_numel;
-  Tensor grad32 = dev_.alloc(DType::f32, {pn}, "single_grad_partition");  // [pn] f32
-  dev_.cast(grad32, averaged_);
-  dev_.scale(grad32, 1.0 / combined);
+  Tensor grad32 = where.alloc(DType::f32, {pn}, "single_grad_partition");  // [pn] f32
+  where.cast(grad32, grads);
+  where.scale(grad32, 1.0 / combined);
   base_->step(master_, grad32);
   Tensor mine = flat_.narrow(rank_ * pn, pn);
-  dev_.cast(mine, master_);
+  if (cpu_offload_) {
+    cpu_->to_device(mine, master_);  // through the bit16 buffer, as DeepSpeed does
+  } else {
+    dev_.cast(mine, master_);
+  }
   reset_accumulators();
   comm_.all_gather(flat_, mine);  // every rank's updated partition, in place
   record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
@@ -101,15 +113,21 @@ bool Zero12Optimizer::step() {
 }
 
 std::vector<Tensor> Zero12Optimizer::averaged_gradients() {
+  if (cpu_offload_) return offload_grads_ready_ ? std::vector<Tensor>{fp32_grad_cpu_} : std::vector<Tensor>{};
   if (!averaged_.defined()) return {};
   return {averaged_};
 }
 
 std::vector<double> Zero12Optimizer::gathered_grads() {
   const std::int64_t pn = layout_.partition_numel;
-  Tensor full = dev_.alloc(accum_dtype_, {layout_.padded}, "gathered_grads");  // [padded]
+  const DType dt = cpu_offload_ ? DType::f32 : accum_dtype_;
+  Tensor full = dev_.alloc(dt, {layout_.padded}, "gathered_grads");  // [padded]
   Tensor mine = full.narrow(rank_ * pn, pn);
-  if (averaged_.defined()) dev_.copy(mine, averaged_);
+  if (cpu_offload_ && offload_grads_ready_) {
+    cpu_->to_device(mine, fp32_grad_cpu_);
+  } else if (!cpu_offload_ && averaged_.defined()) {
+    dev_.copy(mine, averaged_);
+  }
   comm_.all_gather(full, mine);
   std::vector<double> v = to_f64(dev_, full);
   v.resize(static_cast<std::size_t>(layout_.numel));

@@ -80,6 +80,9 @@ RunResult run_on_sim(const RunSpec& spec) {
           const Batch mine = upload_batch(ctx.device, it->second.first.slice(ctx.rank * spec.micro_batch, spec.micro_batch),
                                           cfg.model_dtype());
           if (++it->second.second == W) batches.erase(it);
+          if (spec.explicit_boundary) {
+            engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
+          }
           const Engine::Loss loss = engine.forward(mine);
           loss_sum += loss.value;
           engine.backward(loss);

@@ -21,6 +21,10 @@ struct RunSpec {
   std::function<std::unique_ptr<Model>()> make_model;
   int steps = 2;
   int n_backward = 1;  // backward chunks per micro-step
+  // Multi-backward as DeepSpeed formalised it (#7665): set_gradient_accumulation_boundary(false)
+  // before every backward but the last of a step. When false, the boundary follows micro_steps
+  // and GA, so all N backwards of the last micro-step are at the boundary.
+  bool explicit_boundary = true;
   std::int64_t micro_batch = 2;
   DataDomain domain = DataDomain::exact;
   ExactSpec exact;

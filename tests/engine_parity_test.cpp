@@ -27,9 +27,14 @@ struct Case {
   bool accum32 = false;      // bf16 with data_types.grad_accum_dtype fp32
   double clip = 0.0;         // gradient_clipping
   std::string opt = "Adam";  // Adam | AdamW | SGD
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  bool implicit = false;  // all N backwards of the last micro-step at the boundary
   std::string name() const {
-    return fmt::format("z{}_c{}_o{}_{}{}_w{}_ga{}_n{}{}_{}", stage, contiguous, overlap, dtype_name(dtype),
-                       accum32 ? "acc32" : "", world, ga, n, clip > 0 ? "_clip" : "", opt);
+    return fmt::format("z{}_c{}_o{}_{}{}_w{}_ga{}_n{}{}_{}{}{}", stage, contiguous, overlap, dtype_name(dtype),
+                       accum32 ? "acc32" : "", world, ga, n, clip > 0 ? "_clip" : "", opt,
+                       offload_optimizer ? "_offopt" : "", offload_param ? "_offparam" : "") +
+           (implicit ? "_implicit" : "");
   }
 };
 
@@ -43,19 +48,21 @@ nlohmann::json config_for(const Case& c, std::int64_t bucket) {
   if (c.dtype == DType::f16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
   if (c.dtype == DType::bf16) j["bf16"] = {{"enabled", true}};
   if (c.accum32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  if (c.offload_optimizer) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  if (c.offload_param) j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   return j;
 }
 
-// Every division the engine does is by GA (backward) and by the world (each reduction). Stage 0
-// and the ZeRO-1 BF16_Optimizer wrapper re-reduce already-reduced grads on each of the N boundary
-// backwards (as DeepSpeed's buffered_allreduce_fallback does), so their grads must survive N
-// divisions by the world.
+// Every division the engine does is by GA (backward) and by the world (each reduction). With an
+// implicit boundary, stage 0 and the ZeRO-1 BF16_Optimizer wrapper re-reduce already-reduced
+// grads on each of the N boundary backwards (as DeepSpeed's buffered_allreduce_fallback does), so
+// their grads must survive N divisions by the world.
 ExactSpec exact_for(const Case& c) {
   ExactSpec ex;
   ex.max_k = 1;
   std::int64_t m = c.ga;
   const bool dense = c.stage == 0 || (c.stage == 1 && c.dtype == DType::bf16 && c.accum32);
-  const int reductions = dense ? c.n : 1;
+  const int reductions = dense && c.implicit ? c.n : 1;
   for (int i = 0; i < reductions; ++i) m *= c.world;
   ex.grad_multiple = m;
   // Keep fp16 grads (times the loss scale 16, summed over N chunks) below 2^14.
@@ -135,6 +142,7 @@ TEST_P(SyntheticParity, GatheredParamsAndGradsMatchASingleRankBitForBit) {
   spec.micro_batch = 2;
   spec.exact = exact_for(c);
   spec.seed = 11;
+  spec.explicit_boundary = !c.implicit;
   expect_parity(spec, c.dtype);
   if (!exact_infeasible(spec, c.dtype).empty()) return;
   // And against an oracle: the grads are the loss-scaled sum over micro-steps and chunks of the
@@ -192,6 +200,55 @@ std::vector<Case> variant_cases() {
   }
   return out;
 }
+
+// CPU offload: offload_optimizer on stages 1-3 and offload_param on stage 3.
+std::vector<Case> offload_cases() {
+  std::vector<Case> out;
+  for (int stage : {1, 2, 3}) {
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      for (int world : {1, 2, 3, 4, 8}) {
+        for (int ga : {1, 3}) {
+          for (int n : {1, 2, 3, 4}) {
+            Case c{stage, true, (world + n) % 2 == 0, dt, world, ga, n};
+            c.offload_optimizer = true;
+            out.push_back(c);
+            if (stage == 3) {
+              c.offload_param = true;
+              c.offload_optimizer = n % 2 == 0;
+              out.push_back(c);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Multi-backward without the explicit boundary: every backward of the last micro-step is at the
+// boundary (and stage 0 re-reduces, as DeepSpeed does). Offload is left out: DeepSpeed's offload
+// path needs set_gradient_accumulation_boundary(false) for all but the last backward.
+std::vector<Case> implicit_cases() {
+  std::vector<Case> out;
+  for (int stage : {0, 1, 2, 3}) {
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      for (int world : {2, 3, 4}) {
+        for (int n : {2, 3}) {
+          Case c{stage, stage > 0, stage > 0 && world != 3, dt, world, 1, n};
+          c.implicit = true;
+          out.push_back(c);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(ImplicitBoundary, SyntheticParity, ::testing::ValuesIn(implicit_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+INSTANTIATE_TEST_SUITE_P(Offload, SyntheticParity, ::testing::ValuesIn(offload_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 INSTANTIATE_TEST_SUITE_P(Variants, SyntheticParity, ::testing::ValuesIn(variant_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
