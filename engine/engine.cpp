@@ -122,6 +122,10 @@ void Engine::enter_no_sync() {
   inside_no_sync_ = true;
 }
 
+void Engine::register_external_parameter(Module& module, Parameter& p) {
+  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) z3->register_external_parameter(module, p);
+}
+
 std::vector<double> Engine::full_params() {
   if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) return z3->gathered_params();
   std::vector<double> out;

@@ -62,6 +62,11 @@ class Engine {
   std::vector<double> full_grads() { return optimizer_->gathered_grads(); }
   const CommStats& comm_stats() const { return comm_.stats(); }
   ZeroOptimizer& optimizer() { return *optimizer_; }
+  Model& model() { return model_; }
+  Device& device() { return dev_; }
+  // ZeRO-3: `module` also uses `p` (owned elsewhere), so its hooks gather and release it too.
+  // A no-op for stages 0-2, whose params are always whole.
+  void register_external_parameter(Module& module, Parameter& p);
   const Config& config() const { return cfg_; }
   const Options& options() const { return opts_; }
   bool inside_no_sync() const { return inside_no_sync_; }

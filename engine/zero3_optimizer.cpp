@@ -154,11 +154,7 @@ void Zero3Optimizer::release(Shard& s) {
 }
 
 void Zero3Optimizer::release_module(Module& m) {
-  for (Parameter* p : params_of(m)) {
-    Shard& s = shard_of(*p);
-    if (p->ds_status == ZeroStatus::inflight) finish_gather(s);  // a prefetch of a param we also use
-    release(s);
-  }
+  for (Parameter* p : params_of(m)) release(shard_of(*p));
   if (&m == &model_) {  // end of the model's forward/backward: no prefetch may stay in flight
     for (Shard& s : shards_) {
       if (s.p->ds_status == ZeroStatus::inflight) {
@@ -182,6 +178,7 @@ void Zero3Optimizer::prefetch_after(Module& m) {
       if (p->ds_status != ZeroStatus::not_available || s.numel > budget) continue;
       begin_gather(s);
       budget -= s.numel;
+      ++prefetched_;
     }
   }
 }

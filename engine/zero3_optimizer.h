@@ -41,6 +41,7 @@ class Zero3Optimizer final : public ZeroOptimizer {
   std::vector<double> gathered_params();
   const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
   std::int64_t partition_numel() const { return partition_numel_; }
+  std::int64_t prefetched() const { return prefetched_; }  // gathers started ahead of use
 
  private:
   struct Shard {
@@ -94,6 +95,7 @@ class Zero3Optimizer final : public ZeroOptimizer {
   std::vector<Module*> fwd_order_, last_fwd_order_;  // module pre-forward order, for prefetch
   bool epilogue_ran_ = false;
   bool any_partitioned_grads_ = false;
+  std::int64_t prefetched_ = 0;
 };
 
 }  // namespace zc

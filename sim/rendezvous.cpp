@@ -103,6 +103,10 @@ void ClusterState::wait(SimWork& work) {
   ZC_ASSERT(it != rs.inflight.end(), "waited Work missing from rank {}'s inflight list",
             work.rank_);
   rs.inflight.erase(it);
+  // Drop the buffer handles now, on the owning rank: a rendezvous freed later by another rank
+  // must not free this rank's memory (per-rank live-byte accounting).
+  work.in_ = Tensor();
+  work.out_ = Tensor();
   rs.now_us = std::max(rs.now_us, rv.done_us);
   rs.trace.record("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()),
                   hash_bytes(m.result));
@@ -218,13 +222,14 @@ std::unique_ptr<Comm> ClusterState::split_result(const SimWork& work) {
 
 void ClusterState::complete(SimWork& work) {
   if (work.completed_) return;
-  const Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
+  Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
   if (m.result && !m.result->empty()) {
     ZC_ASSERT(static_cast<std::int64_t>(m.result->size()) == work.out_.nbytes(),
               "{}: result of {} bytes for an output of {}", work.rv_->where(), m.result->size(),
               work.out_.nbytes());
     std::memcpy(work.out_.raw(), m.result->data(), m.result->size());
   }
+  m.out = Tensor();  // the rank's buffer is no longer the rendezvous's business
   work.completed_ = true;
   drop_ready(work);
 }

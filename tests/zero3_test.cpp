@@ -1,0 +1,222 @@
+// ZeRO-3 and offload behaviour beyond parity: what a rank holds outside forward/backward, that
+// prefetch and persistence never change results, micro_step_id over several steps, the INFLIGHT
+// release error, external parameters, offload transfers, and the B3 chunk loss.
+#include "engine/errors.h"
+#include "engine/zero12_optimizer.h"
+#include "engine/zero3_optimizer.h"
+#include "models/mlp.h"
+#include "models/synthetic.h"
+#include "props/training_run.h"
+#include "sim/sim_cluster.h"
+
+#include <gtest/gtest.h>
+
+namespace zc::props {
+namespace {
+
+nlohmann::json z3_config(std::int64_t persistence, std::int64_t prefetch) {
+  return {{"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+          {"zero_optimization", {{"stage", 3}, {"reduce_bucket_size", 64},
+                                 {"stage3_param_persistence_threshold", persistence},
+                                 {"stage3_prefetch_bucket_size", prefetch}}}};
+}
+
+RunSpec mlp_spec(nlohmann::json cfg, int world) {
+  RunSpec spec;
+  spec.make_model = [] { return std::make_unique<Mlp>(MlpSpec{{6, 10, 7, 3}, true, LossKind::linear}); };
+  spec.ds_config = std::move(cfg);
+  spec.world = world;
+  spec.steps = 3;
+  spec.n_backward = 2;
+  spec.micro_batch = 2;
+  spec.domain = DataDomain::gaussian;
+  spec.seed = 17;
+  return spec;
+}
+
+std::vector<Module*> layers_of(Model& m) {
+  std::vector<Module*> out;
+  for (auto& c : m.children()) out.push_back(c.get());
+  return out;
+}
+
+TEST(Zero3, OutsideForwardAndBackwardARankHoldsOnlyItsPartitions) {
+  RunSpec spec = mlp_spec(z3_config(0, 0), 4);
+  int checked = 0;
+  spec.after_step = [&](int rank, int, Engine& e, double) {
+    for (Parameter* p : e.model().named_parameters()) {
+      EXPECT_EQ(p->ds_status, ZeroStatus::not_available) << p->name << " on rank " << rank;
+      EXPECT_FALSE(p->data.defined()) << p->name;
+      EXPECT_EQ(p->ds_shard.numel(), (p->numel() + 3) / 4) << p->name;
+    }
+    // Gathering a layer allocates exactly its full (padded) params; releasing frees them again.
+    for (Module* layer : layers_of(e.model())) {
+      const std::int64_t before = e.device().live_bytes();
+      layer->run_pre_forward();
+      std::int64_t gathered = 0;
+      for (auto& [name, p] : layer->params()) {
+        EXPECT_EQ(p->ds_status, ZeroStatus::available);
+        gathered += p->ds_shard.numel() * 4 * dtype_size(p->dtype);
+      }
+      EXPECT_EQ(e.device().live_bytes() - before, gathered) << layer->name();
+      layer->run_post_forward();
+      EXPECT_EQ(e.device().live_bytes(), before) << layer->name() << " released";
+    }
+    ++checked;
+  };
+  const RunResult r = run_on_sim(spec);
+  EXPECT_TRUE(r.ranks_agree) << r.disagreement;
+  EXPECT_EQ(checked, 4 * 3);
+}
+
+TEST(Zero3, PrefetchAndPersistenceNeverChangeResults) {
+  const RunResult plain = run_on_sim(mlp_spec(z3_config(0, 0), 3));
+  std::int64_t prefetched = 0;
+  RunSpec pre = mlp_spec(z3_config(0, 1'000'000), 3);
+  pre.after_step = [&](int rank, int, Engine& e, double) {
+    if (rank == 0) prefetched = dynamic_cast<Zero3Optimizer&>(e.optimizer()).prefetched();
+  };
+  const RunResult prefetch = run_on_sim(pre);
+  RunSpec keep = mlp_spec(z3_config(30, 0), 3);  // biases and the last layer persist
+  int persistent = 0;
+  keep.after_step = [&](int rank, int step, Engine& e, double) {
+    if (rank != 0 || step != 2) return;
+    for (Parameter* p : e.model().named_parameters()) persistent += p->ds_status == ZeroStatus::available;
+  };
+  const RunResult persist = run_on_sim(keep);
+  EXPECT_GT(prefetched, 0) << "prefetch must actually happen";
+  EXPECT_GT(persistent, 0) << "some params must persist";
+  for (std::size_t s = 0; s < plain.params.size(); ++s) {
+    EXPECT_EQ(first_difference(prefetch.params[s], plain.params[s], DType::f32), "") << s;
+    EXPECT_EQ(first_difference(persist.params[s], plain.params[s], DType::f32), "") << s;
+    EXPECT_EQ(first_difference(prefetch.grads[s], plain.grads[s], DType::f32), "") << s;
+    EXPECT_EQ(first_difference(persist.grads[s], plain.grads[s], DType::f32), "") << s;
+  }
+}
+
+TEST(Zero3, MicroStepIdFollowsTheSpecOverSeveralSteps) {
+  std::vector<int> seen;
+  sim::SimCluster(2, 3).run([&](sim::RankContext& ctx) {
+    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}}}}, 2);
+    Synthetic model(std::vector<Shape>{{5}, {3}});
+    Rng rng(1);
+    model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    for (int step = 0; step < 3; ++step) {
+      for (int k = 0; k < 3; ++k) {
+        e.set_gradient_accumulation_boundary(k == 2);
+        Rng r(static_cast<std::uint64_t>(step * 10 + k));
+        const Engine::Loss loss = e.forward(upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32));
+        if (ctx.rank == 0) seen.push_back(e.micro_step_id());  // the value partition_grads will use
+        e.backward(loss);
+      }
+      e.step();
+      if (ctx.rank == 0) seen.push_back(e.micro_step_id());
+    }
+  });
+  // 0 at init; +1 at each forward after an epilogue; 0 again after step().
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 0, 0, 1, 2, 0, 0, 1, 2, 0}));
+}
+
+TEST(Zero3, ReleasingAnInflightParamIsAnError) {
+  try {
+    sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
+      Config cfg = Config::from_json(
+          {{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 100000}, {"stage3_param_persistence_threshold", 0}}}}, 2);
+      Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
+      Rng rng(1);
+      model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+      Engine e(cfg, model, ctx.device, ctx.world);
+      Rng r(2);
+      const Batch b = upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32);
+      e.backward(e.forward(b));  // records the module order for prefetch
+      std::vector<Module*> layers = layers_of(model);
+      model.run_pre_forward();
+      layers[0]->run_pre_forward();   // gathers layer 0 and prefetches layer 1
+      layers[1]->run_post_forward();  // releases layer 1 while its gather is in flight
+    });
+    FAIL() << "accepted";
+  } catch (const RankFailure& f) {
+    EXPECT_NE(std::string(f.what()).find("releasing param layers.1.weight while its all-gather is INFLIGHT"), std::string::npos) << f.what();
+  }
+}
+
+TEST(Zero3, AnExternalParameterIsGatheredByTheModuleThatUsesIt) {
+  sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
+    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}}, 2);
+    Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
+    Rng rng(1);
+    model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    std::vector<Module*> layers = layers_of(model);
+    Parameter& tied = *layers[0]->params().get("weight");
+    e.register_external_parameter(*layers[1], tied);
+    layers[1]->run_pre_forward();
+    EXPECT_EQ(tied.ds_status, ZeroStatus::available);
+    EXPECT_EQ(tied.data.numel(), 16);
+    layers[1]->run_post_forward();
+    EXPECT_EQ(tied.ds_status, ZeroStatus::not_available);
+  });
+}
+
+// Offload: with the fixed gate, N backward chunks at GA 1 give the same result as no offload;
+// with B3 (the historical `GA > 1` gate), every chunk but the last is lost.
+RunSpec offload_spec(int stage, bool offload, int n, BugSet bugs) {
+  RunSpec spec;
+  spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{7}, {3, 3}, {2}}); };
+  spec.ds_config = {{"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 10}}}};
+  if (offload) spec.ds_config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  spec.world = 2;
+  spec.steps = 2;
+  spec.n_backward = n;
+  spec.exact.grad_multiple = 2;
+  spec.bugs = bugs;
+  spec.seed = 8;
+  return spec;
+}
+
+TEST(Offload, MatchesNoOffloadBitForBitForEveryStageAndChunkCount) {
+  for (int stage : {1, 2, 3}) {
+    for (int n = 1; n <= 4; ++n) {
+      const RunResult off = run_on_sim(offload_spec(stage, true, n, {}));
+      const RunResult on = run_on_sim(offload_spec(stage, false, n, {}));
+      for (std::size_t s = 0; s < off.params.size(); ++s) {
+        EXPECT_EQ(first_difference(off.params[s], on.params[s], DType::f32), "") << "stage " << stage << " n " << n;
+        EXPECT_EQ(first_difference(off.grads[s], on.grads[s], DType::f32), "") << "stage " << stage << " n " << n;
+      }
+    }
+  }
+}
+
+// Stage 2 reduces every backward, so chunks 1..N-1 must be saved to the CPU buffer; the B3 gate
+// never saves them at GA 1. (Stage 1 with the explicit boundary reduces once, at the last chunk,
+// from grads that already summed in .grad, so B3 cannot show there.)
+TEST(Offload, KnownBugB3DropsEveryChunkButTheLast) {
+  const BugSet b3{KnownBug::B3_offload_copy_gate};
+  for (int stage : {2}) {  // a loop, so stage 3 joins if it ever shares the gate
+    const RunResult one_ok = run_on_sim(offload_spec(stage, false, 1, {}));
+    const RunResult one_bug = run_on_sim(offload_spec(stage, true, 1, b3));
+    EXPECT_EQ(first_difference(one_bug.grads[0], one_ok.grads[0], DType::f32), "") << "N = 1 is unaffected";
+    for (int n = 2; n <= 4; ++n) {
+      const RunResult ok = run_on_sim(offload_spec(stage, false, n, {}));
+      const RunResult bug = run_on_sim(offload_spec(stage, true, n, b3));
+      EXPECT_NE(first_difference(bug.grads[0], ok.grads[0], DType::f32), "") << "stage " << stage << " n " << n;
+    }
+  }
+}
+
+TEST(Offload, TransfersAreRealCountedCopies) {
+  RunSpec spec = offload_spec(3, true, 2, {});
+  spec.ds_config["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  OffloadStats stats;
+  spec.after_step = [&](int rank, int, Engine& e, double) {
+    if (rank == 0) stats = *dynamic_cast<Zero3Optimizer&>(e.optimizer()).offload_stats();
+  };
+  run_on_sim(spec);
+  EXPECT_GT(stats.transfers, 0);
+  EXPECT_GT(stats.to_cpu_bytes, 0);
+  EXPECT_GT(stats.to_device_bytes, 0);
+}
+
+}  // namespace
+}  // namespace zc::props
