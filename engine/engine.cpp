@@ -3,15 +3,13 @@
 
 #include "engine/decisions.h"
 #include "engine/errors.h"
+#include "engine/zero12_optimizer.h"
 #include "engine/zero3_optimizer.h"
 
 namespace zc {
 
 Engine::Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts)
     : cfg_(std::move(cfg)), model_(model), dev_(dev), comm_(comm), opts_(opts) {
-  if (opts_.pipeline) {
-    throw NotImplementedError("PipelineModule engines are not modelled; only their refusal paths are");
-  }
   for (Parameter* p : model_.named_parameters()) {
     if (!p->data.defined()) {
       throw UsageError(fmt::format("param '{}' has no data: call the model's init_params() first", p->name));
@@ -124,6 +122,78 @@ void Engine::enter_no_sync() {
 
 void Engine::register_external_parameter(Module& module, Parameter& p) {
   if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) z3->register_external_parameter(module, p);
+}
+
+std::vector<double> Engine::full_grads() {
+  if (!optimizer_->coalescing) return optimizer_->gathered_grads();
+  std::vector<double> out;  // inside the scope: the local, unreduced .grad
+  for (Parameter* p : model_.named_parameters()) {
+    const Tensor& g = p->grad.defined() ? p->grad : p->grad_accum;
+    const std::vector<double> v = g.defined() ? to_f64(dev_, g) : std::vector<double>(static_cast<std::size_t>(p->numel()), 0.0);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+std::optional<bool> Engine::enter_coalesce() {
+  if (!cfg_.managed_gradient_accumulation) {
+    throw UsageError("coalesce_grad_reduction is not supported with managed_gradient_accumulation=False; "
+                     "the caller already owns the accumulation boundary via step()");
+  }
+  if (cfg_.zero.stage < 1 || cfg_.zero.stage > 3) {
+    throw NotImplementedError(fmt::format("coalesce_grad_reduction requires ZeRO stage 1/2/3, got stage {}", cfg_.zero.stage));
+  }
+  if (opts_.pipeline) {
+    throw NotImplementedError("coalesce_grad_reduction is not supported under pipeline parallelism");
+  }
+  if (!optimizer_->supports_coalescing()) {
+    throw NotImplementedError(fmt::format(
+        "coalesce_grad_reduction does not yet support optimizer wrapper {} (ZeRO-1 + bf16 + fp32 "
+        "grad accumulation without offload); use ZeRO stage 2, or drop grad_accum_dtype", optimizer_->name()));
+  }
+  if (inside_no_sync_) {
+    throw UsageError("coalesce_grad_reduction cannot be nested inside another no_sync context");
+  }
+  const std::optional<bool> saved = boundary_override_;
+  inside_no_sync_ = true;
+  optimizer_->coalescing = true;
+  record("coalesce enter");
+  return saved;
+}
+
+// Note [Flush order]: the coalescing flag is cleared before the flush, or the reductions the
+// flush drives would return at the coalescing guard (KnownBug::B7 is that historical order).
+void Engine::exit_coalesce(std::optional<bool> saved_boundary) {
+  const bool b7 = opts_.bugs.has(KnownBug::B7_flush_with_coalescing_set);
+  if (!b7) optimizer_->coalescing = false;
+  inside_no_sync_ = false;
+  boundary_override_ = true;
+  optimizer_->set_gradient_accumulation_boundary(true);
+  flush_coalesced_reduction();
+  if (b7) optimizer_->coalescing = false;
+  boundary_override_ = saved_boundary;
+  if (saved_boundary) optimizer_->set_gradient_accumulation_boundary(*saved_boundary);
+  record(fmt::format("coalesce exit: flushed at micro_step_id {}", last_flush_micro_step_id_));
+}
+
+void Engine::flush_coalesced_reduction() {
+  last_flush_micro_step_id_ = optimizer_->micro_step_id();
+  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) {
+    for (Parameter* p : model_.named_parameters()) {
+      if (p->requires_grad && p->grad.defined()) z3->reduce_ready_partitions_and_remove_grads(*p);
+    }
+    z3->independent_gradient_partition_epilogue();
+    return;
+  }
+  auto* z12 = dynamic_cast<Zero12Optimizer*>(optimizer_.get());
+  ZC_ASSERT(z12 != nullptr, "coalesce flush with optimizer {}", optimizer_->name());
+  z12->wait_reduction_stream();
+  z12->setup_buckets();  // micro_step_id -1 -> 0 for the whole block
+  last_flush_micro_step_id_ = optimizer_->micro_step_id();
+  for (int i = 0; i < z12->num_params(); ++i) {
+    if (z12->has_gradient_for_reduction(i)) z12->reduce_ready_partitions_and_remove_grads(i);
+  }
+  z12->independent_gradient_partition_epilogue();
 }
 
 std::vector<double> Engine::full_params() {

@@ -47,6 +47,28 @@ class Engine {
     if (error) std::rethrow_exception(error);
   }
 
+  // Defers ZeRO 1/2/3 gradient reduction across every backward() in body and flushes once on
+  // exit (SPEC 6): one with-block is one optimizer step. Errors, in order: unmanaged
+  // accumulation; stage 0 (NotImplementedError); pipeline; an optimizer wrapper that cannot
+  // coalesce (NotImplementedError); nesting inside no_sync. On exit, also when body throws: the
+  // coalescing flag is cleared first, then no_sync; the boundary is forced true for the flush;
+  // the saved boundary is restored; then body's exception propagates.
+  template <class Body>
+  void coalesce_grad_reduction(Body&& body) {
+    const std::optional<bool> saved = enter_coalesce();
+    std::exception_ptr error;
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();  // flush outside the handler: Note [No yield inside catch]
+    }
+    exit_coalesce(saved);
+    if (error) std::rethrow_exception(error);
+  }
+  bool coalescing() const { return optimizer_->coalescing; }
+  // micro_step_id as the last coalesce flush saw it (I2: 0 for ZeRO-3), -1 before any flush.
+  int last_flush_micro_step_id() const { return last_flush_micro_step_id_; }
+
   // ---- introspection ----
   std::int64_t micro_steps() const { return micro_steps_; }
   std::int64_t global_steps() const { return global_steps_; }
@@ -59,7 +81,8 @@ class Engine {
   // params; a collective for stage 3 (every rank must call it).
   std::vector<double> full_params();
   // The full averaged gradient after the boundary. A collective: every rank must call it.
-  std::vector<double> full_grads() { return optimizer_->gathered_grads(); }
+  // Inside coalesce_grad_reduction it is this rank's unreduced local grad, and local.
+  std::vector<double> full_grads();
   const CommStats& comm_stats() const { return comm_.stats(); }
   ZeroOptimizer& optimizer() { return *optimizer_; }
   Model& model() { return model_; }
@@ -73,6 +96,9 @@ class Engine {
 
  private:
   void enter_no_sync();
+  std::optional<bool> enter_coalesce();
+  void exit_coalesce(std::optional<bool> saved_boundary);
+  void flush_coalesced_reduction();
   void backward_prologue();
   void backward_epilogue();
   void allreduce_gradients();
@@ -94,6 +120,7 @@ class Engine {
   bool enable_backward_allreduce_ = true;
   bool deepcompile_active_ = false;         // set by compile() (issue "Compile passes")
   bool parallelization_pass_only_ = false;
+  int last_flush_micro_step_id_ = -1;
 };
 
 }  // namespace zc

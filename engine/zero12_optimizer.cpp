@@ -119,6 +119,7 @@ void Zero12Optimizer::on_grad_ready(Parameter& p) {
 }
 
 void Zero12Optimizer::reduce_ready_partitions_and_remove_grads(int i) {
+  if (coalescing) return;  // the coalescing guard (see Note [Flush order] in engine.cpp)
   if (partition_gradients_ || boundary_) reduce_independent_p_g_buckets_and_remove_grads(i);
 }
 

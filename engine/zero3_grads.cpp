@@ -15,11 +15,17 @@ void Zero3Optimizer::clear_backward_seen_flag() {
 }
 
 void Zero3Optimizer::on_grad_ready(Parameter& p) {
-  if (coalescing) return;  // SPEC 6
+  if (coalescing) {  // SPEC 6: grads accumulate locally in .grad
+    // KnownBug::B4: the historical hook still marked the backward as seen, so each forward
+    // inside the block advanced micro_step_id and the flush added into last step's buffer.
+    if (opts_.bugs.has(KnownBug::B4_z3_seen_flag_while_coalescing)) epilogue_ran_ = true;
+    return;
+  }
   reduce_ready_partitions_and_remove_grads(p);
 }
 
 void Zero3Optimizer::reduce_ready_partitions_and_remove_grads(Parameter& p) {
+  if (coalescing) return;  // the coalescing guard (see Note [Flush order] in engine.cpp)
   reduce_independent_p_g_buckets_and_remove_grads(shard_of(p));
 }
 

@@ -68,24 +68,33 @@ RunResult run_on_sim(const RunSpec& spec) {
     opts.trace = &ctx.trace;
     Engine engine(cfg, *model, ctx.device, ctx.world, opts);
     const std::int64_t ga = cfg.gradient_accumulation_steps;
+    if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
     for (int s = 0; s < spec.steps; ++s) {
       double loss_sum = 0;
       for (int m = 0; m < ga; ++m) {
-        for (int c = 0; c < spec.n_backward; ++c) {
-          const auto key = std::make_tuple(s, static_cast<int>(m), c);
-          auto it = batches.find(key);
-          if (it == batches.end()) {
-            it = batches.emplace(key, std::make_pair(global_batch(spec, *model, s, static_cast<int>(m), c), 0)).first;
+        auto chunks = [&] {
+          for (int c = 0; c < spec.n_backward; ++c) {
+            const auto key = std::make_tuple(s, static_cast<int>(m), c);
+            auto it = batches.find(key);
+            if (it == batches.end()) {
+              it = batches.emplace(key, std::make_pair(global_batch(spec, *model, s, static_cast<int>(m), c), 0)).first;
+            }
+            const Batch mine = upload_batch(ctx.device, it->second.first.slice(ctx.rank * spec.micro_batch, spec.micro_batch),
+                                            cfg.model_dtype());
+            if (++it->second.second == W) batches.erase(it);
+            if (spec.explicit_boundary && !spec.coalesce) {
+              engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
+            }
+            const Engine::Loss loss = engine.forward(mine);
+            loss_sum += loss.value;
+            engine.backward(loss);
           }
-          const Batch mine = upload_batch(ctx.device, it->second.first.slice(ctx.rank * spec.micro_batch, spec.micro_batch),
-                                          cfg.model_dtype());
-          if (++it->second.second == W) batches.erase(it);
-          if (spec.explicit_boundary) {
-            engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
-          }
-          const Engine::Loss loss = engine.forward(mine);
-          loss_sum += loss.value;
-          engine.backward(loss);
+        };
+        if (spec.coalesce) {
+          engine.coalesce_grad_reduction(chunks);
+          if (ctx.rank == 0) result.flush_micro_step_ids.push_back(engine.last_flush_micro_step_id());
+        } else {
+          chunks();
         }
         if (m + 1 == ga) {
           if (spec.collect_grads) grads[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_grads());
@@ -94,6 +103,7 @@ RunResult run_on_sim(const RunSpec& spec) {
         engine.step();
       }
       params[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_params());
+      if (ctx.rank == 0) result.masters.push_back(to_f64(ctx.device, engine.master_partitions().at(0)));
       if (ctx.rank == 0) result.losses.push_back(loss_sum / static_cast<double>(ga * spec.n_backward));
       if (spec.after_step) spec.after_step(ctx.rank, s, engine, loss_sum / static_cast<double>(ga * spec.n_backward));
     }

@@ -25,6 +25,8 @@ struct RunSpec {
   // before every backward but the last of a step. When false, the boundary follows micro_steps
   // and GA, so all N backwards of the last micro-step are at the boundary.
   bool explicit_boundary = true;
+  // Run each step's N backwards inside Engine::coalesce_grad_reduction (GA must be 1).
+  bool coalesce = false;
   std::int64_t micro_batch = 2;
   DataDomain domain = DataDomain::exact;
   ExactSpec exact;
@@ -40,8 +42,10 @@ struct RunSpec {
 struct RunResult {
   std::vector<std::vector<double>> params;  // [step] rank 0's full params after the step
   std::vector<std::vector<double>> grads;   // [step] rank 0's full averaged grads before it
+  std::vector<std::vector<double>> masters; // [step] rank 0's fp32 master partition after it
   std::vector<double> losses;               // [step] rank 0's mean loss over the step's backwards
   std::vector<double> loss_scales;          // [step] the loss scale the step's grads carry
+  std::vector<int> flush_micro_step_ids;    // [step] rank 0's micro_step_id at the coalesce flush
   bool ranks_agree = true;                  // every rank held rank 0's params and grads
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
