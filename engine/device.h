@@ -102,6 +102,12 @@ class Device {
   virtual void add_row_vector(const Tensor& out, const Tensor& row) = 0;  // out[m,n] += row[n]
   // out[n] = (accumulate ? out[n] : 0) + sum_m x[m,n], ascending m
   virtual void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  // MoE routing and combining. argmax_rows returns, per row of x [B,C], the first index of the
+  // largest value (read back to the host, like .item()). scale_rows: out[b,:] = s[b] * x[b,:].
+  // row_dot: out[b] = sum_j a[b,j] * c[b,j] (f32, ascending j).
+  virtual std::vector<std::int64_t> argmax_rows(const Tensor& x) = 0;
+  virtual void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) = 0;
+  virtual void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) = 0;
   // Row-wise softmax cross-entropy: logits [B,C], labels [B] (class ids as floats). Writes the
   // per-row loss [B] f32 and dlogits = softmax - onehot [B,C]; f32 math, max-subtracted expf.
   virtual void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,

@@ -20,18 +20,54 @@ Engine::Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts)
                                    dtype_name(cfg_.model_dtype())));
     }
   }
+  bool moe = false;
+  for (Parameter* p : model_.named_parameters()) moe |= p->is_expert;
+  if (moe && (opts_.expert_parallel == nullptr || opts_.expert_data_parallel == nullptr)) {
+    throw UsageError("the model has MoE expert params: pass Options::expert_parallel and "
+                     "Options::expert_data_parallel (Comm::split of the world by ep_size)");
+  }
   broadcast_model();
-  optimizer_ = make_zero_optimizer(cfg_, model_, dev_, comm_, opts_);
-  model_.set_grad_ready_hook([this](Parameter& p) { optimizer_->on_grad_ready(p); });
-  record(fmt::format("engine init: stage {} dtype {} GA {} world {} optimizer {}", cfg_.zero.stage,
+  if (!moe) {
+    optimizers_.push_back(make_zero_optimizer(cfg_, model_, dev_, comm_, opts_));
+  } else {
+    optimizers_.push_back(make_zero_optimizer(cfg_, model_, dev_, comm_, opts_, ParamSelect::dense));
+    optimizers_.push_back(make_zero_optimizer(cfg_, model_, dev_, *opts_.expert_data_parallel, opts_,
+                                              ParamSelect::expert));
+    optimizers_[1]->set_averaging_world(comm_.size());
+  }
+  model_.set_grad_ready_hook([this](Parameter& p) { optimizer_of(p)->on_grad_ready(p); });
+  record(fmt::format("engine init: stage {} dtype {} GA {} world {} optimizer {}{}", cfg_.zero.stage,
                      dtype_name(cfg_.model_dtype()), cfg_.gradient_accumulation_steps,
-                     comm_.size(), optimizer_->name()));
+                     comm_.size(), optimizers_[0]->name(), moe ? " + MoE expert group" : ""));
 }
 
 Engine::~Engine() { model_.set_grad_ready_hook(nullptr); }
 
 void Engine::broadcast_model() {
-  for (Parameter* p : model_.named_parameters()) comm_.broadcast(p->data, {.root = 0});
+  // Dense params from world rank 0; expert params within their expert-data-parallel group.
+  for (Parameter* p : model_.named_parameters()) {
+    (p->is_expert ? *opts_.expert_data_parallel : comm_).broadcast(p->data, {.root = 0});
+  }
+}
+
+ZeroOptimizer* Engine::optimizer_of(const Parameter& p) {
+  return p.is_expert && optimizers_.size() > 1 ? optimizers_[1].get() : optimizers_[0].get();
+}
+
+std::vector<Tensor> Engine::averaged_gradients() {
+  std::vector<Tensor> out;
+  for (auto& o : optimizers_) {
+    for (Tensor& t : o->averaged_gradients()) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<Tensor> Engine::master_partitions() {
+  std::vector<Tensor> out;
+  for (auto& o : optimizers_) {
+    for (Tensor& t : o->master_partitions()) out.push_back(t);
+  }
+  return out;
 }
 
 void Engine::record(std::string_view what) {
@@ -45,11 +81,11 @@ bool Engine::is_gradient_accumulation_boundary() const {
 
 void Engine::set_gradient_accumulation_boundary(bool is_boundary) {
   boundary_override_ = is_boundary;
-  optimizer_->set_gradient_accumulation_boundary(is_boundary);
+  for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(is_boundary);
 }
 
 Engine::Loss Engine::forward(const Batch& batch) {
-  optimizer_->clear_backward_seen_flag();
+  for (auto& o : optimizers_) o->clear_backward_seen_flag();
   const double loss = model_.forward(dev_, batch);
   ++forward_id_;
   record(fmt::format("forward {} loss {:.9g}", forward_id_, loss));
@@ -63,13 +99,13 @@ void Engine::backward(const Loss& loss) {
                                  forward_id_));
   }
   backward_prologue();
-  model_.backward(dev_, optimizer_->loss_scale(), cfg_.gradient_accumulation_steps);
+  model_.backward(dev_, loss_scale(), cfg_.gradient_accumulation_steps);
   backward_epilogue();
 }
 
 void Engine::backward_prologue() {
   // DeepCompile's start_backward(boundary) joins here with the compile issue.
-  optimizer_->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
+  for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
   record(fmt::format("backward prologue: micro_steps {} boundary {}", micro_steps_,
                      is_gradient_accumulation_boundary()));
 }
@@ -78,8 +114,8 @@ void Engine::backward_epilogue() {
   if (decide::runs_backward_allreduce(enable_backward_allreduce_, inside_no_sync_)) {
     allreduce_gradients();
   }
-  optimizer_->backward_epilogue();
-  record(fmt::format("backward epilogue: micro_step_id {}", optimizer_->micro_step_id()));
+  for (auto& o : optimizers_) o->backward_epilogue();
+  record(fmt::format("backward epilogue: micro_step_id {}", micro_step_id()));
 }
 
 void Engine::allreduce_gradients() {
@@ -87,8 +123,10 @@ void Engine::allreduce_gradients() {
                                               opts_.bugs.has(KnownBug::B8_allreduce_gate_parallel_passes))) {
     return;
   }
-  optimizer_->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
-  optimizer_->allreduce_gradients();
+  for (auto& o : optimizers_) {
+    o->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
+    o->allreduce_gradients();
+  }
 }
 
 void Engine::step() {
@@ -97,14 +135,41 @@ void Engine::step() {
                      "first; it is illegal to step inside it");
   }
   if (is_gradient_accumulation_boundary()) {
-    const bool applied = optimizer_->step();
-    optimizer_->zero_grad();
+    const bool applied = optimizers_.size() == 1 ? optimizers_[0]->step() : step_param_groups();
+    for (auto& o : optimizers_) o->zero_grad();
     if (!applied) ++skipped_steps_;
     ++global_steps_;
     record(fmt::format("step: global_steps {} applied {} loss_scale {}", global_steps_, applied,
-                       optimizer_->loss_scale()));
+                       loss_scale()));
   }
   ++micro_steps_;
+}
+
+// Several param groups (MoE): one overflow decision and one global norm over the world, one loss
+// scale, then each group updates its partition. Every rank's expert partition is a distinct piece
+// of some expert, so the world sum of partition squares is the whole model's.
+bool Engine::step_param_groups() {
+  std::vector<StepPrep> preps;
+  bool local_overflow = false;
+  double sum_sq = 0.0;
+  for (auto& o : optimizers_) {
+    preps.push_back(o->prepare_step());
+    local_overflow |= preps.back().local_overflow;
+    sum_sq += preps.back().local_sum_sq;
+  }
+  ZeroOptimizer& dense = *optimizers_[0];
+  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
+  const bool overflow = check && dense.any_rank_overflow(local_overflow);
+  const double prev_scale = loss_scale();
+  for (auto& o : optimizers_) o->loss_scaler().update_scale(overflow);
+  if (overflow) {
+    for (auto& o : optimizers_) o->skip_step();
+    return false;
+  }
+  const double norm = dense.global_norm(sum_sq, true);
+  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+  for (auto& o : optimizers_) o->apply_step(combined);
+  return true;
 }
 
 void Engine::zero_grad() {
@@ -121,11 +186,25 @@ void Engine::enter_no_sync() {
 }
 
 void Engine::register_external_parameter(Module& module, Parameter& p) {
-  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) z3->register_external_parameter(module, p);
+  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizers_[0].get())) z3->register_external_parameter(module, p);
+}
+
+std::vector<double> Engine::append_experts(std::vector<double> dense, std::vector<double> local) {
+  // Every expert-parallel rank holds different experts: gather them in global expert order.
+  Comm& ep = *opts_.expert_parallel;
+  Tensor mine = tensor_from_f64(dev_, DType::f64, {static_cast<std::int64_t>(local.size())}, local, "local_experts");
+  Tensor all = dev_.alloc(DType::f64, {mine.numel() * ep.size()}, "all_experts");
+  ep.all_gather(all, mine);
+  const std::vector<double> v = to_f64(dev_, all);
+  dense.insert(dense.end(), v.begin(), v.end());
+  return dense;
 }
 
 std::vector<double> Engine::full_grads() {
-  if (!optimizer_->coalescing) return optimizer_->gathered_grads();
+  if (!coalescing() && optimizers_.size() > 1) {
+    return append_experts(optimizers_[0]->gathered_grads(), optimizers_[1]->gathered_grads());
+  }
+  if (!coalescing()) return optimizers_[0]->gathered_grads();
   std::vector<double> out;  // inside the scope: the local, unreduced .grad
   for (Parameter* p : model_.named_parameters()) {
     const Tensor& g = p->grad.defined() ? p->grad : p->grad_accum;
@@ -146,17 +225,19 @@ std::optional<bool> Engine::enter_coalesce() {
   if (opts_.pipeline) {
     throw NotImplementedError("coalesce_grad_reduction is not supported under pipeline parallelism");
   }
-  if (!optimizer_->supports_coalescing()) {
-    throw NotImplementedError(fmt::format(
-        "coalesce_grad_reduction does not yet support optimizer wrapper {} (ZeRO-1 + bf16 + fp32 "
-        "grad accumulation without offload); use ZeRO stage 2, or drop grad_accum_dtype", optimizer_->name()));
-  }
   if (inside_no_sync_) {
     throw UsageError("coalesce_grad_reduction cannot be nested inside another no_sync context");
   }
+  for (auto& o : optimizers_) {
+    if (!o->supports_coalescing()) {
+      throw NotImplementedError(fmt::format(
+          "coalesce_grad_reduction does not yet support optimizer wrapper {} (ZeRO-1 + bf16 + fp32 "
+          "grad accumulation without offload); use ZeRO stage 2, or drop grad_accum_dtype", o->name()));
+    }
+  }
   const std::optional<bool> saved = boundary_override_;
   inside_no_sync_ = true;
-  optimizer_->coalescing = true;
+  for (auto& o : optimizers_) o->coalescing = true;
   record("coalesce enter");
   return saved;
 }
@@ -165,45 +246,55 @@ std::optional<bool> Engine::enter_coalesce() {
 // flush drives would return at the coalescing guard (KnownBug::B7 is that historical order).
 void Engine::exit_coalesce(std::optional<bool> saved_boundary) {
   const bool b7 = opts_.bugs.has(KnownBug::B7_flush_with_coalescing_set);
-  if (!b7) optimizer_->coalescing = false;
+  if (!b7) {
+    for (auto& o : optimizers_) o->coalescing = false;
+  }
   inside_no_sync_ = false;
   boundary_override_ = true;
-  optimizer_->set_gradient_accumulation_boundary(true);
+  for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(true);
   flush_coalesced_reduction();
-  if (b7) optimizer_->coalescing = false;
+  if (b7) {
+    for (auto& o : optimizers_) o->coalescing = false;
+  }
   boundary_override_ = saved_boundary;
-  if (saved_boundary) optimizer_->set_gradient_accumulation_boundary(*saved_boundary);
+  if (saved_boundary) {
+    for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(*saved_boundary);
+  }
   record(fmt::format("coalesce exit: flushed at micro_step_id {}", last_flush_micro_step_id_));
 }
 
 void Engine::flush_coalesced_reduction() {
-  last_flush_micro_step_id_ = optimizer_->micro_step_id();
-  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) {
+  last_flush_micro_step_id_ = micro_step_id();
+  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizers_[0].get())) {
     for (Parameter* p : model_.named_parameters()) {
       if (p->requires_grad && p->grad.defined()) z3->reduce_ready_partitions_and_remove_grads(*p);
     }
     z3->independent_gradient_partition_epilogue();
     return;
   }
-  auto* z12 = dynamic_cast<Zero12Optimizer*>(optimizer_.get());
-  ZC_ASSERT(z12 != nullptr, "coalesce flush with optimizer {}", optimizer_->name());
-  z12->wait_reduction_stream();
-  z12->setup_buckets();  // micro_step_id -1 -> 0 for the whole block
-  last_flush_micro_step_id_ = optimizer_->micro_step_id();
-  for (int i = 0; i < z12->num_params(); ++i) {
-    if (z12->has_gradient_for_reduction(i)) z12->reduce_ready_partitions_and_remove_grads(i);
+  for (auto& o : optimizers_) {
+    auto* z12 = dynamic_cast<Zero12Optimizer*>(o.get());
+    ZC_ASSERT(z12 != nullptr, "coalesce flush with optimizer {}", o->name());
+    z12->wait_reduction_stream();
+    z12->setup_buckets();  // micro_step_id -1 -> 0 for the whole block
+    for (int i = 0; i < z12->num_params(); ++i) {
+      if (z12->has_gradient_for_reduction(i)) z12->reduce_ready_partitions_and_remove_grads(i);
+    }
+    z12->independent_gradient_partition_epilogue();
   }
-  z12->independent_gradient_partition_epilogue();
+  last_flush_micro_step_id_ = micro_step_id();
 }
 
 std::vector<double> Engine::full_params() {
-  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizer_.get())) return z3->gathered_params();
-  std::vector<double> out;
+  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizers_[0].get())) return z3->gathered_params();
+  std::vector<double> dense, experts;
   for (Parameter* p : model_.named_parameters()) {
     const std::vector<double> v = to_f64(dev_, p->data);
-    out.insert(out.end(), v.begin(), v.end());
+    std::vector<double>& dst = p->is_expert && optimizers_.size() > 1 ? experts : dense;
+    dst.insert(dst.end(), v.begin(), v.end());
   }
-  return out;
+  if (optimizers_.size() > 1) return append_experts(std::move(dense), std::move(experts));
+  return dense;
 }
 
 }  // namespace zc

@@ -65,7 +65,7 @@ class Engine {
     exit_coalesce(saved);
     if (error) std::rethrow_exception(error);
   }
-  bool coalescing() const { return optimizer_->coalescing; }
+  bool coalescing() const { return optimizers_[0]->coalescing; }
   // micro_step_id as the last coalesce flush saw it (I2: 0 for ZeRO-3), -1 before any flush.
   int last_flush_micro_step_id() const { return last_flush_micro_step_id_; }
 
@@ -73,18 +73,21 @@ class Engine {
   std::int64_t micro_steps() const { return micro_steps_; }
   std::int64_t global_steps() const { return global_steps_; }
   std::int64_t skipped_steps() const { return skipped_steps_; }
-  int micro_step_id() const { return optimizer_->micro_step_id(); }
-  double loss_scale() const { return optimizer_->loss_scale(); }
-  std::vector<Tensor> averaged_gradients() { return optimizer_->averaged_gradients(); }
-  std::vector<Tensor> master_partitions() { return optimizer_->master_partitions(); }
+  int micro_step_id() const { return optimizers_[0]->micro_step_id(); }
+  double loss_scale() const { return optimizers_[0]->loss_scale(); }
+  // Per param group (dense, then MoE experts when present).
+  std::vector<Tensor> averaged_gradients();
+  std::vector<Tensor> master_partitions();
   // Every param's full value, in named_parameters() order. Local for stages 0-2, which keep full
-  // params; a collective for stage 3 (every rank must call it).
+  // params; a collective for stage 3 (every rank must call it). With MoE: the dense params in
+  // model order, then every expert in global expert order (gathered over the expert-parallel
+  // group), so runs with different ep_size compare directly.
   std::vector<double> full_params();
   // The full averaged gradient after the boundary. A collective: every rank must call it.
   // Inside coalesce_grad_reduction it is this rank's unreduced local grad, and local.
   std::vector<double> full_grads();
   const CommStats& comm_stats() const { return comm_.stats(); }
-  ZeroOptimizer& optimizer() { return *optimizer_; }
+  ZeroOptimizer& optimizer() { return *optimizers_[0]; }  // the dense (or only) param group
   Model& model() { return model_; }
   Device& device() { return dev_; }
   // ZeRO-3: `module` also uses `p` (owned elsewhere), so its hooks gather and release it too.
@@ -110,7 +113,12 @@ class Engine {
   Device& dev_;
   Comm& comm_;
   Options opts_;
-  std::unique_ptr<ZeroOptimizer> optimizer_;
+  // [0]: the dense params (all params without MoE); [1]: MoE expert params, reduced over the
+  // expert-data-parallel group. They share the boundary, overflow decision, norm and loss scale.
+  std::vector<std::unique_ptr<ZeroOptimizer>> optimizers_;
+  ZeroOptimizer* optimizer_of(const Parameter& p);
+  bool step_param_groups();
+  std::vector<double> append_experts(std::vector<double> dense, std::vector<double> local_experts);
   std::int64_t micro_steps_ = 0;
   std::int64_t global_steps_ = 0;
   std::int64_t skipped_steps_ = 0;

@@ -467,4 +467,55 @@ void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   count(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 
+namespace {
+std::int64_t rows_of(const char* op, const Tensor& x) {
+  if (x.ndim() != 2) throw UsageError(fmt::format("{}: {} must be 2-D", op, x.describe()));
+  return x.dim(0);
+}
+}  // namespace
+
+std::vector<std::int64_t> HostDevice::argmax_rows(const Tensor& x) {
+  on("argmax_rows", x, Placement::host);
+  const std::int64_t rows = rows_of("argmax_rows", x), cols = x.dim(1);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(rows), 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double best = load_as_f64(x.raw(), x.dtype(), r * cols);
+    for (std::int64_t c = 1; c < cols; ++c) {
+      const double v = load_as_f64(x.raw(), x.dtype(), r * cols + c);
+      if (v > best) {
+        best = v;
+        out[static_cast<std::size_t>(r)] = c;
+      }
+    }
+  }
+  count(counters_, x.numel(), x.nbytes(), 0);
+  return out;
+}
+
+void HostDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
+  for (const Tensor* t : {&out, &x, &s}) on("scale_rows", *t, Placement::host);
+  same_numel("scale_rows", out, x);
+  const std::int64_t rows = rows_of("scale_rows", x), cols = x.dim(1);
+  if (s.numel() != rows) throw UsageError(fmt::format("scale_rows: {} scales for {} rows", s.numel(), rows));
+  with_compute({&out, &x, &s}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(out, i, ld<T>(s, i / cols) * ld<T>(x, i));
+  });
+  count(counters_, x.numel(), x.nbytes() + s.nbytes(), out.nbytes());
+}
+
+void HostDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
+  for (const Tensor* t : {&out, &a, &c}) on("row_dot", *t, Placement::host);
+  same_numel("row_dot", a, c);
+  const std::int64_t rows = rows_of("row_dot", a), cols = a.dim(1);
+  if (out.numel() != rows) throw UsageError(fmt::format("row_dot: output of {} for {} rows", out.numel(), rows));
+  with_compute({&out, &a, &c}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T acc = 0;
+      for (std::int64_t j = 0; j < cols; ++j) acc = acc + ld<T>(a, r * cols + j) * ld<T>(c, r * cols + j);
+      st<T>(out, r, acc);
+    }
+  });
+  count(counters_, 2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
+}
+
 }  // namespace zc

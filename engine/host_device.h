@@ -42,6 +42,9 @@ class HostDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
+  std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
+  void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
+  void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;
 
  private:
   std::uint64_t next_storage_id_ = 0;
@@ -83,6 +86,9 @@ class MetaDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
+  std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
+  void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
+  void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;
 };
 
 // Shape checks shared by every Device implementation; throw UsageError naming the op.

@@ -102,6 +102,20 @@ void MetaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   }
   tally(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
+std::vector<std::int64_t> MetaDevice::argmax_rows(const Tensor& x) {
+  throw UsageError(fmt::format("argmax_rows of meta tensor {}: routing needs values; trace MoE "
+                               "models on a host or cuda device", x.describe()));
+}
+void MetaDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
+  all_meta("scale_rows", {&out, &x, &s});
+  same_numel("scale_rows", out, x);
+  tally(counters_, x.numel(), x.nbytes() + s.nbytes(), out.nbytes());
+}
+void MetaDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
+  all_meta("row_dot", {&out, &a, &c});
+  same_numel("row_dot", a, c);
+  tally(counters_, 2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
+}
 void MetaDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                            const Tensor& exp_avg_sq, const AdamParams&) {
   all_meta("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq});

@@ -26,6 +26,7 @@ struct Parameter {
   Shape shape;
   DType dtype = DType::f32;
   bool requires_grad = true;
+  bool is_expert = false;   // an MoE expert param: reduced over the expert-data-parallel group
   Tensor data;        // [shape] model dtype; undefined while partitioned (ZeRO-3)
   Tensor grad;        // [shape] model dtype; undefined = None
   Tensor grad_accum;  // [shape] grad_accum dtype, when it differs from the model dtype

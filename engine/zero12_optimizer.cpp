@@ -17,8 +17,8 @@
 namespace zc {
 
 Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
-                                 const Options& opts)
-    : ZeroOptimizer(cfg, model, dev, comm, opts), world_(comm.size()), rank_(comm.rank()),
+                                 const Options& opts, ParamSelect select)
+    : ZeroOptimizer(cfg, model, dev, comm, opts, select), world_(comm.size()), rank_(comm.rank()),
       partition_gradients_(cfg.zero.stage >= 2), overlap_(cfg.zero.overlap_comm),
       contiguous_(cfg.zero.contiguous_gradients || cfg.zero.offload_optimizer == OffloadDevice::cpu),
       use_accum_attr_(accum_dtype_ != dtype_), bucket_size_(cfg.zero.reduce_bucket_size),
@@ -196,7 +196,7 @@ void Zero12Optimizer::reduce_ipg_grads() {
 Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params) {
   Pending pend;
   pend.params = std::move(params);
-  dev_.div(flat, static_cast<double>(world_));  // gradient_average: pre-divide by the world
+  dev_.div(flat, static_cast<double>(averaging_world_));  // gradient_average: pre-divide by the dp world
   if (cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter) {
     pend.work = comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_});
     return pend;

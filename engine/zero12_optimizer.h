@@ -15,7 +15,8 @@ namespace zc {
 
 class Zero12Optimizer final : public ZeroOptimizer {
  public:
-  Zero12Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts);
+  Zero12Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts,
+                  ParamSelect select = ParamSelect::all);
 
   std::string_view name() const override { return "DeepSpeedZeroOptimizer"; }
   void clear_backward_seen_flag() override;
@@ -23,6 +24,9 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void allreduce_gradients() override;
   void backward_epilogue() override;
   bool step() override;
+  bool supports_split_step() const override { return true; }
+  StepPrep prepare_step() override;
+  void apply_step(double combined_scale) override;
   void zero_grad() override;
   std::vector<Tensor> averaged_gradients() override;
   std::vector<Tensor> master_partitions() override { return {master_}; }

@@ -75,7 +75,7 @@ void Zero12Optimizer::zero_grad() {
   reset_accumulators();
 }
 
-bool Zero12Optimizer::step() {
+StepPrep Zero12Optimizer::prepare_step() {
   micro_step_id_ = -1;
   layout_.check_coverage();  // paired with FlatLayout::build
   if (!(cpu_offload_ ? offload_grads_ready_ : averaged_.defined())) {
@@ -85,16 +85,12 @@ bool Zero12Optimizer::step() {
   Device& where = cpu_offload_ ? cpu_->cpu() : dev_;
   const Tensor grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;
   const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  overflow_ = check && any_rank_overflow({grads}, &where);
-  const double prev_scale = scaler_.cur_scale();
-  scaler_.update_scale(overflow_);
-  if (overflow_) {
-    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
-    zero_grad();
-    return false;
-  }
-  const double norm = global_norm(where.sum_sq(grads), true);
-  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+  return StepPrep{check && where.has_inf_nan(grads), where.sum_sq(grads)};
+}
+
+void Zero12Optimizer::apply_step(double combined) {
+  Device& where = cpu_offload_ ? cpu_->cpu() : dev_;
+  const Tensor grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;
   const std::int64_t pn = layout_.partition_numel;
   Tensor grad32 = where.alloc(DType::f32, {pn}, "single_grad_partition");  // [pn] f32
   where.cast(grad32, grads);
@@ -108,7 +104,22 @@ bool Zero12Optimizer::step() {
   }
   reset_accumulators();
   comm_.all_gather(flat_, mine);  // every rank's updated partition, in place
-  record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
+  record(fmt::format("step {}: combined scale {:.9g}", base_->steps(), combined));
+}
+
+bool Zero12Optimizer::step() {
+  const StepPrep prep = prepare_step();
+  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
+  overflow_ = check && any_rank_overflow(prep.local_overflow);
+  const double prev_scale = scaler_.cur_scale();
+  scaler_.update_scale(overflow_);
+  if (overflow_) {
+    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
+    skip_step();
+    return false;
+  }
+  const double norm = global_norm(prep.local_sum_sq, true);
+  apply_step(combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping));
   return true;
 }
 

@@ -12,12 +12,25 @@
 namespace zc {
 
 ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
-                             const Options& opts)
+                             const Options& opts, ParamSelect select)
     : cfg_(cfg), model_(model), dev_(dev), comm_(comm), opts_(opts),
-      dtype_(cfg.model_dtype()), accum_dtype_(cfg.accumulation_dtype()), scaler_(cfg) {
+      dtype_(cfg.model_dtype()), accum_dtype_(cfg.accumulation_dtype()),
+      averaging_world_(comm.size()), scaler_(cfg) {
   for (Parameter* p : model.named_parameters()) {
-    if (p->requires_grad) params_.push_back(p);
+    if (!p->requires_grad) continue;
+    if (select == ParamSelect::dense && p->is_expert) continue;
+    if (select == ParamSelect::expert && !p->is_expert) continue;
+    params_.push_back(p);
   }
+}
+
+StepPrep ZeroOptimizer::prepare_step() {
+  throw NotImplementedError(fmt::format("{} cannot share a step with other param groups (MoE needs "
+                                        "ZeRO stage 1 or 2)", name()));
+}
+
+void ZeroOptimizer::apply_step(double) {
+  throw NotImplementedError(fmt::format("{} cannot share a step with other param groups", name()));
 }
 
 bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads, Device* where) {
@@ -26,6 +39,10 @@ bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads, Device* 
   for (const Tensor& g : grads) {
     if (g.defined() && d.has_inf_nan(g)) local = true;
   }
+  return any_rank_overflow(local);
+}
+
+bool ZeroOptimizer::any_rank_overflow(bool local) {
   Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag");  // [1] f32
   dev_.fill(flag, local ? 1.0 : 0.0);
   comm_.all_reduce(flag, {.op = ReduceOp::max});
@@ -45,16 +62,24 @@ void ZeroOptimizer::record(std::string_view what) {
 }
 
 std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,
-                                                   Comm& comm, const Options& opts) {
+                                                   Comm& comm, const Options& opts,
+                                                   ParamSelect select) {
   const int stage = cfg.zero.stage;
+  if (select != ParamSelect::all && (stage == 0 || stage == 3)) {
+    throw NotImplementedError(fmt::format("MoE expert params with ZeRO stage {} are not modelled; use "
+                                          "stage 1 or 2", stage));
+  }
   if (stage >= 3) return std::make_unique<Zero3Optimizer>(cfg, model, dev, comm, opts);
   if (stage == 0) return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, false);
   // DeepSpeed: ZeRO-1 + bf16 + fp32 grad accumulation without offload uses BF16_Optimizer.
   if (stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32 &&
       cfg.zero.offload_optimizer != OffloadDevice::cpu) {
+    if (select != ParamSelect::all) {
+      throw NotImplementedError("MoE with ZeRO-1 + bf16 + fp32 accumulation (BF16_Optimizer) is not modelled");
+    }
     return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, true);
   }
-  return std::make_unique<Zero12Optimizer>(cfg, model, dev, comm, opts);
+  return std::make_unique<Zero12Optimizer>(cfg, model, dev, comm, opts, select);
 }
 
 }  // namespace zc

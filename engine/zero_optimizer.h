@@ -20,11 +20,27 @@ struct Options {
   BugSet bugs;              // known bugs switched back on (SPEC 9)
   Trace* trace = nullptr;   // engine events go here when set
   bool pipeline = false;    // a PipelineModule (only its refusal paths are modelled)
+  // MoE: the expert-parallel group (experts are spread over it) and the expert-data-parallel
+  // group (replicas of the same experts, over which their grads are reduced). Both required
+  // when the model has expert params.
+  Comm* expert_parallel = nullptr;
+  Comm* expert_data_parallel = nullptr;
+};
+
+// Which of the model's params an optimizer owns (DeepSpeed's param groups with their own
+// process group: the dense params, or the MoE expert params).
+enum class ParamSelect : std::uint8_t { all, dense, expert };
+
+// What a step needs from each param group before the shared decisions (overflow, norm).
+struct StepPrep {
+  bool local_overflow = false;
+  double local_sum_sq = 0.0;  // this rank's partition
 };
 
 class ZeroOptimizer {
  public:
-  ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts);
+  ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts,
+                ParamSelect select = ParamSelect::all);
   virtual ~ZeroOptimizer() = default;
 
   virtual std::string_view name() const = 0;
@@ -41,6 +57,18 @@ class ZeroOptimizer {
   virtual void backward_epilogue() {}
   // One optimizer step; false when skipped for overflow.
   virtual bool step() = 0;
+  // The same step in three phases, for several param groups sharing one overflow decision, one
+  // global norm and one loss scale (MoE). Only DeepSpeedZeroOptimizer (stages 1-2) has them.
+  virtual bool supports_split_step() const { return false; }
+  virtual StepPrep prepare_step();
+  virtual void apply_step(double combined_scale);
+  virtual void skip_step() { zero_grad(); }
+  LossScaler& loss_scaler() { return scaler_; }
+  // DeepSpeed divides grads by the data-parallel world even for expert params, whose reduction
+  // group is smaller (stage_1_and_2.average_tensor); set for the expert group's optimizer.
+  void set_averaging_world(int w) { averaging_world_ = w; }
+  const std::vector<Parameter*>& params() const { return params_; }
+  Comm& comm() { return comm_; }
   virtual void zero_grad() = 0;
 
   // ---- introspection ----
@@ -61,9 +89,15 @@ class ZeroOptimizer {
   // True on every rank if any rank has an inf/NaN in `grads` (all-reduce MAX).
   // `where` is the device holding the grads (the CPU space's under offload); default dev_.
   bool any_rank_overflow(const std::vector<Tensor>& grads, Device* where = nullptr);
+ public:
+  // True on every rank of this optimizer's group if any rank's `local` is true (all-reduce MAX).
+  bool any_rank_overflow(bool local);
+ protected:
+  void record(std::string_view what);
+ public:
   // sqrt of the sum over ranks of each rank's sum of squares (all-reduce SUM in f64).
   double global_norm(double local_sum_sq, bool partitioned);
-  void record(std::string_view what);
+ protected:
 
   Config cfg_;
   Module& model_;
@@ -74,12 +108,14 @@ class ZeroOptimizer {
   DType dtype_;        // model dtype
   DType accum_dtype_;  // gradient accumulation dtype
   bool boundary_ = true;
+  int averaging_world_;
   int micro_step_id_ = -1;  // DeepSpeed's INITIAL_MICRO_STEP_ID
   bool overflow_ = false;
   LossScaler scaler_;
 };
 
 std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,
-                                                   Comm& comm, const Options& opts);
+                                                   Comm& comm, const Options& opts,
+                                                   ParamSelect select = ParamSelect::all);
 
 }  // namespace zc

@@ -80,6 +80,15 @@ void SimDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, cons
   guarded("softmax_xent", {&logits, &labels}, {&dlogits, &row_loss},
           [&] { inner_.softmax_xent(dlogits, row_loss, logits, labels); });
 }
+std::vector<std::int64_t> SimDevice::argmax_rows(const Tensor& x) {
+  return guarded("argmax_rows", {&x}, {}, [&] { return inner_.argmax_rows(x); });
+}
+void SimDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
+  guarded("scale_rows", {&x, &s}, {&out}, [&] { inner_.scale_rows(out, x, s); });
+}
+void SimDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
+  guarded("row_dot", {&a, &c}, {&out}, [&] { inner_.row_dot(out, a, c); });
+}
 void SimDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                           const Tensor& exp_avg_sq, const AdamParams& p) {
   guarded("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq}, {&param, &exp_avg, &exp_avg_sq},

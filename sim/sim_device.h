@@ -53,6 +53,9 @@ class SimDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
+  std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
+  void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
+  void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;
 
  private:
   // Checks reads then writes, runs `body` on the inner device, then charges its cost.
