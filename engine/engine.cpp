@@ -26,6 +26,10 @@ Engine::Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts)
     throw UsageError("the model has MoE expert params: pass Options::expert_parallel and "
                      "Options::expert_data_parallel (Comm::split of the world by ep_size)");
   }
+  if (moe && cfg_.ep_size != 1 && cfg_.ep_size != opts_.expert_parallel->size()) {
+    throw ConfigError(fmt::format("'moe.ep_size' is {} but the expert-parallel group has {} ranks",
+                                  cfg_.ep_size, opts_.expert_parallel->size()));
+  }
   broadcast_model();
   if (!moe) {
     optimizers_.push_back(make_zero_optimizer(cfg_, model_, dev_, comm_, opts_));

@@ -41,6 +41,7 @@ RunSpec single_rank_reference(const RunSpec& spec) {
   RunSpec ref = spec;
   ref.world = 1;
   ref.micro_batch = spec.micro_batch * spec.world;
+  if (spec.ep_size > 0) ref.ep_size = 1;
   ref.after_step = nullptr;
   return ref;
 }
@@ -60,10 +61,18 @@ RunResult run_on_sim(const RunSpec& spec) {
   sim::SimCluster cluster(W, spec.seed, spec.sim);
   result.sim = cluster.run([&](sim::RankContext& ctx) {
     const Config cfg = Config::from_json(cfg_json, W);
-    std::unique_ptr<Model> model = spec.make_model();
+    std::unique_ptr<Comm> ep, edp;
+    Options opts;
+    if (spec.ep_size > 0) {
+      if (W % spec.ep_size != 0) throw UsageError(fmt::format("world {} is not a multiple of ep_size {}", W, spec.ep_size));
+      ep = ctx.world.split(ctx.rank / spec.ep_size, ctx.rank);
+      edp = ctx.world.split(ctx.rank % spec.ep_size, ctx.rank);
+      opts.expert_parallel = ep.get();
+      opts.expert_data_parallel = edp.get();
+    }
+    std::unique_ptr<Model> model = spec.ep_size > 0 ? spec.make_moe_model(*ep) : spec.make_model();
     Rng init_rng = Rng(spec.seed).split(7);
     model->init_params(ctx.device, cfg.model_dtype(), spec.domain, spec.exact, init_rng);
-    Options opts;
     opts.bugs = spec.bugs;
     opts.trace = &ctx.trace;
     Engine engine(cfg, *model, ctx.device, ctx.world, opts);

@@ -27,6 +27,10 @@ struct RunSpec {
   bool explicit_boundary = true;
   // Run each step's N backwards inside Engine::coalesce_grad_reduction (GA must be 1).
   bool coalesce = false;
+  // MoE: ep_size > 0 splits the world into expert-parallel groups of ep_size consecutive ranks
+  // and expert-data-parallel groups across them, and builds the model with make_moe_model.
+  int ep_size = 0;
+  std::function<std::unique_ptr<Model>(Comm& ep)> make_moe_model;
   std::int64_t micro_batch = 2;
   DataDomain domain = DataDomain::exact;
   ExactSpec exact;
