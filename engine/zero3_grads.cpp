@@ -184,19 +184,9 @@ std::vector<Tensor> Zero3Optimizer::averaged_gradients() {
 }
 
 std::vector<double> Zero3Optimizer::gathered_grads() {
-  const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
-  Tensor mine = dev_.alloc(accum_dtype_, {pn}, "grad_partition_copy");
+  Tensor mine = dev_.alloc(accum_dtype_, {grad_partition_.numel()}, "grad_partition_copy");
   if (any_partitioned_grads_) dev_.copy(mine, grad_partition_);
-  Tensor all = dev_.alloc(accum_dtype_, {pn * world_}, "gathered_grads");
-  comm_.all_gather(all, mine);
-  const std::vector<double> v = to_f64(dev_, all);
-  std::vector<double> out;
-  for (const Shard& s : shards_) {
-    for (std::int64_t i = 0; i < s.numel; ++i) {
-      out.push_back(v[static_cast<std::size_t>((i / s.shard_numel) * pn + s.offset + i % s.shard_numel)]);
-    }
-  }
-  return out;
+  return gather_partitions(mine);
 }
 
 }  // namespace zc

@@ -183,24 +183,27 @@ void Zero3Optimizer::prefetch_after(Module& m) {
   }
 }
 
-std::vector<double> Zero3Optimizer::gathered_params() {
-  const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
-  Tensor src = fp16_partition_;
-  if (cfg_.zero.offload_param == OffloadDevice::cpu) {
-    src = dev_.alloc(dtype_, {pn}, "partition_on_device");
-    cpu_->to_device(src, fp16_partition_);
-  }
-  Tensor all = dev_.alloc(dtype_, {pn * world_}, "gathered_params");
-  comm_.all_gather(all, src);
+// All-gathers a [partition_numel] tensor of every rank's flat partition and reassembles each
+// param's full values, in param order (shard r of param p sits at r * pn + offset_p).
+std::vector<double> Zero3Optimizer::gather_partitions(const Tensor& mine) {
+  const std::int64_t pn = mine.numel();
+  Tensor all = dev_.alloc(mine.dtype(), {pn * world_}, "gathered_partitions");
+  comm_.all_gather(all, mine);
   const std::vector<double> v = to_f64(dev_, all);
   std::vector<double> out;
   for (const Shard& s : shards_) {
     for (std::int64_t i = 0; i < s.numel; ++i) {
-      const std::int64_t r = i / s.shard_numel, k = i % s.shard_numel;
-      out.push_back(v[static_cast<std::size_t>(r * pn + s.offset + k)]);
+      out.push_back(v[static_cast<std::size_t>((i / s.shard_numel) * pn + s.offset + i % s.shard_numel)]);
     }
   }
   return out;
+}
+
+std::vector<double> Zero3Optimizer::gathered_params() {
+  if (cfg_.zero.offload_param != OffloadDevice::cpu) return gather_partitions(fp16_partition_);
+  Tensor src = dev_.alloc(dtype_, {fp16_partition_.numel()}, "partition_on_device");
+  cpu_->to_device(src, fp16_partition_);
+  return gather_partitions(src);
 }
 
 }  // namespace zc

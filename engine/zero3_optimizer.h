@@ -72,6 +72,7 @@ class Zero3Optimizer final : public ZeroOptimizer {
   void partition_grads(const std::vector<Shard*>& params, const Tensor& out);
   void wait_all();
   Shard& shard_of(const Parameter& p);
+  std::vector<double> gather_partitions(const Tensor& mine);
   std::vector<Parameter*> params_of(Module& m);
 
   int world_, rank_;
