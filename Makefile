@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps configure build test run bench clean
+.PHONY: deps configure build test run bench bench-mpi clean
 
 deps:
 	@bash scripts/deps.sh
@@ -22,6 +22,9 @@ run: build
 
 bench: build
 	@./$(BUILD)/bench/zc_bench
+
+bench-mpi: build
+	@mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 4 ./$(BUILD)/bench/zc_mpi_bench
 
 clean:
 	@rm -rf build

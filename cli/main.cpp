@@ -1,7 +1,8 @@
-// zerocheck's command line (CLI11). Subcommands that exist today: demo, run. verify, replay,
-// prove and verify-real arrive with their issues; until then CLI11 rejects them by name.
+// zerocheck's command line (CLI11). Subcommands that exist today: demo, run, verify-real. verify,
+// replay and prove arrive with their issues; until then CLI11 rejects them by name.
 #include "cli/demo.h"
 #include "cli/run.h"
+#include "cli/verify_real.h"
 #include "engine/errors.h"
 
 #include <CLI/CLI.hpp>
@@ -34,6 +35,14 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--seed", run.seed, "Root seed");
   run_cmd->add_option("--domain", run.domain, "gaussian | exact")->check(CLI::IsMember({"gaussian", "exact"}));
 
+  zc::cli::VerifyRealOptions vr;
+  CLI::App* vr_cmd = app.add_subcommand("verify-real", "Run seeded scenarios on MPI processes (under mpirun) and compare with the simulator");
+  vr_cmd->add_option("--backend", vr.backend, "host (MPI on CPUs) | cuda (not built yet)")->check(CLI::IsMember({"host", "cuda"}));
+  vr_cmd->add_option("--scenarios", vr.scenarios, "Number of seeded scenarios")->check(CLI::Range(1, 10000));
+  vr_cmd->add_option("--seed", vr.seed, "Scenario seed");
+  vr_cmd->add_option("--out", vr.out, "Report directory (rank 0 writes results.json and report.md)");
+  vr_cmd->add_option("--timeout-s", vr.timeout_s, "Seconds a collective may take before the job ends")->check(CLI::Range(1, 86400));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
@@ -41,6 +50,7 @@ int main(int argc, char** argv) {
       return zc::cli::run_demo(demo);
     }
     if (run_cmd->parsed()) return zc::cli::run_training(run);
+    if (vr_cmd->parsed()) return zc::cli::run_verify_real(argc, argv, vr);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());
     return 2;

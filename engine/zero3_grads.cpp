@@ -69,6 +69,7 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   dev_.div(in, static_cast<double>(world_));
   Pending pend;
   pend.params = std::move(params);
+  pend.in = in;  // a real backend reads it asynchronously: keep it alive until the wait
   if (cfg_.zero.reduce_scatter) {
     pend.out = dev_.alloc(dtype_, {chunks}, "reduce_scatter_out");
     pend.work = comm_.reduce_scatter(pend.out, in, {.op = ReduceOp::sum, .async_op = overlap_});

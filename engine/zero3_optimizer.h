@@ -56,6 +56,7 @@ class Zero3Optimizer final : public ZeroOptimizer {
   struct Pending {
     WorkPtr work;
     std::vector<Shard*> params;
+    Tensor in;   // [world * sum of shard_numel] the input: must live until the op completes
     Tensor out;  // [sum of shard_numel] reduce-scatter output, model dtype
   };
 

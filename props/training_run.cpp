@@ -46,85 +46,122 @@ RunSpec single_rank_reference(const RunSpec& spec) {
   return ref;
 }
 
+nlohmann::json effective_config(const RunSpec& spec) {
+  nlohmann::json j = spec.ds_config;
+  j["train_micro_batch_size_per_gpu"] = spec.micro_batch;
+  j.erase("train_batch_size");
+  return j;
+}
+
+namespace {
+
+// Draws each global batch once and lets `world` ranks slice it (on the simulator, where ranks
+// share memory; a real process has its own cache and slices it itself).
+class BatchCache {
+ public:
+  BatchCache(const RunSpec& spec, int consumers) : spec_(spec), consumers_(consumers) {}
+  HostBatch slice_for(const Model& model, int s, int m, int c, int rank) {
+    const auto key = std::make_tuple(s, m, c);
+    auto it = batches_.find(key);
+    if (it == batches_.end()) it = batches_.emplace(key, std::make_pair(global_batch(spec_, model, s, m, c), 0)).first;
+    HostBatch mine = it->second.first.slice(rank * spec_.micro_batch, spec_.micro_batch);
+    if (++it->second.second == consumers_) batches_.erase(it);
+    return mine;
+  }
+
+ private:
+  const RunSpec& spec_;
+  int consumers_;
+  std::map<std::tuple<int, int, int>, std::pair<HostBatch, int>> batches_;
+};
+
+RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace, BatchCache& cache) {
+  const int W = world.size();
+  RankRecord rec;
+  const Config cfg = Config::from_json(effective_config(spec), W);
+  std::unique_ptr<Comm> ep, edp;
+  Options opts;
+  if (spec.ep_size > 0) {
+    if (W % spec.ep_size != 0) throw UsageError(fmt::format("world {} is not a multiple of ep_size {}", W, spec.ep_size));
+    ep = world.split(rank / spec.ep_size, rank);
+    edp = world.split(rank % spec.ep_size, rank);
+    opts.expert_parallel = ep.get();
+    opts.expert_data_parallel = edp.get();
+  }
+  std::unique_ptr<Model> model = spec.ep_size > 0 ? spec.make_moe_model(*ep) : spec.make_model();
+  Rng init_rng = Rng(spec.seed).split(7);
+  model->init_params(dev, cfg.model_dtype(), spec.domain, spec.exact, init_rng);
+  opts.bugs = spec.bugs;
+  opts.trace = trace;
+  Engine engine(cfg, *model, dev, world, opts);
+  const std::int64_t ga = cfg.gradient_accumulation_steps;
+  if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
+  for (int s = 0; s < spec.steps; ++s) {
+    double loss_sum = 0;
+    for (int m = 0; m < ga; ++m) {
+      auto chunks = [&] {
+        for (int c = 0; c < spec.n_backward; ++c) {
+          const Batch mine = upload_batch(dev, cache.slice_for(*model, s, static_cast<int>(m), c, rank), cfg.model_dtype());
+          if (spec.explicit_boundary && !spec.coalesce) {
+            engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
+          }
+          const Engine::Loss loss = engine.forward(mine);
+          loss_sum += loss.value;
+          engine.backward(loss);
+        }
+      };
+      if (spec.coalesce) {
+        engine.coalesce_grad_reduction(chunks);
+        rec.flush_micro_step_ids.push_back(engine.last_flush_micro_step_id());
+      } else {
+        chunks();
+      }
+      if (m + 1 == ga) {
+        if (spec.collect_grads) rec.grads.push_back(engine.full_grads());
+        rec.loss_scales.push_back(engine.loss_scale());
+      }
+      engine.step();
+    }
+    rec.params.push_back(engine.full_params());
+    rec.masters.push_back(to_f64(dev, engine.master_partitions().at(0)));
+    const double mean_loss = loss_sum / static_cast<double>(ga * spec.n_backward);
+    rec.losses.push_back(mean_loss);
+    if (spec.after_step) spec.after_step(rank, s, engine, mean_loss);
+  }
+  rec.comm = world.stats();
+  return rec;
+}
+
+}  // namespace
+
+RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace) {
+  BatchCache cache(spec, 1);
+  return train(spec, rank, dev, world, trace, cache);
+}
+
 RunResult run_on_sim(const RunSpec& spec) {
   RunResult result;
   const int W = spec.world;
-  std::vector<std::vector<std::vector<double>>> params(static_cast<std::size_t>(W));
-  std::vector<std::vector<std::vector<double>>> grads(static_cast<std::size_t>(W));
-  result.comm.resize(static_cast<std::size_t>(W));
-  nlohmann::json cfg_json = spec.ds_config;
-  cfg_json["train_micro_batch_size_per_gpu"] = spec.micro_batch;
-  cfg_json.erase("train_batch_size");
-  // Each global batch is drawn once and sliced by every rank (drawing it per rank would cost
-  // O(world^2)); it is dropped when the last rank has taken its slice.
-  std::map<std::tuple<int, int, int>, std::pair<HostBatch, int>> batches;
+  std::vector<RankRecord> recs(static_cast<std::size_t>(W));
+  BatchCache cache(spec, W);
   sim::SimCluster cluster(W, spec.seed, spec.sim);
   result.sim = cluster.run([&](sim::RankContext& ctx) {
-    const Config cfg = Config::from_json(cfg_json, W);
-    std::unique_ptr<Comm> ep, edp;
-    Options opts;
-    if (spec.ep_size > 0) {
-      if (W % spec.ep_size != 0) throw UsageError(fmt::format("world {} is not a multiple of ep_size {}", W, spec.ep_size));
-      ep = ctx.world.split(ctx.rank / spec.ep_size, ctx.rank);
-      edp = ctx.world.split(ctx.rank % spec.ep_size, ctx.rank);
-      opts.expert_parallel = ep.get();
-      opts.expert_data_parallel = edp.get();
-    }
-    std::unique_ptr<Model> model = spec.ep_size > 0 ? spec.make_moe_model(*ep) : spec.make_model();
-    Rng init_rng = Rng(spec.seed).split(7);
-    model->init_params(ctx.device, cfg.model_dtype(), spec.domain, spec.exact, init_rng);
-    opts.bugs = spec.bugs;
-    opts.trace = &ctx.trace;
-    Engine engine(cfg, *model, ctx.device, ctx.world, opts);
-    const std::int64_t ga = cfg.gradient_accumulation_steps;
-    if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
-    for (int s = 0; s < spec.steps; ++s) {
-      double loss_sum = 0;
-      for (int m = 0; m < ga; ++m) {
-        auto chunks = [&] {
-          for (int c = 0; c < spec.n_backward; ++c) {
-            const auto key = std::make_tuple(s, static_cast<int>(m), c);
-            auto it = batches.find(key);
-            if (it == batches.end()) {
-              it = batches.emplace(key, std::make_pair(global_batch(spec, *model, s, static_cast<int>(m), c), 0)).first;
-            }
-            const Batch mine = upload_batch(ctx.device, it->second.first.slice(ctx.rank * spec.micro_batch, spec.micro_batch),
-                                            cfg.model_dtype());
-            if (++it->second.second == W) batches.erase(it);
-            if (spec.explicit_boundary && !spec.coalesce) {
-              engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
-            }
-            const Engine::Loss loss = engine.forward(mine);
-            loss_sum += loss.value;
-            engine.backward(loss);
-          }
-        };
-        if (spec.coalesce) {
-          engine.coalesce_grad_reduction(chunks);
-          if (ctx.rank == 0) result.flush_micro_step_ids.push_back(engine.last_flush_micro_step_id());
-        } else {
-          chunks();
-        }
-        if (m + 1 == ga) {
-          if (spec.collect_grads) grads[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_grads());
-          if (ctx.rank == 0) result.loss_scales.push_back(engine.loss_scale());
-        }
-        engine.step();
-      }
-      params[static_cast<std::size_t>(ctx.rank)].push_back(engine.full_params());
-      if (ctx.rank == 0) result.masters.push_back(to_f64(ctx.device, engine.master_partitions().at(0)));
-      if (ctx.rank == 0) result.losses.push_back(loss_sum / static_cast<double>(ga * spec.n_backward));
-      if (spec.after_step) spec.after_step(ctx.rank, s, engine, loss_sum / static_cast<double>(ga * spec.n_backward));
-    }
-    result.comm[static_cast<std::size_t>(ctx.rank)] = ctx.world.stats();
+    recs[static_cast<std::size_t>(ctx.rank)] = train(spec, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache);
   });
-  result.params = params[0];
-  result.grads = grads[0];
+  const RankRecord& r0 = recs[0];
+  result.params = r0.params;
+  result.grads = r0.grads;
+  result.masters = r0.masters;
+  result.losses = r0.losses;
+  result.loss_scales = r0.loss_scales;
+  result.flush_micro_step_ids = r0.flush_micro_step_ids;
+  for (const RankRecord& r : recs) result.comm.push_back(r.comm);
   for (int r = 1; r < W && result.ranks_agree; ++r) {
+    const RankRecord& other = recs[static_cast<std::size_t>(r)];
     for (int s = 0; s < spec.steps; ++s) {
-      std::string d = first_difference(params[0][static_cast<std::size_t>(s)], params[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)], DType::f64);
+      std::string d = first_difference(r0.params[static_cast<std::size_t>(s)], other.params[static_cast<std::size_t>(s)], DType::f64);
       if (d.empty() && spec.collect_grads) {
-        d = first_difference(grads[0][static_cast<std::size_t>(s)], grads[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)], DType::f64);
+        d = first_difference(r0.grads[static_cast<std::size_t>(s)], other.grads[static_cast<std::size_t>(s)], DType::f64);
       }
       if (!d.empty()) {
         result.ranks_agree = false;

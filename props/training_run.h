@@ -56,7 +56,21 @@ struct RunResult {
   sim::SimResult sim;
 };
 
+// One rank's record of a run.
+struct RankRecord {
+  std::vector<std::vector<double>> params, grads, masters;
+  std::vector<double> losses, loss_scales;
+  std::vector<int> flush_micro_step_ids;
+  CommStats comm;
+};
+
 RunResult run_on_sim(const RunSpec& spec);
+// The same training on one rank of any backend (MPI processes, GPUs): every rank calls it with
+// its own Device and its world Comm; data and init are drawn from the seed exactly as on the
+// simulator, so the records compare bit for bit.
+RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace);
+// The ds_config as the run uses it (micro-batch set from the spec).
+nlohmann::json effective_config(const RunSpec& spec);
 // The global batch of (step, micro, chunk), exactly as run_on_sim draws it.
 HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int micro, int chunk);
 // The same spec as a single rank on the global batch (world 1, micro-batch W*B).

@@ -1,0 +1,118 @@
+// Tests run under mpirun (ctest label `mpi`): the collective conformance table unchanged on
+// MpiComm (world and a split subgroup), training on real processes bit-identical to the
+// simulator, and the failure paths (a skipped collective times out naming the rank; a dying rank
+// ends the job). ZC_MPI_FAULT selects a failure scenario instead of the gtest suite.
+#include "engine/errors.h"
+#include "engine/host_device.h"
+#include "models/mlp.h"
+#include "models/synthetic.h"
+#include "props/training_run.h"
+#include "real/mpi_comm.h"
+#include "tests/conformance/comm_conformance.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace zc::real {
+namespace {
+
+MpiComm& world() {
+  static MpiComm comm(MPI_COMM_WORLD, false, "world", std::chrono::milliseconds(60000));
+  return comm;
+}
+
+void run_table(Comm& comm) {
+  HostDevice dev;
+  int failures = 0;
+  const std::vector<conformance::Case> cases = conformance::table(comm.size());
+  for (const conformance::Case& c : cases) {
+    const std::string err = conformance::run_case(comm, dev, c);
+    if (!err.empty() && ++failures <= 10) ADD_FAILURE() << comm.name() << ": " << err;
+  }
+  EXPECT_GT(cases.size(), 300u);
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(MpiConformance, EveryCaseIsBitExactOnTheWorld) { run_table(world()); }
+
+TEST(MpiConformance, EveryCaseIsBitExactInsideSplitGroups) {
+  std::unique_ptr<Comm> sub = world().split(world().rank() % 2, world().rank());
+  ASSERT_NE(sub, nullptr);
+  run_table(*sub);
+}
+
+props::RunSpec spec_for(int stage, bool coalesce, DType dtype) {
+  props::RunSpec spec;
+  spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{5}, {3, 2}, {11}}); };
+  spec.ds_config = {{"zero_optimization", {{"stage", stage}, {"overlap_comm", stage >= 2}, {"reduce_bucket_size", 8}}}};
+  if (dtype == DType::bf16) spec.ds_config["bf16"] = {{"enabled", true}};
+  spec.world = world().size();
+  spec.steps = 2;
+  spec.n_backward = 2;
+  spec.coalesce = coalesce;
+  spec.exact.grad_multiple = world().size();
+  spec.seed = 12;
+  return spec;
+}
+
+TEST(MpiTraining, RealProcessesMatchTheSimulatorBitForBit) {
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool coalesce : {false, true}) {
+      if (coalesce && stage == 0) continue;
+      const props::RunSpec spec = spec_for(stage, coalesce, stage % 2 ? DType::bf16 : DType::f32);
+      HostDevice dev;
+      const props::RankRecord real = props::train_rank(spec, world().rank(), dev, world(), nullptr);
+      const props::RunResult sim = props::run_on_sim(spec);
+      for (std::size_t s = 0; s < sim.params.size(); ++s) {
+        EXPECT_EQ(props::first_difference(real.params[s], sim.params[s], DType::f64), "") << "stage " << stage << " coalesce " << coalesce;
+        EXPECT_EQ(props::first_difference(real.grads[s], sim.grads[s], DType::f64), "") << "stage " << stage << " coalesce " << coalesce;
+      }
+    }
+  }
+}
+
+// Failure scenarios, selected by ZC_MPI_FAULT; each must end the job, never hang.
+int run_fault(const std::string& fault) {
+  MpiComm comm(MPI_COMM_WORLD, false, "world", std::chrono::milliseconds(2000));
+  HostDevice dev;
+  Tensor t = dev.alloc(DType::f32, {4});
+  try {
+    if (fault == "skip") {
+      if (comm.rank() != 1) comm.all_reduce(t);  // rank 1 skips the collective
+    } else if (fault == "die") {
+      if (comm.rank() == 1) std::_Exit(7);  // a crashed rank
+      comm.all_reduce(t);
+    }
+  } catch (const ZcError& e) {
+    std::fprintf(stderr, "zerocheck: %s\n", e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zc::real
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  if (const char* fault = std::getenv("ZC_MPI_FAULT")) {
+    rc = zc::real::run_fault(fault);
+  } else {
+    ::testing::InitGoogleTest(&argc, argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) {  // one rank prints; every rank's result counts
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    rc = RUN_ALL_TESTS();
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    rc = worst;
+  }
+  MPI_Finalize();
+  return rc;
+}
