@@ -1,6 +1,7 @@
-// zerocheck's command line (CLI11). Subcommands that exist today: demo, run, verify-real. verify,
-// replay and prove arrive with their issues; until then CLI11 rejects them by name.
+// zerocheck's command line (CLI11). Subcommands that exist today: demo, run, verify-real, prove.
+// verify and replay arrive with their issue; until then CLI11 rejects them by name.
 #include "cli/demo.h"
+#include "cli/prove.h"
 #include "cli/run.h"
 #include "cli/verify_real.h"
 #include "engine/errors.h"
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
   vr_cmd->add_option("--out", vr.out, "Report directory (rank 0 writes results.json and report.md)");
   vr_cmd->add_option("--timeout-s", vr.timeout_s, "Seconds a collective may take before the job ends")->check(CLI::Range(1, 86400));
 
+  unsigned prove_timeout_s = 60;
+  CLI::App* prove_cmd = app.add_subcommand("prove", "Run the Z3 proofs over the engine's decisions and arithmetic");
+  prove_cmd->add_option("--timeout-s", prove_timeout_s, "Per-proof solver timeout")->check(CLI::Range(1, 3600));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
@@ -51,6 +56,7 @@ int main(int argc, char** argv) {
     }
     if (run_cmd->parsed()) return zc::cli::run_training(run);
     if (vr_cmd->parsed()) return zc::cli::run_verify_real(argc, argv, vr);
+    if (prove_cmd->parsed()) return zc::cli::run_prove(prove_timeout_s * 1000);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());
     return 2;

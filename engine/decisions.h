@@ -30,8 +30,8 @@ Bool skips_allreduce_for_deepcompile(Bool deepcompile_active, Bool parallelizati
 // The flat group is padded to a multiple of 2 x world (DeepSpeed's nccl_start_alignment_factor 2).
 template <class Int>
 Int zero12_padded_numel(Int numel, Int world) {
-  const Int align = Int(2) * world;
-  return ((numel + align - Int(1)) / align) * align;
+  const Int align = 2 * world;
+  return ((numel + align - 1) / align) * align;
 }
 
 template <class Int>
@@ -55,7 +55,62 @@ Bool param_in_partition(Int offset, Int numel, Int start, Int end) {
 
 template <class Int>
 Int zero3_shard_numel(Int numel, Int world) {
-  return (numel + world - Int(1)) / world;
+  return (numel + world - 1) / world;
+}
+
+// ---- DeepCompile (SPEC 3): backend selection, hooks and cleanup --------------------------------
+
+// The compile request: which passes, the deepcompile flag, the ZeRO stage and autotp_size > 1.
+// (compile() in the engine lands with the compile-passes issue; these are its decisions.)
+template <class Bool, class Int>
+struct CompileFacts {
+  Bool pass_z1, pass_z3, pass_autosp, pass_autotp;
+  Bool deepcompile;
+  Int stage;
+  Bool autotp_size_ok;
+};
+
+// autotp combined with any other pass is a NotImplemented error.
+template <class Bool, class Int>
+Bool compile_is_error(const CompileFacts<Bool, Int>& f) {
+  return f.pass_autotp && (f.pass_z1 || f.pass_z3 || f.pass_autosp);
+}
+template <class Bool, class Int>
+Bool selects_autotp(const CompileFacts<Bool, Int>& f) {
+  return f.deepcompile && f.pass_autotp && !compile_is_error(f) && f.autotp_size_ok;
+}
+// autosp runs on ZeRO 0/1 only; elsewhere it falls back to no DeepCompile backend.
+template <class Bool, class Int>
+Bool selects_autosp(const CompileFacts<Bool, Int>& f) {
+  return f.deepcompile && f.pass_autosp && !f.pass_autotp && f.stage <= 1;
+}
+// Otherwise the z1/z2/z3 backend of the ZeRO stage; only these load and init the runtime.
+template <class Bool, class Int>
+Bool selects_zero_backend(const CompileFacts<Bool, Int>& f) {
+  return f.deepcompile && !f.pass_autosp && !f.pass_autotp && f.stage >= 1;
+}
+template <class Bool, class Int>
+Bool deepcompile_active(const CompileFacts<Bool, Int>& f) {
+  return selects_autotp(f) || selects_autosp(f) || selects_zero_backend(f);
+}
+template <class Bool, class Int>
+Bool uses_parallelization_pass_only(const CompileFacts<Bool, Int>& f) {
+  return f.pass_autosp || f.pass_autotp;
+}
+// The runtime is initialised (get_handle, then init) exactly when a ZeRO backend is installed.
+template <class Bool, class Int>
+Bool runtime_initialized(const CompileFacts<Bool, Int>& f) {
+  return selects_zero_backend(f);
+}
+// Backward prologue/epilogue hooks. bug_b1: the pre-fix gate `active and not autotp`.
+template <class Bool, class Int>
+Bool runs_deepcompile_hooks(const CompileFacts<Bool, Int>& f, Bool bug_b1) {
+  return deepcompile_active(f) && ((bug_b1 && !f.pass_autotp) || (!bug_b1 && !uses_parallelization_pass_only(f)));
+}
+// destroy(): cleanup only if the runtime was initialised. bug_b2: upstream's `deepcompile_active`.
+template <class Bool, class Int>
+Bool destroy_cleans_up_runtime(const CompileFacts<Bool, Int>& f, Bool bug_b2) {
+  return (bug_b2 && deepcompile_active(f)) || (!bug_b2 && runtime_initialized(f));
 }
 
 }  // namespace zc::decide

@@ -89,6 +89,7 @@ void Engine::set_gradient_accumulation_boundary(bool is_boundary) {
 }
 
 Engine::Loss Engine::forward(const Batch& batch) {
+  check_usable("forward()");
   for (auto& o : optimizers_) o->clear_backward_seen_flag();
   const double loss = model_.forward(dev_, batch);
   ++forward_id_;
@@ -96,15 +97,32 @@ Engine::Loss Engine::forward(const Batch& batch) {
   return Loss{loss, forward_id_};
 }
 
+void Engine::check_usable(const char* call) const {
+  if (!broken_.empty()) {
+    throw UsageError(fmt::format("{}: this engine is unusable because {}; its reduction state is "
+                                 "half done, so build a new Engine", call, broken_));
+  }
+}
+
 void Engine::backward(const Loss& loss) {
+  check_usable("backward()");
   if (loss.forward_id != forward_id_ || forward_id_ < 0) {
     throw UsageError(fmt::format("backward() of the loss of forward #{}, but the last forward was "
                                  "#{}: call forward() before each backward()", loss.forward_id,
                                  forward_id_));
   }
   backward_prologue();
-  model_.backward(dev_, loss_scale(), cfg_.gradient_accumulation_steps);
-  backward_epilogue();
+  std::exception_ptr error;
+  try {
+    model_.backward(dev_, loss_scale(), cfg_.gradient_accumulation_steps);
+    backward_epilogue();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (error) {
+    broken_ = "a backward() failed part way (see the first error)";
+    std::rethrow_exception(error);
+  }
 }
 
 void Engine::backward_prologue() {
@@ -134,6 +152,7 @@ void Engine::allreduce_gradients() {
 }
 
 void Engine::step() {
+  check_usable("step()");
   if (inside_no_sync_) {
     throw UsageError("step() inside no_sync() or coalesce_grad_reduction(): leave the scope "
                      "first; it is illegal to step inside it");
@@ -229,15 +248,15 @@ std::optional<bool> Engine::enter_coalesce() {
   if (opts_.pipeline) {
     throw NotImplementedError("coalesce_grad_reduction is not supported under pipeline parallelism");
   }
-  if (inside_no_sync_) {
-    throw UsageError("coalesce_grad_reduction cannot be nested inside another no_sync context");
-  }
   for (auto& o : optimizers_) {
     if (!o->supports_coalescing()) {
       throw NotImplementedError(fmt::format(
           "coalesce_grad_reduction does not yet support optimizer wrapper {} (ZeRO-1 + bf16 + fp32 "
           "grad accumulation without offload); use ZeRO stage 2, or drop grad_accum_dtype", o->name()));
     }
+  }
+  if (inside_no_sync_) {
+    throw UsageError("coalesce_grad_reduction cannot be nested inside another no_sync context");
   }
   const std::optional<bool> saved = boundary_override_;
   inside_no_sync_ = true;
@@ -256,13 +275,18 @@ void Engine::exit_coalesce(std::optional<bool> saved_boundary) {
   inside_no_sync_ = false;
   boundary_override_ = true;
   for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(true);
-  flush_coalesced_reduction();
-  if (b7) {
-    for (auto& o : optimizers_) o->coalescing = false;
+  std::exception_ptr flush_error;  // as DeepSpeed's inner `finally`: restore, then propagate
+  try {
+    flush_coalesced_reduction();
+  } catch (...) {
+    flush_error = std::current_exception();
   }
+  for (auto& o : optimizers_) o->coalescing = false;  // (already false unless B7)
   boundary_override_ = saved_boundary;
-  if (saved_boundary) {
-    for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(*saved_boundary);
+  for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
+  if (flush_error) {
+    broken_ = "the coalesce_grad_reduction flush failed";
+    std::rethrow_exception(flush_error);
   }
   record(fmt::format("coalesce exit: flushed at micro_step_id {}", last_flush_micro_step_id_));
 }

@@ -99,6 +99,7 @@ class Engine {
 
  private:
   void enter_no_sync();
+  void check_usable(const char* call) const;
   std::optional<bool> enter_coalesce();
   void exit_coalesce(std::optional<bool> saved_boundary);
   void flush_coalesced_reduction();
@@ -129,6 +130,7 @@ class Engine {
   bool deepcompile_active_ = false;         // set by compile() (issue "Compile passes")
   bool parallelization_pass_only_ = false;
   int last_flush_micro_step_id_ = -1;
+  std::string broken_;  // why the engine refuses further work ("" while usable)
 };
 
 }  // namespace zc

@@ -133,8 +133,8 @@ void Zero12Optimizer::reduce_independent_p_g_buckets_and_remove_grads(int i) {
   }
   if (already_reduced_[static_cast<std::size_t>(i)]) {
     throw UsageError(fmt::format(
-        "The parameter {} has already been reduced. Gradient computed twice for this partition. "
-        "Multiple gradient reductions are currently not supported", p.name));
+        "rank {}: The parameter {} has already been reduced. Gradient computed twice for this "
+        "partition. Multiple gradient reductions are currently not supported", rank_, p.name));
   }
   already_reduced_[static_cast<std::size_t>(i)] = 1;
   Tensor grad = gradient_for_reduction(i);

@@ -79,8 +79,9 @@ StepPrep Zero12Optimizer::prepare_step() {
   micro_step_id_ = -1;
   layout_.check_coverage();  // paired with FlatLayout::build
   if (!(cpu_offload_ ? offload_grads_ready_ : averaged_.defined())) {
-    throw UsageError("step() at an accumulation boundary without reduced gradients: call "
-                     "backward() at the boundary first");
+    throw UsageError(fmt::format("rank {}: step() at an accumulation boundary without reduced "
+                                 "gradients ({}, {} params): call backward() at the boundary first",
+                                 rank_, name(), params_.size()));
   }
   Device& where = cpu_offload_ ? cpu_->cpu() : dev_;
   const Tensor grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;

@@ -34,11 +34,11 @@ void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
   if (bucket_elements_ + s.numel > bucket_size_ && bucket_elements_ > 0) reduce_and_partition_ipg_grads();
   const std::size_t idx = index_.at(&p);
   if (already_reduced_[idx]) {
-    throw UsageError(fmt::format("The parameter {} has already been reduced. Gradient computed "
-                                 "twice for this partition.", p.name));
+    throw UsageError(fmt::format("rank {}: The parameter {} has already been reduced. Gradient "
+                                 "computed twice for this partition.", rank_, p.name));
   }
   already_reduced_[idx] = 1;
-  if (!p.grad.defined()) throw UsageError(fmt::format("reduce of param {} with a None gradient", p.name));
+  if (!p.grad.defined()) throw UsageError(fmt::format("rank {}: reduce of param {} with a None gradient", rank_, p.name));
   if (contiguous_ && bucket_elements_ + s.numel <= bucket_capacity_) {
     Tensor slot = bucket_.narrow(bucket_elements_, s.numel);
     dev_.copy(slot, p.grad.view({s.numel}));
@@ -131,8 +131,8 @@ bool Zero3Optimizer::step() {
   micro_step_id_ = 0;      // _pre_step: the next forward must not count the last backward
   epilogue_ran_ = false;
   if (!any_partitioned_grads_) {
-    throw UsageError("step() at an accumulation boundary without reduced gradients: call "
-                     "backward() at the boundary first");
+    throw UsageError(fmt::format("rank {}: step() at an accumulation boundary without reduced "
+                                 "gradients ({}): call backward() at the boundary first", rank_, name()));
   }
   const bool offload_opt = cfg_.zero.offload_optimizer == OffloadDevice::cpu;
   Device& where = offload_opt ? cpu_->cpu() : dev_;
@@ -145,6 +145,7 @@ bool Zero3Optimizer::step() {
     record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
     zero_grad();
     any_partitioned_grads_ = false;
+    if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
     return false;
   }
   const double norm = global_norm(where.sum_sq(grads), true);

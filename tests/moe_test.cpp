@@ -85,7 +85,12 @@ TEST(Moe, CoalescedBackwardOnAnMoeModelIsBitExact) {
 
 TEST(Moe, Stage3AndAMismatchedEpSizeAreRefused) {
   RunSpec spec = moe_spec(3, 2, 1, 1, DType::f32, false);
-  EXPECT_THROW(run_on_sim(spec), RankFailure);
+  try {
+    run_on_sim(spec);
+    FAIL() << "accepted";
+  } catch (const RankFailure& f) {
+    EXPECT_NE(std::string(f.what()).find("MoE expert params with ZeRO stage 3 are not modelled"), std::string::npos) << f.what();
+  }
   spec = moe_spec(2, 2, 1, 1, DType::f32, false);
   spec.ds_config["moe"] = {{"ep_size", 4}};
   try {

@@ -152,6 +152,7 @@ TEST(TidyChecker, FindsWhatItMustFind) {
 
 TEST(Tidy, EngineIncludesNoBackend) {
   std::string report;
+  ASSERT_GT(sources("engine").size(), 10u) << "ZC_SOURCE_DIR must point at the tree";
   for (const fs::path& p : sources("engine")) {
     for (const std::string& line : bad_includes(read(p), kBackendHeaders)) {
       report += p.string() + ": " + line + "\n";
@@ -162,6 +163,7 @@ TEST(Tidy, EngineIncludesNoBackend) {
 
 TEST(Tidy, SimIncludesNoRealBackend) {
   std::string report;
+  ASSERT_GT(sources("sim").size(), 5u) << "ZC_SOURCE_DIR must point at the tree";
   for (const fs::path& p : sources("sim")) {
     for (const std::string& line : bad_includes(read(p), kRealHeaders)) {
       report += p.string() + ": " + line + "\n";
@@ -190,6 +192,7 @@ TEST(Tidy, FunctionsInEngineAndSimStayUnderAHundredLines) {
 
 TEST(Tidy, NoWallClockOrUnseededRandomnessInDeterministicCode) {
   std::string report;
+  ASSERT_GT(sources("engine").size() + sources("sim").size() + sources("props").size(), 20u);
   for (const std::string dir : {"engine", "sim", "props"}) {
     for (const fs::path& p : sources(dir)) {
       const std::string s = strip(read(p));

@@ -1,0 +1,23 @@
+// Z3 proofs over the engine's own decision templates (engine/decisions.h), instantiated with
+// z3::expr: DeepCompile gating, ZeRO-1/2 and ZeRO-3 partition arithmetic in the Int theory, an
+// int64 overflow hunt in bit-vectors, and floating-point (FPA) searches for gradients whose
+// per-backward and coalesced reductions round differently, which the simulator then reproduces.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zc::props {
+
+struct ProofResult {
+  std::string name;
+  std::string verdict;   // "proved", "counterexample", "found", "none found", "unknown", "FAILED"
+  std::string expected;  // the verdict this proof must give for zerocheck to pass
+  double seconds = 0;
+  std::string detail;    // the counterexample or found values, as a config or numbers
+  bool ok() const { return verdict == expected; }
+};
+
+std::vector<ProofResult> run_all_proofs(unsigned timeout_ms);
+
+}  // namespace zc::props
