@@ -34,6 +34,7 @@ std::string_view DenseOptimizer::name() const {
 }
 
 void DenseOptimizer::on_grad_ready(Parameter& p) {
+  have_grads_ = true;
   if (!use_hp_ || !p.grad.defined()) return;
   const auto it = std::find(params_.begin(), params_.end(), &p);
   ZC_ASSERT(it != params_.end(), "grad hook for unknown param {}", p.name);
@@ -81,6 +82,7 @@ void DenseOptimizer::buffered_allreduce() {
     }
   }
   reduced_ = true;
+  have_grads_ = true;
 }
 
 Tensor DenseOptimizer::grads_flat() {
@@ -96,10 +98,11 @@ Tensor DenseOptimizer::grads_flat() {
 
 bool DenseOptimizer::step() {
   micro_step_id_ = -1;
-  if (!reduced_) {
-    throw UsageError("step() at an accumulation boundary without reduced gradients: call "
-                     "backward() at the boundary first");
+  if (!have_grads_) {
+    throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
   }
+  // Unreduced grads (a skipped reduction, as KnownBug::B8 skips it) are stepped on as they are,
+  // as DeepSpeed's stage-0 optimizers would: every rank then diverges.
   const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
   Tensor grads = grads_flat().narrow(part * pn, pn);  // this rank's slice of the reduced grads
@@ -133,6 +136,7 @@ void DenseOptimizer::zero_grad() {
   }
   if (use_hp_) dev_.fill(hp_, 0.0);
   reduced_ = false;
+  have_grads_ = false;
 }
 
 std::vector<Tensor> DenseOptimizer::averaged_gradients() {

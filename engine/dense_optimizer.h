@@ -38,6 +38,7 @@ class DenseOptimizer final : public ZeroOptimizer {
   Tensor master_;  // [partition_numel] f32
   std::unique_ptr<BaseOptimizer> base_;
   bool reduced_ = false;
+  bool have_grads_ = false;  // a backward produced grads since the last step
 };
 
 // engine.buffered_allreduce_fallback's bucket: DeepSpeed's MEMORY_OPT_ALLREDUCE_SIZE elements.

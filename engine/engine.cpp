@@ -125,8 +125,68 @@ void Engine::backward(const Loss& loss) {
   }
 }
 
+bool Engine::runs_deepcompile_hooks() const {
+  return compiled_ && decide::runs_deepcompile_hooks(compile_facts_, opts_.bugs.has(KnownBug::B1_autosp_backward_gate));
+}
+
+DeepCompileRuntime& Engine::runtime() {
+  if (opts_.deepcompile_loader == nullptr) {
+    throw UsageError("the DeepCompile runtime is needed but Options::deepcompile_loader is not set");
+  }
+  return opts_.deepcompile_loader->get_handle();  // loads on first use
+}
+
+void Engine::compile(const CompileConfig& cc) {
+  check_usable("compile()");
+  decide::CompileFacts<bool, std::int64_t> f{false, false, false, false, cc.deepcompile, cfg_.zero.stage,
+                                             cfg_.autotp_size > 1};
+  for (const std::string& p : cc.passes) {
+    if (p == "z1") f.pass_z1 = true;
+    else if (p == "z3") f.pass_z3 = true;
+    else if (p == "autosp") f.pass_autosp = true;
+    else if (p == "autotp") f.pass_autotp = true;
+    else throw ConfigError(fmt::format("compile: unknown pass '{}': use z1, z3, autosp or autotp", p));
+  }
+  if (decide::compile_is_error(f)) {
+    throw NotImplementedError("compile: the autotp pass cannot be combined with other passes");
+  }
+  if (f.deepcompile && f.pass_autotp && !f.autotp_size_ok) {
+    throw ConfigError(fmt::format("compile: autotp needs 'tensor_parallel.autotp_size' > 1, got {}", cfg_.autotp_size));
+  }
+  compile_facts_ = f;
+  compiled_ = true;
+  deepcompile_active_ = decide::deepcompile_active(f);
+  parallelization_pass_only_ = decide::uses_parallelization_pass_only(f);
+  std::string backend = "none";
+  if (decide::selects_autotp(f)) backend = "autotp";
+  if (decide::selects_autosp(f)) backend = "autosp";
+  if (decide::selects_zero_backend(f)) {
+    backend = fmt::format("z{}", cfg_.zero.stage);
+    DeepCompileExecutors ex;
+    ex.reduce_gradients = [this] {  // the compiled engine's reduction: the same ZeRO path
+      if (decide::runs_backward_allreduce(enable_backward_allreduce_, inside_no_sync_)) {
+        for (auto& o : optimizers_) {
+          o->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
+          o->allreduce_gradients();
+        }
+      }
+    };
+    runtime().init(comm_, backend, cfg_.zero.reduce_bucket_size, std::move(ex));
+  }
+  record(fmt::format("compile: backend {} deepcompile_active {}", backend, deepcompile_active_));
+}
+
+void Engine::destroy() {
+  check_usable("destroy()");
+  if (compiled_ && decide::destroy_cleans_up_runtime(compile_facts_, opts_.bugs.has(KnownBug::B2_destroy_cleanup_gate))) {
+    runtime().cleanup();
+  }
+  broken_ = "destroy() was called";
+  record("destroy");
+}
+
 void Engine::backward_prologue() {
-  // DeepCompile's start_backward(boundary) joins here with the compile issue.
+  if (runs_deepcompile_hooks()) runtime().start_backward(is_gradient_accumulation_boundary());
   for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
   record(fmt::format("backward prologue: micro_steps {} boundary {}", micro_steps_,
                      is_gradient_accumulation_boundary()));
@@ -136,6 +196,7 @@ void Engine::backward_epilogue() {
   if (decide::runs_backward_allreduce(enable_backward_allreduce_, inside_no_sync_)) {
     allreduce_gradients();
   }
+  if (runs_deepcompile_hooks()) runtime().end_backward();  // the runtime's executors reduce here
   for (auto& o : optimizers_) o->backward_epilogue();
   record(fmt::format("backward epilogue: micro_step_id {}", micro_step_id()));
 }

@@ -3,6 +3,7 @@
 // Follows SPEC 2: backward = prologue, the model's backward (grad hooks fire), epilogue.
 #pragma once
 
+#include "engine/decisions.h"
 #include "engine/model.h"
 #include "engine/zero_optimizer.h"
 
@@ -69,6 +70,17 @@ class Engine {
   // micro_step_id as the last coalesce flush saw it (I2: 0 for ZeRO-3), -1 before any flush.
   int last_flush_micro_step_id() const { return last_flush_micro_step_id_; }
 
+  // DeepSpeed's engine.compile(): selects the DeepCompile backend from the passes and the stage
+  // (SPEC 3, decide:: templates); only a ZeRO backend loads the runtime and calls init().
+  // autotp with another pass is NotImplementedError; autotp needs tensor_parallel.autotp_size > 1.
+  // The AutoSP / AutoTP graph transformations themselves are not built: those backends are
+  // installed and gate the engine exactly as upstream, but leave the model as it is.
+  void compile(const CompileConfig& cc);
+  // DeepSpeed's destroy(): runtime cleanup if the runtime was initialised (KnownBug::B2: if
+  // DeepCompile is active). The engine refuses further work afterwards.
+  void destroy();
+  bool deepcompile_active() const { return deepcompile_active_; }
+
   // ---- introspection ----
   std::int64_t micro_steps() const { return micro_steps_; }
   std::int64_t global_steps() const { return global_steps_; }
@@ -100,6 +112,8 @@ class Engine {
  private:
   void enter_no_sync();
   void check_usable(const char* call) const;
+  bool runs_deepcompile_hooks() const;
+  DeepCompileRuntime& runtime();
   std::optional<bool> enter_coalesce();
   void exit_coalesce(std::optional<bool> saved_boundary);
   void flush_coalesced_reduction();
@@ -127,8 +141,10 @@ class Engine {
   std::optional<bool> boundary_override_;  // set_gradient_accumulation_boundary
   bool inside_no_sync_ = false;
   bool enable_backward_allreduce_ = true;
-  bool deepcompile_active_ = false;         // set by compile() (issue "Compile passes")
+  bool deepcompile_active_ = false;         // set by compile()
   bool parallelization_pass_only_ = false;
+  bool compiled_ = false;
+  decide::CompileFacts<bool, std::int64_t> compile_facts_{};
   int last_flush_micro_step_id_ = -1;
   std::string broken_;  // why the engine refuses further work ("" while usable)
 };

@@ -6,6 +6,7 @@
 
 #include "engine/comm.h"
 #include "engine/config.h"
+#include "engine/deepcompile.h"
 #include "engine/known_bugs.h"
 #include "engine/module.h"
 #include "engine/optimizer.h"
@@ -25,6 +26,8 @@ struct Options {
   // when the model has expert params.
   Comm* expert_parallel = nullptr;
   Comm* expert_data_parallel = nullptr;
+  // Loads the DeepCompile runtime for compile() with a ZeRO backend (see deepcompile.h).
+  RuntimeLoader* deepcompile_loader = nullptr;
 };
 
 // Which of the model's params an optimizer owns (DeepSpeed's param groups with their own

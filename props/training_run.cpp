@@ -93,7 +93,10 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   model->init_params(dev, cfg.model_dtype(), spec.domain, spec.exact, init_rng);
   opts.bugs = spec.bugs;
   opts.trace = trace;
+  std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
+  opts.deepcompile_loader = loader.get();
   Engine engine(cfg, *model, dev, world, opts);
+  if (spec.compile) engine.compile(*spec.compile);
   const std::int64_t ga = cfg.gradient_accumulation_steps;
   if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
   for (int s = 0; s < spec.steps; ++s) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <optional>
 #include <memory>
 
 namespace zc::props {
@@ -31,6 +32,9 @@ struct RunSpec {
   // and expert-data-parallel groups across them, and builds the model with make_moe_model.
   int ep_size = 0;
   std::function<std::unique_ptr<Model>(Comm& ep)> make_moe_model;
+  // engine.compile() right after construction, with this loader factory for the runtime.
+  std::optional<CompileConfig> compile;
+  std::function<std::unique_ptr<RuntimeLoader>()> make_loader;
   std::int64_t micro_batch = 2;
   DataDomain domain = DataDomain::exact;
   ExactSpec exact;
