@@ -51,6 +51,13 @@ Bool param_in_partition(Int offset, Int numel, Int start, Int end) {
   return (start <= offset && offset < end) || (offset < start && start < offset + numel);
 }
 
+// The ipg bucket flushes before a param when it would pass reduce_bucket_size (SPEC 4); ZeRO-3
+// also requires the bucket to hold something. A param larger than the bucket then sits alone.
+template <class Int, class Bool = bool>
+Bool flushes_bucket_before(Int bucket_elements, Int numel, Int bucket_size, Bool require_nonempty) {
+  return bucket_elements + numel > bucket_size && (!require_nonempty || bucket_elements > 0);
+}
+
 // ---- ZeRO-3 per-param partitioning (SPEC 5) ------------------------------------------------------
 
 template <class Int>

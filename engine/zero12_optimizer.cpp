@@ -10,6 +10,7 @@
 // waited, which is before the bucket buffer is written again, or at the epilogue.
 #include "engine/zero12_optimizer.h"
 
+#include "engine/decisions.h"
 #include "engine/errors.h"
 
 #include <algorithm>
@@ -127,7 +128,7 @@ void Zero12Optimizer::reduce_independent_p_g_buckets_and_remove_grads(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
   const std::int64_t n = p.numel();
   if (n == 0) return;
-  if (bucket_elements_ + n > bucket_size_) {
+  if (decide::flushes_bucket_before<std::int64_t>(bucket_elements_, n, bucket_size_, false)) {
     reduce_ipg_grads();
     if (contiguous_ && overlap_) bucket_index_ = 1 - bucket_index_;
   }

@@ -1,5 +1,6 @@
 // Zero3Optimizer: ipg buckets, reduce-scatter (divide by world first), partition_grads, the
 // epilogue and the step (SPEC 5).
+#include "engine/decisions.h"
 #include "engine/errors.h"
 #include "engine/zero3_optimizer.h"
 
@@ -31,7 +32,9 @@ void Zero3Optimizer::reduce_ready_partitions_and_remove_grads(Parameter& p) {
 
 void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
   Parameter& p = *s.p;
-  if (bucket_elements_ + s.numel > bucket_size_ && bucket_elements_ > 0) reduce_and_partition_ipg_grads();
+  if (decide::flushes_bucket_before<std::int64_t>(bucket_elements_, s.numel, bucket_size_, true)) {
+    reduce_and_partition_ipg_grads();
+  }
   const std::size_t idx = index_.at(&p);
   if (already_reduced_[idx]) {
     throw UsageError(fmt::format("rank {}: The parameter {} has already been reduced. Gradient "

@@ -117,6 +117,30 @@ std::pair<std::string, std::string> zero3_shards(unsigned timeout_ms) {
   return prove(c, bounds(c, n, w) && n >= 1, claim, timeout_ms);
 }
 
+// Buckets over a sequence of params, decided by decide::flushes_bucket_before exactly as the
+// stage 1/2 and stage 3 reducers call it: each param joins exactly one bucket (the current one,
+// or a new one after a flush), and a bucket holds more than reduce_bucket_size elements only as a
+// lone param larger than the bucket.
+std::pair<std::string, std::string> ipg_buckets(bool zero3, unsigned timeout_ms) {
+  z3::context c;
+  const z3::expr size = c.int_const("reduce_bucket_size");
+  z3::expr assumptions = size >= 1 && size <= c.int_val(static_cast<int64_t>(1) << 40);
+  z3::expr claim = c.bool_val(true);
+  z3::expr elements = c.int_val(0), count = c.int_val(0), bucket = c.int_val(0);
+  for (int i = 0; i < 6; ++i) {
+    const z3::expr n = c.int_const(fmt::format("numel{}", i).c_str());
+    assumptions = assumptions && n >= 1 && n <= c.int_val(static_cast<int64_t>(1) << 40);
+    const z3::expr flush = decide::flushes_bucket_before<z3::expr, z3::expr>(elements, n, size, c.bool_val(zero3));
+    const z3::expr next_bucket = z3::ite(flush, bucket + 1, bucket);
+    elements = z3::ite(flush, n, elements + n);
+    count = z3::ite(flush, c.int_val(1), count + 1);
+    // Exactly one bucket: the param's bucket is the previous one or the next, never skipped.
+    claim = claim && (next_bucket == bucket || next_bucket == bucket + 1) && (elements <= size || count == 1);
+    bucket = next_bucket;
+  }
+  return prove(c, assumptions, claim, timeout_ms);
+}
+
 // ---- 3. int64 overflow hunt ---------------------------------------------------------------------
 
 // Every intermediate of decide::zero12_padded_numel, partition_numel and partition_start (and
@@ -149,6 +173,8 @@ std::vector<ProofResult> run_all_proofs(unsigned timeout_ms) {
   out.push_back(timed("zero12-partitions-disjoint-and-covering", "proved", [&] { return zero12_partitions(timeout_ms); }));
   out.push_back(timed("zero12-straddling-params-map-to-every-touched-rank", "proved", [&] { return zero12_params(timeout_ms); }));
   out.push_back(timed("zero3-shards-disjoint-and-covering", "proved", [&] { return zero3_shards(timeout_ms); }));
+  out.push_back(timed("ipg-buckets-one-per-param-and-capped-zero12", "proved", [&] { return ipg_buckets(false, timeout_ms); }));
+  out.push_back(timed("ipg-buckets-one-per-param-and-capped-zero3", "proved", [&] { return ipg_buckets(true, timeout_ms); }));
   out.push_back(timed("int64-overflow-in-partition-offsets", "none found", [&] { return overflow_hunt(timeout_ms); }));
   for (ProofResult& r : fpa_proofs(timeout_ms)) out.push_back(std::move(r));
   return out;
