@@ -38,6 +38,9 @@ struct Case {
   }
 };
 
+// gtest prints the case by name instead of its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
+
 nlohmann::json config_for(const Case& c, std::int64_t bucket) {
   nlohmann::json j = {
       {"gradient_accumulation_steps", c.ga},
