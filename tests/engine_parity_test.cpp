@@ -275,35 +275,27 @@ std::vector<Case> mlp_cases() {
 
 class SimpleModelParity : public ::testing::TestWithParam<Case> {};
 
-TEST_P(SimpleModelParity, OneLayerMatchesASingleRankOverSteps) {
-  const Case& c = GetParam();
+RunSpec mlp_spec(const Case& c, MlpSpec model, int steps, std::uint64_t seed) {
   RunSpec spec;
-  spec.make_model = [] { return std::make_unique<Mlp>(simple_model_spec(6, 1, LossKind::linear)); };
+  spec.make_model = [model] { return std::make_unique<Mlp>(model); };
   spec.ds_config = config_for(c, 16);
   spec.world = c.world;
-  spec.steps = 3;
+  spec.steps = steps;
   spec.n_backward = c.n;
   spec.micro_batch = 2;
   spec.exact = exact_for(c);
-  spec.seed = 5;
-  expect_parity(spec, c.dtype);
+  spec.seed = seed;
+  return spec;
+}
+
+TEST_P(SimpleModelParity, OneLayerMatchesASingleRankOverSteps) {
+  const Case& c = GetParam();
+  expect_parity(mlp_spec(c, simple_model_spec(6, 1, LossKind::linear), 3, 5), c.dtype);
 }
 
 TEST_P(SimpleModelParity, DeepReluMlpMatchesASingleRankOnItsFirstStep) {
   const Case& c = GetParam();
-  RunSpec spec;
-  spec.make_model = [] {
-    MlpSpec m{{4, 5, 3}, true, LossKind::linear};
-    return std::make_unique<Mlp>(m);
-  };
-  spec.ds_config = config_for(c, 16);
-  spec.world = c.world;
-  spec.steps = 1;
-  spec.n_backward = c.n;
-  spec.micro_batch = 2;
-  spec.exact = exact_for(c);
-  spec.seed = 9;
-  expect_parity(spec, c.dtype);
+  expect_parity(mlp_spec(c, MlpSpec{{4, 5, 3}, true, LossKind::linear}, 1, 9), c.dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sampled, SimpleModelParity, ::testing::ValuesIn(mlp_cases()),
