@@ -1,8 +1,8 @@
-// zerocheck's command line (CLI11). Subcommands that exist today: demo, run, verify-real, prove.
-// verify and replay arrive with their issue; until then CLI11 rejects them by name.
+// zerocheck's command line (CLI11): verify (the main job), replay, prove, run, demo, verify-real.
 #include "cli/demo.h"
 #include "cli/prove.h"
 #include "cli/run.h"
+#include "cli/verify.h"
 #include "cli/verify_real.h"
 #include "engine/errors.h"
 
@@ -48,6 +48,22 @@ int main(int argc, char** argv) {
   CLI::App* prove_cmd = app.add_subcommand("prove", "Run the Z3 proofs over the engine's decisions and arithmetic");
   prove_cmd->add_option("--timeout-s", prove_timeout_s, "Per-proof solver timeout")->check(CLI::Range(1, 3600));
 
+  zc::cli::VerifyCliOptions verify;
+  CLI::App* verify_cmd = app.add_subcommand("verify", "Check every invariant over generated scenarios, hunt every known bug, run the proofs; write the reports");
+  verify_cmd->add_option("--profile", verify.profile, "quick | default | thorough")->check(CLI::IsMember({"quick", "default", "thorough"}));
+  verify_cmd->add_option("--seed", verify.seed, "RapidCheck seed of every campaign");
+  verify_cmd->add_option("--out", verify.out, "Report directory (report.md, report.html, results.json, junit.xml, counterexamples/)");
+  verify_cmd->add_option("--jobs", verify.jobs, "Work items at once (0 = one per core)")->check(CLI::Range(0, 256));
+  verify_cmd->add_option("--only", verify.only, "Only these invariants (and bug hunts through them)");
+  verify_cmd->add_option("--bugs", verify.bugs, "Only hunt these known bugs (B1 ...)");
+  verify_cmd->add_flag("--no-proofs", verify.no_proofs, "Skip the Z3 proofs");
+
+  zc::cli::ReplayOptions replay;
+  CLI::App* replay_cmd = app.add_subcommand("replay", "Rerun a saved counterexample exactly: verdict, trace hash, first divergence");
+  replay_cmd->add_option("file", replay.file, "A counterexample file (reports/out/counterexamples/*.json)")->required()->check(CLI::ExistingFile);
+  replay_cmd->add_option("--trace", replay.trace, "Write a Chrome/Perfetto timeline of the run here");
+  replay_cmd->add_flag("--rapidcheck", replay.rapidcheck, "Also regenerate the case from RapidCheck's reproduce string");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
@@ -57,6 +73,8 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) return zc::cli::run_training(run);
     if (vr_cmd->parsed()) return zc::cli::run_verify_real(argc, argv, vr);
     if (prove_cmd->parsed()) return zc::cli::run_prove(prove_timeout_s * 1000);
+    if (verify_cmd->parsed()) return zc::cli::run_verify_cli(verify);
+    if (replay_cmd->parsed()) return zc::cli::run_replay(replay);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());
     return 2;

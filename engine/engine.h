@@ -99,6 +99,7 @@ class Engine {
   // Inside coalesce_grad_reduction it is this rank's unreduced local grad, and local.
   std::vector<double> full_grads();
   const CommStats& comm_stats() const { return comm_.stats(); }
+  Comm& comm() { return comm_; }  // the data-parallel (world) group
   ZeroOptimizer& optimizer() { return *optimizers_[0]; }  // the dense (or only) param group
   Model& model() { return model_; }
   Device& device() { return dev_; }

@@ -39,7 +39,7 @@ void Trace::record(std::string_view category, std::string_view detail, std::uint
   }
   hash_ = h;
   if (events_.size() < max_kept_) {
-    events_.push_back({count_, std::string(category), std::string(detail), payload});
+    events_.push_back({count_, std::string(category), std::string(detail), payload, now_us_});
   }
   ++count_;
 }

@@ -15,6 +15,7 @@ struct TraceEvent {
   std::string category;      // "comm", "hook", "engine", "deepcompile", ...
   std::string detail;        // human-readable, e.g. "all_reduce world#3 16xf32 sum"
   std::uint64_t payload = 0; // e.g. a hash of the data the event produced
+  double time_us = 0;        // the rank's simulated clock when recorded (not hashed; 0 off the simulator)
 };
 
 class Trace {
@@ -23,6 +24,8 @@ class Trace {
 
   void record(std::string_view category, std::string_view detail, std::uint64_t payload = 0);
   std::uint64_t hash() const { return hash_; }
+  // The simulator sets its rank's clock here; events are stamped with it (timelines only).
+  void set_time(double us) { now_us_ = us; }
   std::uint64_t size() const { return count_; }
   // The first max_kept_events events (all of them for small runs); the hash covers every event.
   const std::vector<TraceEvent>& events() const { return events_; }
@@ -32,6 +35,7 @@ class Trace {
   std::uint64_t count_ = 0;
   std::uint64_t hash_ = 0xcbf29ce484222325ull;  // FNV offset basis
   std::vector<TraceEvent> events_;
+  double now_us_ = 0;
 };
 
 // FNV-1a over bytes, continuing from `h`: for short strings.

@@ -131,6 +131,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     rec.losses.push_back(mean_loss);
     if (spec.after_step) spec.after_step(rank, s, engine, mean_loss);
   }
+  if (spec.destroy_at_end) engine.destroy();
   rec.comm = world.stats();
   return rec;
 }
@@ -147,7 +148,7 @@ RunResult run_on_sim(const RunSpec& spec) {
   const int W = spec.world;
   std::vector<RankRecord> recs(static_cast<std::size_t>(W));
   BatchCache cache(spec, W);
-  sim::SimCluster cluster(W, spec.seed, spec.sim);
+  sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, spec.sim);
   result.sim = cluster.run([&](sim::RankContext& ctx) {
     recs[static_cast<std::size_t>(ctx.rank)] = train(spec, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache);
   });

@@ -39,10 +39,13 @@ struct RunSpec {
   DataDomain domain = DataDomain::exact;
   ExactSpec exact;
   std::uint64_t seed = 1;
+  std::uint64_t sched_seed = 0;  // the simulator's interleaving; 0 = seed
   bool same_batch_every_step = false;
   bool collect_grads = true;  // gather full grads each step (a collective; off for plain training)
   BugSet bugs;
   sim::SimOptions sim;
+  // engine.destroy() after the last step (the lifecycle I3 checks).
+  bool destroy_at_end = false;
   // Called on every rank after each step with (rank, step, engine, this rank's mean loss).
   std::function<void(int, int, Engine&, double)> after_step;
 };

@@ -223,7 +223,9 @@ void ClusterState::before_device_op(int rank, const char* op) {
 }
 
 void ClusterState::on_device_op(int rank, std::int64_t flops, std::int64_t bytes) noexcept {
-  rank_state(rank).now_us += options_.cost.compute_us(flops, bytes);
+  RankState& rs = rank_state(rank);
+  rs.now_us += options_.cost.compute_us(flops, bytes);
+  rs.trace.set_time(rs.now_us);
 }
 
 }  // namespace zc::sim

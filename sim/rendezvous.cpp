@@ -108,6 +108,7 @@ void ClusterState::wait(SimWork& work) {
   work.in_ = Tensor();
   work.out_ = Tensor();
   rs.now_us = std::max(rs.now_us, rv.done_us);
+  rs.trace.set_time(rs.now_us);
   rs.trace.record("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()),
                   hash_bytes(m.result));
 }

@@ -1,0 +1,135 @@
+// `zerocheck verify`: runs the verify job with a progress bar and writes the reports;
+// `zerocheck replay FILE`: reruns a saved counterexample exactly.
+#include "cli/verify.h"
+
+#include "engine/errors.h"
+#include "props/verify.h"
+#include "real/deepcompile_loader.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <thread>
+
+namespace zc::cli {
+
+namespace {
+
+props::RunHooks real_hooks() {
+  props::RunHooks h;
+  h.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
+  return h;
+}
+
+void draw_progress(const std::string& item, int done, int total) {
+  const int width = 30;
+  const int filled = total > 0 ? done * width / total : width;
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  fmt::print(stderr, "{}[{}{}] {}/{} {}{}", tty ? "\r\033[K" : "", std::string(static_cast<std::size_t>(filled), '#'),
+             std::string(static_cast<std::size_t>(width - filled), '.'), done, total, item, tty ? "" : "\n");
+  if (tty && done == total) fmt::print(stderr, "\n");
+}
+
+// Chrome/Perfetto trace-event JSON: one thread per rank; collectives as async spans from issue to
+// done; every other event an instant.
+void write_timeline(const sim::SimResult& r, const std::string& path) {
+  nlohmann::json events = nlohmann::json::array();
+  for (std::size_t rank = 0; rank < r.traces.size(); ++rank) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank},
+                      {"args", {{"name", fmt::format("rank {}", rank)}}}});
+    std::map<std::string, int> open;
+    for (const TraceEvent& e : r.traces[rank].events()) {
+      nlohmann::json ev = {{"cat", e.category}, {"pid", 0}, {"tid", rank}, {"ts", e.time_us},
+                           {"args", {{"detail", e.detail}, {"index", e.index}, {"payload", fmt::format("0x{:016x}", e.payload)}}}};
+      const bool issue = e.category == "comm" && e.detail.rfind("issue ", 0) == 0;
+      const bool done = e.category == "comm" && e.detail.rfind("done ", 0) == 0;
+      if (issue || done) {
+        const std::string key = e.detail.substr(issue ? 6 : 5);
+        const int n = issue ? open[key]++ : --open[key];
+        ev["ph"] = issue ? "b" : "e";
+        ev["name"] = key.substr(0, key.find(' '));
+        ev["id"] = fmt::format("r{}:{}:{}", rank, key, n);
+      } else {
+        ev["ph"] = "i";
+        ev["s"] = "t";
+        ev["name"] = e.detail.substr(0, 60);
+      }
+      events.push_back(std::move(ev));
+    }
+  }
+  std::ofstream out(path);
+  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!out) throw UsageError(fmt::format("cannot write the timeline to {}", path));
+}
+
+}  // namespace
+
+int run_verify_cli(const VerifyCliOptions& o) {
+  props::VerifyOptions opts;
+  opts.profile = props::profile_named(o.profile);
+  opts.seed = o.seed;
+  opts.out = o.out;
+  opts.jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  opts.only = o.only;
+  opts.bugs = o.bugs;
+  opts.proofs = !o.no_proofs;
+  opts.hooks = real_hooks();
+  opts.progress = draw_progress;
+  fmt::print(stderr, "zerocheck verify: profile {}, seed {}, {} jobs, reports in {}\n", opts.profile.name, opts.seed,
+             opts.jobs, opts.out.string());
+  const props::VerifyReport report = props::run_verify(opts);
+  std::filesystem::create_directories(opts.out);
+  std::ofstream(opts.out / "results.json") << props::to_json(report).dump(2) << "\n";
+
+  fmt::print("\n{:<48} {:>6} {:>6} {:>8}\n", "invariant", "holds", "cases", "seconds");
+  for (const props::InvariantResult& i : report.invariants) {
+    fmt::print("{:<48} {:>6} {:>6} {:>8.1f}\n", i.name, i.holds ? "yes" : "NO", i.cases, i.seconds);
+    if (!i.holds) fmt::print("    {}\n    saved: {}\n", i.failure, i.scenario_file);
+  }
+  fmt::print("\n{:<4} {:<7} {:<40} {:>6} {:>8}\n", "bug", "caught", "by", "cases", "seconds");
+  for (const props::BugResult& b : report.bugs) {
+    fmt::print("{:<4} {:<7} {:<40} {:>6} {:>8.1f}\n", b.id, b.caught ? "yes" : "NO", b.by, b.cases_to_catch, b.seconds);
+  }
+  int proofs_ok = 0;
+  for (const props::ProofResult& p : report.proofs) proofs_ok += p.ok();
+  fmt::print("\nproofs: {}/{} as expected; determinism: {} reruns, {} mismatches\n", proofs_ok, report.proofs.size(),
+             report.determinism.runs, report.determinism.mismatches);
+  fmt::print("{} in {:.1f} s; report: {}/report.html\n", report.passed() ? "PASS" : "FAIL", report.seconds, opts.out.string());
+  return report.passed() ? 0 : 1;
+}
+
+int run_replay(const ReplayOptions& o) {
+  const props::SavedCase saved = props::load_case(o.file);
+  const props::Invariant* inv = props::find_invariant(saved.invariant);
+  if (inv == nullptr) throw ConfigError(fmt::format("{}: no invariant named '{}'", o.file, saved.invariant));
+  const props::CheckContext ctx{saved.bugs, real_hooks()};
+  fmt::print("replaying {}\n  invariant {}\n  known bugs switched on: {}\n  scenario: {}\n", o.file, saved.invariant,
+             saved.bugs.str(), props::describe(saved.scenario));
+  const props::Verdict v = inv->check(saved.scenario, ctx);
+  fmt::print("verdict: {}\ntrace hash: 0x{:016x}\n", v.holds ? "holds" : "FAILS", v.trace_hash);
+  if (!v.holds) fmt::print("first divergence: {}\n", v.failure);
+  const bool same = v.holds == saved.holds && v.trace_hash == saved.trace_hash;
+  fmt::print("saved: {} with trace hash 0x{:016x}: {}\n", saved.holds ? "holds" : "fails", saved.trace_hash,
+             same ? "replayed exactly" : "DIFFERENT (the run is not deterministic, or the engine changed)");
+  if (o.rapidcheck && !saved.reproduce.empty()) {
+    const props::Campaign c = props::run_campaign(*inv, ctx, 1, saved.rc_seed, saved.reproduce);
+    fmt::print("RapidCheck reproduce string: regenerated {}; {}\n", props::describe(c.counterexample),
+               c.counterexample == saved.scenario ? "the same scenario" : "a DIFFERENT scenario");
+  }
+  if (!o.trace.empty()) {
+    try {
+      const sim::SimResult r = props::run_on_sim(props::to_run_spec(saved.scenario, saved.bugs, ctx.hooks)).sim;
+      write_timeline(r, o.trace);
+      fmt::print("timeline: {} (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace);
+    } catch (const ZcError& e) {
+      fmt::print("timeline: not written: the scenario's run raised {}\n", e.what());
+    }
+  }
+  return v.holds ? 0 : 1;
+}
+
+}  // namespace zc::cli

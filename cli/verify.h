@@ -1,0 +1,28 @@
+// `zerocheck verify` (the main job) and `zerocheck replay FILE`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zc::cli {
+
+struct VerifyCliOptions {
+  std::string profile = "default";
+  std::uint64_t seed = 20261129;
+  std::string out = "reports/out";
+  int jobs = 0;  // 0 = one per core
+  std::vector<std::string> only;
+  std::vector<std::string> bugs;
+  bool no_proofs = false;
+};
+int run_verify_cli(const VerifyCliOptions& o);
+
+struct ReplayOptions {
+  std::string file;
+  std::string trace;  // Chrome/Perfetto timeline of the run ("" = none)
+  bool rapidcheck = false;  // also rerun through RapidCheck's reproduce string
+};
+int run_replay(const ReplayOptions& o);
+
+}  // namespace zc::cli

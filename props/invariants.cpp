@@ -1,0 +1,500 @@
+// The invariants and the scenario generators they are checked over.
+#include "props/invariants.h"
+
+#include "engine/errors.h"
+#include "engine/rng.h"
+#include "props/scenario_gen.h"
+#include "props/state_machine.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <bit>
+#include <cmath>
+#include <memory>
+
+namespace zc::props {
+
+namespace {
+
+std::string bits_in(double v, DType dt) {
+  switch (dt) {
+    case DType::f16: return fmt::format("0x{:04x}", f32_to_f16_bits(static_cast<float>(v)));
+    case DType::bf16: return fmt::format("0x{:04x}", f32_to_bf16_bits(static_cast<float>(v)));
+    case DType::f32: return fmt::format("0x{:08x}", std::bit_cast<std::uint32_t>(static_cast<float>(v)));
+    default: return fmt::format("0x{:016x}", std::bit_cast<std::uint64_t>(v));
+  }
+}
+
+bool same_bits(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b) || (std::isnan(a) && std::isnan(b));
+}
+
+std::string error_text(const std::exception& e) { return fmt::format("{}", e.what()); }
+
+// Runs spec on the simulator; an exception becomes the verdict's failure.
+struct Outcome {
+  bool ok = true;
+  RunResult result;
+  std::string error;
+};
+
+Outcome run(const RunSpec& spec) {
+  Outcome o;
+  try {
+    o.result = run_on_sim(spec);
+  } catch (const std::exception& e) {
+    o.ok = false;
+    o.error = error_text(e);
+  }
+  return o;
+}
+
+Verdict fail(std::string why) {
+  Verdict v;
+  v.holds = false;
+  v.failure = std::move(why);
+  return v;
+}
+
+Verdict not_applicable() {
+  Verdict v;
+  v.applies = false;
+  return v;
+}
+
+// Number of steps whose grads are exact in the exact domain.
+int exact_steps(const Scenario& s) { return grads_param_independent(s) ? s.steps : 1; }
+
+// Compares two runs' grads, params (and masters when same_world) step by step.
+std::string compare(const Scenario& s, const RunResult& a, const RunResult& b, int steps, bool masters,
+                    const char* a_name, const char* b_name) {
+  for (int k = 0; k < steps; ++k) {
+    const auto at = static_cast<std::size_t>(k);
+    std::string d = first_divergence(s, 0, k, fmt::format("averaged grads ({} vs {})", a_name, b_name), a.grads.at(at), b.grads.at(at));
+    if (d.empty()) d = first_divergence(s, 0, k, fmt::format("params after the step ({} vs {})", a_name, b_name), a.params.at(at), b.params.at(at));
+    if (d.empty() && masters) {
+      d = first_divergence(s, 0, k, fmt::format("fp32 master partition ({} vs {})", a_name, b_name), a.masters.at(at), b.masters.at(at));
+    }
+    if (!d.empty()) return d;
+  }
+  return "";
+}
+
+// The analytic gradient of a Synthetic model: per element, the loss-scaled mean over the global
+// batch of the prescribed per-sample gradients, summed over chunks and micro-steps, over GA. Also
+// the same sum of absolute values (the rounding-error scale).
+struct Oracle {
+  std::vector<double> value, abs_sum;
+};
+
+Oracle synthetic_oracle(const Scenario& s, const RunSpec& spec, const RunResult& got, int step) {
+  Oracle o;
+  const std::unique_ptr<Model> model = spec.make_model();
+  const double scale = got.loss_scales.at(static_cast<std::size_t>(step));
+  for (int m = 0; m < s.ga; ++m) {
+    for (int c = 0; c < s.n; ++c) {
+      const HostBatch hb = global_batch(spec, *model, step, m, c);
+      std::size_t at = 0;
+      for (const auto& [name, a] : hb.arrays) {  // g0, g1, ... in parameter order
+        const std::int64_t cols = a.shape[1];
+        const std::size_t need = at + static_cast<std::size_t>(cols);
+        if (o.value.size() < need) o.value.resize(need, 0.0), o.abs_sum.resize(need, 0.0);
+        for (std::int64_t j = 0; j < cols; ++j) {
+          double sum = 0, abs = 0;
+          for (std::int64_t r = 0; r < hb.samples; ++r) {
+            const double g = a.values[static_cast<std::size_t>(r * cols + j)];
+            sum += g;
+            abs += std::fabs(g);
+          }
+          const double w = scale / static_cast<double>(hb.samples) / s.ga;
+          o.value[at + static_cast<std::size_t>(j)] += sum * w;
+          o.abs_sum[at + static_cast<std::size_t>(j)] += abs * w;
+        }
+        at = need;
+      }
+    }
+  }
+  return o;
+}
+
+// ---- the checks ----
+
+Verdict check_i1_exact(const Scenario& s, const CheckContext& ctx) {
+  if (!exact_infeasible(s).empty()) return not_applicable();
+  Scenario base = s, co = s;
+  base.coalesce = false;
+  co.coalesce = true;
+  const Outcome b = run(to_run_spec(base, ctx.bugs, ctx.hooks));
+  const Outcome c = run(to_run_spec(co, ctx.bugs, ctx.hooks));
+  Verdict v;
+  v.trace_hash = mix64(b.result.sim.trace_hash, c.result.sim.trace_hash);
+  if (!b.ok) v.holds = false, v.failure = "baseline run failed: " + b.error;
+  else if (!c.ok) v.holds = false, v.failure = "coalesced run failed: " + c.error;
+  else v.failure = compare(s, c.result, b.result, exact_steps(s), true, "coalesced", "baseline");
+  v.holds = v.failure.empty();
+  return v;
+}
+
+Verdict check_i1_ulp(const Scenario& s, const CheckContext& ctx) {
+  Scenario base = s, co = s;
+  base.coalesce = false;
+  co.coalesce = true;
+  const RunSpec bs = to_run_spec(base, ctx.bugs, ctx.hooks);
+  const Outcome b = run(bs);
+  const Outcome c = run(to_run_spec(co, ctx.bugs, ctx.hooks));
+  Verdict v;
+  v.trace_hash = mix64(b.result.sim.trace_hash, c.result.sim.trace_hash);
+  if (!b.ok) return fail("baseline run failed: " + b.error);
+  if (!c.ok) return fail("coalesced run failed: " + c.error);
+  // SPEC 6: bit-identical for any floats when N = 1, world = 1 or stage 1 -- provided both runs
+  // accumulate the N chunks in the same dtype. A 16-bit model with fp32 grad accumulation or CPU
+  // offload accumulates the baseline's chunks in fp32 (grad_accum, the CPU buffer) but the
+  // coalesced chunks in the model dtype (.grad, while the hooks return at once), as DeepSpeed does;
+  // there only the rounding bound below holds.
+  const bool same_accumulation = !(is_16bit(dtype_of(s)) && (!s.grad_accum_dtype.empty() || s.offload != "none"));
+  if (s.n == 1 || ((s.world == 1 || s.stage == 1) && same_accumulation)) {
+    v.failure = compare(s, c.result, b.result, s.steps, true, "coalesced", "baseline");
+    v.holds = v.failure.empty();
+    return v;
+  }
+  // Otherwise both association orders are within gamma_k * sum|terms| of the exact sum, where k
+  // counts the roundings on the longest chain: the local mean over the micro-batch, the scale,
+  // N accumulations, the division by the world, world - 1 reduction adds, the final cast.
+  const DType dt = dtype_of(s);
+  const double u = std::ldexp(1.0, -dtype_mantissa_bits(dt));
+  const double k = 2.0 + static_cast<double>(s.n) + 2.0 + static_cast<double>(s.world) + 1.0;
+  const double gamma = k * u / (1.0 - k * u);
+  for (int step = 0; step < s.steps; ++step) {
+    const Oracle o = synthetic_oracle(s, bs, b.result, step);
+    for (const auto* run_result : {&b.result, &c.result}) {
+      const std::vector<double>& g = run_result->grads.at(static_cast<std::size_t>(step));
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const double bound = gamma * o.abs_sum[i];
+        if (!(std::fabs(g[i] - o.value[i]) <= bound)) {
+          return fail(fmt::format("rank 0, step {}, averaged grads ({}) {}: {} ({}) is {:.3g} from the exact {} "
+                                  "(bound gamma_{} * sum|g| = {:.3g})", step, run_result == &b.result ? "baseline" : "coalesced",
+                                  element_name(s, static_cast<std::int64_t>(i)), g[i], bits_in(g[i], dt),
+                                  std::fabs(g[i] - o.value[i]), o.value[i], k, bound));
+        }
+      }
+    }
+  }
+  return v;
+}
+
+Verdict check_i2(const Scenario& s, const CheckContext& ctx) {
+  Scenario co = s;
+  co.coalesce = true;
+  const Outcome c = run(to_run_spec(co, ctx.bugs, ctx.hooks));
+  Verdict v;
+  v.trace_hash = c.result.sim.trace_hash;
+  if (!c.ok) return fail("coalesced run failed: " + c.error);
+  for (std::size_t k = 0; k < c.result.flush_micro_step_ids.size(); ++k) {
+    if (c.result.flush_micro_step_ids[k] != 0) {
+      return fail(fmt::format("rank 0, step {}: micro_step_id is {} at the coalesce flush (must be 0: "
+                              "partition_grads would add into the previous step's buffer)", k,
+                              c.result.flush_micro_step_ids[k]));
+    }
+  }
+  return v;
+}
+
+// Forwards to a loader and keeps what the runtime saw after the engine is gone.
+class ObservingLoader final : public RuntimeLoader {
+ public:
+  struct Seen {
+    bool loaded = false;
+    std::vector<std::string> calls;
+  };
+  ObservingLoader(std::unique_ptr<RuntimeLoader> inner, std::shared_ptr<Seen> seen)
+      : inner_(std::move(inner)), seen_(std::move(seen)) {}
+  ~ObservingLoader() override {
+    if (inner_->loaded()) {
+      seen_->loaded = true;
+      seen_->calls = inner_->get_handle().calls();
+    }
+  }
+  DeepCompileRuntime& get_handle() override { return inner_->get_handle(); }
+  bool loaded() const override { return inner_->loaded(); }
+
+ private:
+  std::unique_ptr<RuntimeLoader> inner_;
+  std::shared_ptr<Seen> seen_;
+};
+
+bool parallel_only(const Scenario& s) {
+  for (const std::string& p : s.passes) {
+    if (p == "autosp" || p == "autotp") return true;
+  }
+  return false;
+}
+
+Verdict check_i3(const Scenario& s, const CheckContext& ctx) {
+  if (!ctx.hooks.make_loader) throw UsageError("I3 needs a DeepCompile runtime loader (RunHooks::make_loader)");
+  auto seen = std::make_shared<std::vector<std::shared_ptr<ObservingLoader::Seen>>>();
+  CheckContext observed = ctx;
+  observed.hooks.make_loader = [inner = ctx.hooks.make_loader, seen] {
+    auto one = std::make_shared<ObservingLoader::Seen>();
+    seen->push_back(one);
+    return std::make_unique<ObservingLoader>(inner(), one);
+  };
+  RunSpec spec = to_run_spec(s, ctx.bugs, observed.hooks);
+  spec.destroy_at_end = true;
+  spec.collect_grads = false;
+  const Outcome o = run(spec);
+  Verdict v;
+  v.trace_hash = o.result.sim.trace_hash;
+  bool autotp_combined = false;
+  for (const std::string& p : s.passes) autotp_combined |= p == "autotp" && s.passes.size() > 1;
+  if (!o.ok && !(autotp_combined && o.error.find("NotImplementedError") != std::string::npos)) {
+    return fail("the lifecycle failed: " + o.error);
+  }
+  for (std::size_t r = 0; r < seen->size(); ++r) {
+    const ObservingLoader::Seen& one = *(*seen)[r];
+    if (!one.loaded) continue;
+    if (parallel_only(s) || autotp_combined) {
+      return fail(fmt::format("rank {}: the DeepCompile runtime was loaded with passes [{}] (calls: {})", r,
+                              fmt::join(s.passes, ","), fmt::join(one.calls, ", ")));
+    }
+    if (one.calls.size() > 1 && one.calls[1].rfind("init(", 0) != 0) {
+      return fail(fmt::format("rank {}: '{}' before init() (calls: {})", r, one.calls[1], fmt::join(one.calls, ", ")));
+    }
+  }
+  return v;
+}
+
+Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
+  if (!exact_infeasible(s).empty()) return not_applicable();
+  const RunSpec spec = to_run_spec(s, ctx.bugs, ctx.hooks);
+  const Outcome sh = run(spec);
+  const Outcome one = run(single_rank_reference(spec));
+  Verdict v;
+  v.trace_hash = mix64(sh.result.sim.trace_hash, one.result.sim.trace_hash);
+  if (!sh.ok) return fail("sharded run failed: " + sh.error);
+  if (!one.ok) return fail("single-rank run failed: " + one.error);
+  v.failure = compare(s, sh.result, one.result, exact_steps(s), false, "sharded", "one rank");
+  // And the analytic gradient, which a bug shared by both runs cannot match.
+  if (v.failure.empty() && s.model == "synthetic") {
+    for (int k = 0; k < s.steps && v.failure.empty(); ++k) {
+      const Oracle o = synthetic_oracle(s, spec, sh.result, k);
+      v.failure = first_divergence(s, 0, k, "averaged grads (sharded vs analytic oracle)", sh.result.grads.at(static_cast<std::size_t>(k)),
+                                   o.value);
+    }
+  }
+  v.holds = v.failure.empty();
+  return v;
+}
+
+Verdict check_cross_rank(const Scenario& s, const CheckContext& ctx) {
+  const Outcome o = run(to_run_spec(s, ctx.bugs, ctx.hooks));
+  Verdict v;
+  v.trace_hash = o.result.sim.trace_hash;
+  if (!o.ok) return fail("run failed: " + o.error);
+  if (!o.result.ranks_agree) return fail(o.result.disagreement);
+  return v;
+}
+
+std::int64_t calls(const RunResult& r) { return r.comm.at(0).total_calls(); }
+
+Verdict check_one_pass(const Scenario& s, const CheckContext& ctx) {
+  Scenario co = s, co1 = s, base = s;
+  co.coalesce = co1.coalesce = true;
+  base.coalesce = false;
+  co1.n = 1;
+  auto spec_of = [&](const Scenario& x) {
+    RunSpec spec = to_run_spec(x, ctx.bugs, ctx.hooks);
+    spec.collect_grads = false;
+    return spec;
+  };
+  const Outcome c = run(spec_of(co)), c1 = run(spec_of(co1)), b = run(spec_of(base));
+  Verdict v;
+  v.trace_hash = mix64(mix64(c.result.sim.trace_hash, c1.result.sim.trace_hash), b.result.sim.trace_hash);
+  if (!c.ok || !c1.ok || !b.ok) return fail("a run failed: " + c.error + c1.error + b.error);
+  if (calls(c.result) != calls(c1.result)) {
+    return fail(fmt::format("rank 0: coalescing {} backwards per step issued {} collectives but one backward issues {}: "
+                            "not one reduction pass ({} vs {})", s.n, calls(c.result), calls(c1.result),
+                            c.result.comm[0].to_string(), c1.result.comm[0].to_string()));
+  }
+  if (s.n >= 2 && s.stage >= 2 && calls(c.result) >= calls(b.result)) {
+    return fail(fmt::format("rank 0: coalesced issued {} collectives, not fewer than the baseline's {} with N = {}",
+                            calls(c.result), calls(b.result), s.n));
+  }
+  return v;
+}
+
+Verdict check_determinism(const Scenario& s, const CheckContext& ctx) {
+  const RunSpec spec = to_run_spec(s, ctx.bugs, ctx.hooks);
+  const Outcome a = run(spec), b = run(spec);
+  Verdict v;
+  v.trace_hash = a.result.sim.trace_hash;
+  if (a.ok != b.ok || a.error != b.error) return fail(fmt::format("the rerun ended differently: '{}' vs '{}'", a.error, b.error));
+  if (a.result.sim.trace_hash != b.result.sim.trace_hash || a.result.sim.schedule_hash != b.result.sim.schedule_hash) {
+    return fail(fmt::format("trace hash 0x{:016x} then 0x{:016x}, schedule hash 0x{:016x} then 0x{:016x}",
+                            a.result.sim.trace_hash, b.result.sim.trace_hash, a.result.sim.schedule_hash, b.result.sim.schedule_hash));
+  }
+  if (a.ok) v.failure = compare(s, a.result, b.result, s.steps, true, "run", "rerun");
+  v.holds = v.failure.empty();
+  return v;
+}
+
+Verdict check_schedule_independence(const Scenario& s, const CheckContext& ctx) {
+  Scenario other = s;
+  other.sched_seed = s.sched_seed * 0x9e3779b97f4a7c15ull + 1;
+  const Outcome a = run(to_run_spec(s, ctx.bugs, ctx.hooks)), b = run(to_run_spec(other, ctx.bugs, ctx.hooks));
+  Verdict v;
+  v.trace_hash = mix64(a.result.sim.trace_hash, b.result.sim.trace_hash);
+  if (!a.ok || !b.ok) return fail("a run failed: " + a.error + b.error);
+  v.failure = compare(s, a.result, b.result, s.steps, true, "schedule A", "schedule B");
+  v.holds = v.failure.empty();
+  return v;
+}
+
+// What a fault must produce: the error's type name and a phrase of its message ("" = no error).
+struct Expected {
+  std::string kind, phrase;
+};
+
+Expected expected_error(const Scenario& s) {
+  const std::string last = fmt::format("rank {}", s.world - 1);
+  if (s.fault == "crash") return {"RankFailure", "injected crash"};
+  if (s.fault == "mismatch") return s.world == 1 ? Expected{} : Expected{"CollectiveMismatch", last};
+  if (s.fault == "deadlock") return s.world == 1 ? Expected{} : Expected{"Deadlock", last};
+  if (s.fault == "step-in-coalesce") {
+    if (s.stage == 0) return {"RankFailure", "requires ZeRO stage 1/2/3"};
+    return {"RankFailure", "step() inside no_sync() or coalesce_grad_reduction()"};
+  }
+  if (s.fault == "coalesce-in-no-sync") {
+    if (s.stage >= 2) return {"RankFailure", "incompatible with gradient partitioning"};
+    if (s.stage == 0) return {"RankFailure", "requires ZeRO stage 1/2/3"};
+    return {"RankFailure", "cannot be nested inside another no_sync"};
+  }
+  if (s.fault == "stale-backward") return {"RankFailure", "call forward() before each backward()"};
+  return {};
+}
+
+Verdict check_failure_modes(const Scenario& s, const CheckContext& ctx) {
+  if (s.fault.empty()) return not_applicable();
+  const Expected want = expected_error(s);
+  std::string kind, what;
+  Verdict v;
+  try {
+    v.trace_hash = run_on_sim(to_run_spec(s, ctx.bugs, ctx.hooks)).sim.trace_hash;
+  } catch (const RankFailure& e) {
+    kind = "RankFailure", what = e.what();
+  } catch (const CollectiveMismatch& e) {
+    kind = "CollectiveMismatch", what = e.what();
+  } catch (const Deadlock& e) {
+    kind = "Deadlock", what = e.what();
+  } catch (const std::exception& e) {
+    kind = "other", what = e.what();
+  }
+  v.trace_hash = mix64(v.trace_hash, fnv1a(kind + what));
+  if (want.kind.empty() && !kind.empty()) return fail(fmt::format("fault {}: expected no error, got {}: {}", s.fault, kind, what));
+  if (!want.kind.empty() && kind.empty()) {
+    return fail(fmt::format("fault {}: the run finished without the expected {} ('{}'): the fault went unreported", s.fault,
+                            want.kind, want.phrase));
+  }
+  if (kind != want.kind || what.find(want.phrase) == std::string::npos) {
+    return fail(fmt::format("fault {}: expected {} mentioning '{}', got {}: {}", s.fault, want.kind, want.phrase, kind, what));
+  }
+  return v;
+}
+
+const char* kI1Exact =
+    "SPEC 6, I1. In the exact data domain (values k * 2^-e sized so every partial sum fits the mantissa, SPEC 8), "
+    "N backwards inside coalesce_grad_reduction and then step() give bit-identical averaged gradients, fp32 master "
+    "partitions and 16-bit params to the same N backwards reduced one by one, for every stage 1-3, contiguous, "
+    "overlap, offload, dtype, bucket size and world. In this domain float addition is associative, so any difference "
+    "is a plumbing bug (a dropped, doubled or stale chunk), never rounding.";
+const char* kI1Ulp =
+    "SPEC 6, I1 for arbitrary floats (gaussian data, Synthetic model): bit-identical when N = 1, world = 1 or stage 1; "
+    "otherwise the baseline's and the coalesced reduction's averaged gradients are each within gamma_k * sum|g| of the "
+    "exact (f64) gradient, with k the roundings on the longest chain (micro-batch mean, scale, N accumulations, division "
+    "by the world, world - 1 reduction adds, the cast) and gamma_k = k*u/(1-k*u), u the dtype's unit roundoff. "
+    "This is the standard bound for two association orders of the same sum; a dropped chunk exceeds it.";
+const char* kI2 =
+    "SPEC 6, I2. For ZeRO-3, micro_step_id is 0 at every coalesce flush over several steps, so partition_grads copies "
+    "the reduced partition into the gradient buffer instead of adding to the previous step's stale one. The seen-flag "
+    "must not be set while coalescing (bug B4 sets it and micro_step_id reaches N-1).";
+const char* kI3 =
+    "SPEC 3, I3. For every stage, every subset of compile passes and deepcompile on/off, over the whole lifecycle "
+    "(compile, N forward/backward per step, step, destroy), the DeepCompile runtime is never loaded when a "
+    "parallelization pass (autosp, autotp) is in use, and no runtime call other than loading happens before init(). "
+    "Checked against the real dlopen'ed runtime plugin, which records every call.";
+const char* kParity =
+    "A sharded run (world W, micro-batch B per rank) gives bit-identical averaged gradients and params to one rank "
+    "training on the same global batch (micro-batch W*B), in the exact domain, for every stage 0-3 and GA; for the "
+    "Synthetic model the gradients also equal the analytic f64 gradient, which catches a bug the single-rank "
+    "reference shares.";
+const char* kCrossRank =
+    "After every step every rank holds the same full params and the same full averaged gradients, in any data domain. "
+    "A rank that steps on its own unreduced gradient (for example when the allreduce gate skips a parallelization-only "
+    "compile pass, bug B8) diverges from the others.";
+const char* kOnePass =
+    "SPEC 6: coalesced N backwards issue exactly one reduction pass per step, counted by the Comm's own statistics: "
+    "the collectives of a coalesced step do not depend on N (same count as one backward), and for stages 2 and 3 with "
+    "N >= 2 they are strictly fewer than the per-backward baseline's.";
+const char* kDeterminism =
+    "Running the same scenario twice gives the same trace hash (every collective, hook, engine state change and "
+    "runtime call, with data hashes), the same schedule hash and bit-identical results. This is what makes every "
+    "counterexample replayable.";
+const char* kSchedule =
+    "The numbers do not depend on the interleaving: with another scheduler seed (a different order of ranks and of "
+    "async completions under overlap_comm), params, gradients and master partitions are bit-identical. A race between "
+    "a pending reduction and the engine's buffers would show here (or as a DataRace).";
+const char* kFailureModes =
+    "Bad input gets a clear error and never a hang or a silently wrong number: a crashed rank, a collective issued by "
+    "one rank only (a mismatch, or a deadlock at the end), step() inside coalesce_grad_reduction(), coalescing "
+    "inside no_sync() and backward() of a stale loss each raise the predicted error type, naming the cause; with one "
+    "rank, where a mismatch cannot happen, the run completes.";
+const char* kStateMachine =
+    "A RapidCheck state machine (rc::state) over random sequences of engine calls (forward, backward, backward of a "
+    "stale loss, boundary, step, zero_grad, no_sync, coalesce, compile, destroy) on two simulated ranks, against a "
+    "model that predicts the engine's counters and flags and which calls must raise (and with what).";
+
+std::vector<Invariant> make_invariants() {
+  std::vector<Invariant> out;
+  out.push_back({"I1-coalesced-bit-exact", kI1Exact, [] { return gen_scenario(GenDomain::coalescing()); }, check_i1_exact});
+  out.push_back({"I1-coalesced-ulp-bound", kI1Ulp, [] { return gen_scenario(GenDomain::coalescible_gaussian()); }, check_i1_ulp});
+  out.push_back({"I2-micro-step-zero-at-flush", kI2, [] { return gen_scenario(GenDomain::zero3_coalesced()); }, check_i2});
+  out.push_back({"I3-no-deepcompile-runtime-for-parallel-passes", kI3, [] { return gen_scenario(GenDomain::compiled()); }, check_i3});
+  out.push_back({"sharded-parity", kParity, [] { return gen_scenario(GenDomain::any_exact()); }, check_sharded_parity});
+  out.push_back({"cross-rank-consistency", kCrossRank, [] { return gen_scenario(GenDomain::anything()); }, check_cross_rank});
+  out.push_back({"one-reduction-pass-per-coalesced-step", kOnePass, [] { return gen_scenario(GenDomain::coalescing()); }, check_one_pass});
+  out.push_back({"determinism-same-trace-hash", kDeterminism, [] { return gen_scenario(GenDomain::anything()); }, check_determinism});
+  out.push_back({"schedule-independence", kSchedule, [] { return gen_scenario(GenDomain::anything()); }, check_schedule_independence});
+  out.push_back({"failure-modes-clear-errors", kFailureModes, [] { return gen_scenario(GenDomain::faulty()); }, check_failure_modes});
+  out.push_back({"engine-lifecycle-state-machine", kStateMachine, [] { return gen_lifecycle_scenario(); }, check_lifecycle});
+  return out;
+}
+
+}  // namespace
+
+std::string first_divergence(const Scenario& s, int rank, int step, const std::string& what,
+                             const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) {
+    return fmt::format("rank {}, step {}, {}: {} vs {} elements", rank, step, what, a.size(), b.size());
+  }
+  const DType dt = dtype_of(s);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (same_bits(a[i], b[i])) continue;
+    return fmt::format("rank {}, step {}, {} {}: {} ({}) vs {} ({})", rank, step, what,
+                       element_name(s, static_cast<std::int64_t>(i)), a[i], bits_in(a[i], dt), b[i], bits_in(b[i], dt));
+  }
+  return "";
+}
+
+const std::vector<Invariant>& invariants() {
+  static const std::vector<Invariant> all = make_invariants();
+  return all;
+}
+
+const Invariant* find_invariant(std::string_view name) {
+  for (const Invariant& i : invariants()) {
+    if (i.name == name) return &i;
+  }
+  return nullptr;
+}
+
+}  // namespace zc::props

@@ -1,0 +1,277 @@
+// Scenario <-> JSON, the ds_config it trains with, and exact-domain sizing.
+#include "props/scenario.h"
+
+#include "engine/errors.h"
+#include "models/mlp.h"
+#include "models/synthetic.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <set>
+
+namespace zc::props {
+
+nlohmann::json to_json(const Scenario& s) {
+  return {{"world", s.world},
+          {"stage", s.stage},
+          {"contiguous_gradients", s.contiguous},
+          {"overlap_comm", s.overlap},
+          {"reduce_bucket_size", s.reduce_bucket_size},
+          {"dtype", s.dtype},
+          {"grad_accum_dtype", s.grad_accum_dtype},
+          {"offload", s.offload},
+          {"gradient_clipping", s.clip},
+          {"gradient_accumulation_steps", s.ga},
+          {"n_backward", s.n},
+          {"steps", s.steps},
+          {"coalesce", s.coalesce},
+          {"model", s.model},
+          {"shape", s.shape},
+          {"compile_passes", s.passes},
+          {"deepcompile", s.deepcompile},
+          {"domain", s.domain},
+          {"seed", s.seed},
+          {"sched_seed", s.sched_seed},
+          {"fault", s.fault},
+          {"commands", s.commands}};
+}
+
+namespace {
+
+template <class T>
+void read(const nlohmann::json& j, const char* key, T& out) {
+  if (!j.contains(key)) return;  // absent: the default
+  try {
+    out = j.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("scenario key '{}': {} (got {})", key, e.what(), j.at(key).dump()));
+  }
+}
+
+void check_one_of(const char* key, const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (v == a) return;
+  }
+  throw ConfigError(fmt::format("scenario key '{}': '{}' is not one of {}", key, v, fmt::join(allowed, ", ")));
+}
+
+}  // namespace
+
+Scenario scenario_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw ConfigError("a scenario is a JSON object; got " + j.dump());
+  static const std::set<std::string> known = {
+      "world", "stage", "contiguous_gradients", "overlap_comm", "reduce_bucket_size", "dtype",
+      "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
+      "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands"};
+  for (const auto& [k, v] : j.items()) {
+    if (!known.contains(k)) {
+      throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
+    }
+  }
+  Scenario s;
+  read(j, "world", s.world);
+  read(j, "stage", s.stage);
+  read(j, "contiguous_gradients", s.contiguous);
+  read(j, "overlap_comm", s.overlap);
+  read(j, "reduce_bucket_size", s.reduce_bucket_size);
+  read(j, "dtype", s.dtype);
+  read(j, "grad_accum_dtype", s.grad_accum_dtype);
+  read(j, "offload", s.offload);
+  read(j, "gradient_clipping", s.clip);
+  read(j, "gradient_accumulation_steps", s.ga);
+  read(j, "n_backward", s.n);
+  read(j, "steps", s.steps);
+  read(j, "coalesce", s.coalesce);
+  read(j, "model", s.model);
+  read(j, "shape", s.shape);
+  read(j, "compile_passes", s.passes);
+  read(j, "deepcompile", s.deepcompile);
+  read(j, "domain", s.domain);
+  read(j, "seed", s.seed);
+  read(j, "sched_seed", s.sched_seed);
+  read(j, "fault", s.fault);
+  read(j, "commands", s.commands);
+  check_one_of("fault", s.fault, {"", "crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync", "stale-backward"});
+  check_one_of("dtype", s.dtype, {"f32", "f16", "bf16"});
+  check_one_of("grad_accum_dtype", s.grad_accum_dtype, {"", "f32"});
+  check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
+  check_one_of("model", s.model, {"synthetic", "mlp"});
+  check_one_of("domain", s.domain, {"exact", "gaussian"});
+  if (s.world < 1 || s.n < 1 || s.ga < 1 || s.steps < 1) {
+    throw ConfigError(fmt::format("scenario: world ({}), n_backward ({}), gradient_accumulation_steps ({}) "
+                                  "and steps ({}) must be >= 1", s.world, s.n, s.ga, s.steps));
+  }
+  if (s.shape.empty() || (s.model == "mlp" && s.shape.size() < 2)) {
+    throw ConfigError(fmt::format("scenario key 'shape': {} needs {} entries", s.model, s.model == "mlp" ? "at least 2" : "at least 1"));
+  }
+  for (std::int64_t d : s.shape) {
+    if (d < 1) throw ConfigError(fmt::format("scenario key 'shape': sizes must be >= 1, got {}", d));
+  }
+  return s;
+}
+
+DType dtype_of(const Scenario& s) { return parse_dtype(s.dtype); }
+
+std::string describe(const Scenario& s) {
+  std::string out = fmt::format("z{} w{} n{} ga{} steps{} {}", s.stage, s.world, s.n, s.ga, s.steps, s.dtype);
+  if (!s.grad_accum_dtype.empty()) out += "+acc" + s.grad_accum_dtype;
+  if (s.contiguous) out += " contiguous";
+  if (s.overlap) out += " overlap";
+  out += fmt::format(" bucket {}", s.reduce_bucket_size);
+  if (s.offload != "none") out += " offload-" + s.offload;
+  if (s.clip > 0) out += fmt::format(" clip {}", s.clip);
+  if (s.coalesce) out += " coalesced";
+  out += fmt::format(" {}[{}] {}", s.model, fmt::join(s.shape, ","), s.domain);
+  if (!s.passes.empty()) out += fmt::format(" compile[{}]{}", fmt::join(s.passes, ","), s.deepcompile ? "" : " deepcompile off");
+  if (!s.fault.empty()) out += " fault " + s.fault;
+  if (!s.commands.empty()) out += fmt::format(" commands [{}]", fmt::join(s.commands, " "));
+  out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
+  return out;
+}
+
+nlohmann::json ds_config(const Scenario& s) {
+  nlohmann::json j = {{"gradient_accumulation_steps", s.ga},
+                      {"gradient_clipping", s.clip},
+                      {"zero_optimization", {{"stage", s.stage},
+                                             {"contiguous_gradients", s.contiguous},
+                                             {"overlap_comm", s.overlap},
+                                             {"reduce_bucket_size", s.reduce_bucket_size}}}};
+  if (s.dtype == "f16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
+  if (s.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (s.grad_accum_dtype == "f32") j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  if (s.offload == "optimizer" || s.offload == "both") j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  if (s.offload == "param" || s.offload == "both") j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  if (!s.passes.empty()) j["tensor_parallel"] = {{"autotp_size", 2}};
+  return j;
+}
+
+namespace {
+
+constexpr std::int64_t kMicroBatch = 2;
+
+int bits_for(std::int64_t v) {
+  int bits = 0;
+  while ((std::int64_t{1} << bits) <= v) ++bits;
+  return bits;
+}
+
+// The most terms any gradient element sums (each a +-2^-e monomial in the exact domain): the
+// global batch, times every width an MLP's backward and forward paths fan through.
+std::int64_t largest_sum(const Scenario& s) {
+  std::int64_t terms = kMicroBatch * s.world;
+  if (s.model == "mlp") {
+    for (std::size_t i = 1; i < s.shape.size(); ++i) terms *= s.shape[i];
+  }
+  return terms;
+}
+
+// The scenario's fault, as an after_step hook (see Scenario::fault).
+std::function<void(int, int, Engine&, double)> fault_injector(const Scenario& s) {
+  const std::string fault = s.fault;
+  const int last_rank = s.world - 1;
+  const int last_step = s.steps - 1;
+  const Scenario copy = s;
+  return [fault, last_rank, last_step, copy](int rank, int step, Engine& engine, double) {
+    Device& dev = engine.device();
+    if (fault == "crash" && rank == last_rank && step == 0) {
+      throw std::runtime_error(fmt::format("injected crash of rank {} after step 0", rank));
+    }
+    if ((fault == "mismatch" && step == 0) || (fault == "deadlock" && step == last_step)) {
+      if (rank != last_rank) return;
+      Tensor t = dev.alloc(DType::f64, {7}, "injected-collective");
+      dev.fill(t, 1.0);
+      AllReduceOptions o;
+      o.op = ReduceOp::min;
+      engine.comm().all_reduce(t, o)->wait();
+      return;
+    }
+    if (step != 0) return;
+    if (fault == "step-in-coalesce") {
+      engine.coalesce_grad_reduction([&] { engine.step(); });
+    } else if (fault == "coalesce-in-no-sync") {
+      engine.no_sync([&] { engine.coalesce_grad_reduction([] {}); });
+    } else if (fault == "stale-backward") {
+      Model& model = engine.model();
+      Rng rng(99);
+      const Batch b = upload_batch(dev, model.make_batch(rng, kMicroBatch, DataDomain::exact, exact_spec(copy)),
+                                   engine.config().model_dtype());
+      const Engine::Loss first = engine.forward(b);
+      engine.forward(b);
+      engine.backward(first);
+    }
+  };
+}
+
+}  // namespace
+
+ExactSpec exact_spec(const Scenario& s) {
+  ExactSpec ex;
+  ex.max_k = 1;
+  ex.grad_multiple = static_cast<std::int64_t>(s.ga) * s.world;  // every division: by GA, then by the world
+  if (s.dtype == "f16") {
+    // Keep fp16 grads (times the loss scale 16, summed over N chunks) below 2^14.
+    const double peak = 2.0 * static_cast<double>(ex.grad_multiple) * s.n * 16.0 * 4.0 *
+                        static_cast<double>(largest_sum(s)) / static_cast<double>(kMicroBatch * s.world);
+    ex.scale_exp = std::max(0, static_cast<int>(std::ceil(std::log2(peak))) - 14);
+  }
+  return ex;
+}
+
+std::string exact_infeasible(const Scenario& s) {
+  std::int64_t odd = exact_spec(s).grad_multiple;
+  while (odd % 2 == 0) odd /= 2;
+  const int odd_bits = bits_for(odd);
+  const std::int64_t span = largest_sum(s) * s.n;
+  const int span_bits = bits_for(span);
+  const DType accum = s.grad_accum_dtype.empty() ? dtype_of(s) : DType::f32;
+  const int mantissa = std::min(dtype_mantissa_bits(dtype_of(s)), dtype_mantissa_bits(accum));
+  if (odd_bits + span_bits <= mantissa) return "";
+  return fmt::format("no exact data: odd part {} of the divisors ({} bits) and sums of up to {} terms ({} bits) "
+                     "exceed {}'s {} mantissa bits", odd, odd_bits, span, span_bits, s.dtype, mantissa);
+}
+
+bool grads_param_independent(const Scenario& s) { return s.model == "synthetic" || s.shape.size() == 2; }
+
+RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks) {
+  RunSpec spec;
+  if (s.model == "synthetic") {
+    std::vector<Shape> shapes;
+    for (std::int64_t n : s.shape) shapes.push_back({n});
+    spec.make_model = [shapes] { return std::make_unique<Synthetic>(shapes); };
+  } else {
+    const MlpSpec m{s.shape, s.shape.size() > 2, LossKind::linear};
+    spec.make_model = [m] { return std::make_unique<Mlp>(m); };
+  }
+  spec.ds_config = ds_config(s);
+  spec.world = s.world;
+  spec.steps = s.steps;
+  spec.n_backward = s.n;
+  spec.coalesce = s.coalesce;
+  spec.micro_batch = kMicroBatch;
+  spec.domain = s.domain == "exact" ? DataDomain::exact : DataDomain::gaussian;
+  spec.exact = exact_spec(s);
+  spec.seed = s.seed;
+  spec.sched_seed = s.sched_seed;
+  spec.bugs = bugs;
+  if (!s.fault.empty()) spec.after_step = fault_injector(s);
+  if (!s.passes.empty()) {
+    spec.compile = CompileConfig{s.deepcompile, s.passes};
+    spec.make_loader = hooks.make_loader;
+  }
+  return spec;
+}
+
+std::string element_name(const Scenario& s, std::int64_t flat_index) {
+  const RunSpec spec = to_run_spec(s, {}, {});
+  const std::unique_ptr<Model> model = spec.make_model();
+  std::int64_t at = 0;
+  for (const Parameter* p : model->named_parameters()) {
+    if (flat_index < at + p->numel()) return fmt::format("{}[{}]", p->name, flat_index - at);
+    at += p->numel();
+  }
+  return fmt::format("element {}", flat_index);
+}
+
+}  // namespace zc::props

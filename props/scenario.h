@@ -1,0 +1,82 @@
+// Scenario: one point of the configuration space the verifier explores, as plain data with a
+// JSON round-trip (saved counterexamples are Scenario files). to_run_spec() turns it into the
+// training run the invariants compare; exact_spec() sizes exact-domain data (SPEC 8) so every
+// partial sum of the scenario's reductions fits the mantissa, for every model kind and dtype.
+#pragma once
+
+#include "engine/known_bugs.h"
+#include "props/training_run.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zc::props {
+
+struct Scenario {
+  int world = 2;
+  int stage = 2;
+  bool contiguous = true;
+  bool overlap = false;
+  std::int64_t reduce_bucket_size = 16;
+  std::string dtype = "f32";             // f32 | f16 | bf16
+  std::string grad_accum_dtype = "";     // "" = the model dtype, or "f32" (bf16 models only)
+  std::string offload = "none";          // none | optimizer | param | both (param: stage 3)
+  double clip = 0.0;                     // gradient_clipping (0 = off)
+  int ga = 1;                            // gradient_accumulation_steps
+  int n = 1;                             // backward chunks per micro-step
+  int steps = 2;
+  bool coalesce = false;                 // run each step's N backwards coalesced (GA 1)
+  // synthetic: one param per entry, of that many elements. mlp: layer widths [in, h..., out],
+  // ReLU between layers and a linear loss.
+  std::string model = "synthetic";
+  std::vector<std::int64_t> shape{5, 3};
+  std::vector<std::string> passes;       // compile passes; empty = no compile()
+  bool deepcompile = true;               // compile's deepcompile flag (with passes)
+  std::string domain = "exact";          // exact | gaussian
+  std::uint64_t seed = 1;                // data and init
+  std::uint64_t sched_seed = 1;          // the simulator's interleaving
+  // An injected fault or misuse, applied after step 0 (deadlock: after the last step) by the
+  // last rank (crash, mismatch, deadlock) or every rank (the API misuses):
+  //   crash                the rank throws
+  //   mismatch             the rank issues an all_reduce (f64, min) no other rank issues
+  //   deadlock             the rank waits on an all_reduce after the others have finished
+  //   step-in-coalesce     step() inside coalesce_grad_reduction()
+  //   coalesce-in-no-sync  coalesce_grad_reduction() inside no_sync()
+  //   stale-backward       backward() of an older forward's loss
+  std::string fault;
+  // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).
+  std::vector<std::string> commands;
+
+  bool operator==(const Scenario&) const = default;
+};
+
+nlohmann::json to_json(const Scenario& s);
+// Strict: an unknown key or a wrong type is a ConfigError naming it.
+Scenario scenario_from_json(const nlohmann::json& j);
+// One line: "z2 w4 n2 bf16 contiguous overlap bucket 16 synthetic[5,3] exact ...".
+std::string describe(const Scenario& s);
+
+DType dtype_of(const Scenario& s);
+// The DeepSpeed config the scenario trains with.
+nlohmann::json ds_config(const Scenario& s);
+// The exact-domain data spec for the scenario (scale and grad multiple).
+ExactSpec exact_spec(const Scenario& s);
+// "" when exact data exists for the scenario, else why not (the odd part of the divisors and
+// the largest partial sum do not fit the dtype's mantissa together).
+std::string exact_infeasible(const Scenario& s);
+// True when the model's gradient is exact at every step (it does not depend on the params):
+// Synthetic, and an MLP with one layer. Deeper MLPs are exact on their first step only.
+bool grads_param_independent(const Scenario& s);
+
+struct RunHooks {
+  std::function<std::unique_ptr<RuntimeLoader>()> make_loader;  // for compile passes
+};
+RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks);
+
+// Maps an index into full_params()/full_grads() to "param_name[local_index]".
+std::string element_name(const Scenario& s, std::int64_t flat_index);
+
+}  // namespace zc::props
