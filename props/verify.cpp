@@ -44,8 +44,8 @@ std::uint64_t parse_hex(const std::string& s) { return std::stoull(s, nullptr, 1
 
 Profile profile_named(const std::string& name) {
   if (name == "quick") return {"quick", 40, 150, 20000};
-  if (name == "default") return {"default", 300, 300, 60000};
-  if (name == "thorough") return {"thorough", 2000, 1000, 120000};
+  if (name == "default") return {"default", 1000, 1000, 60000};
+  if (name == "thorough") return {"thorough", 10000, 5000, 120000};
   throw ConfigError(fmt::format("unknown profile '{}': use quick, default or thorough", name));
 }
 
@@ -383,6 +383,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   report.seed = opts.seed;
   report.jobs = opts.jobs;
   report.started = now_utc();
+  std::filesystem::remove_all(opts.out / "counterexamples");  // no stale cases from an earlier run
 
   std::vector<const Invariant*> invs;
   for (const Invariant& i : invariants()) {

@@ -1,9 +1,10 @@
-// RapidCheck properties over random engine scenarios (shrinking to small worlds, few chunks):
-// coalesced reduction equals the per-backward baseline bit for bit (I1), and a sharded run equals
-// one rank on the global batch, in the exact domain. On failure the seed and a replay command
-// are printed (prop_main.cpp).
-#include "models/synthetic.h"
-#include "props/training_run.h"
+// RapidCheck properties: every invariant of the verify job (props/invariants.h) over its own
+// scenario generator, on the correct engine, as one RC_GTEST_PROP each. The verify job runs the
+// same predicates with more cases; here RapidCheck's default 100 cases keep ctest short. On
+// failure the seed and a replay command are printed (prop_main.cpp), and RapidCheck prints the
+// shrunk scenario.
+#include "props/invariants.h"
+#include "real/deepcompile_loader.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -12,72 +13,29 @@
 namespace zc::props {
 namespace {
 
-struct Scenario {
-  int stage, world, n;
-  bool contiguous, overlap, offload;
-  int dtype;  // 0 f32, 1 f16, 2 bf16
-  std::int64_t bucket;
-  std::vector<std::int64_t> sizes;
-  std::uint64_t seed;
-};
-
-rc::Gen<Scenario> scenarios(int min_stage) {
-  return rc::gen::build<Scenario>(
-      rc::gen::set(&Scenario::stage, rc::gen::inRange(min_stage, 4)),
-      rc::gen::set(&Scenario::world, rc::gen::inRange(1, 9)),
-      rc::gen::set(&Scenario::n, rc::gen::inRange(1, 5)),
-      rc::gen::set(&Scenario::contiguous, rc::gen::arbitrary<bool>()),
-      rc::gen::set(&Scenario::overlap, rc::gen::arbitrary<bool>()),
-      rc::gen::set(&Scenario::offload, rc::gen::arbitrary<bool>()),
-      rc::gen::set(&Scenario::dtype, rc::gen::inRange(0, 3)),
-      rc::gen::set(&Scenario::bucket, rc::gen::element<std::int64_t>(4, 16, 1000)),
-      rc::gen::set(&Scenario::sizes, rc::gen::resize(6, rc::gen::nonEmpty(rc::gen::container<std::vector<std::int64_t>>(rc::gen::inRange<std::int64_t>(1, 30))))),
-      rc::gen::set(&Scenario::seed, rc::gen::arbitrary<std::uint64_t>()));
+void holds(const std::string& name) {
+  const Invariant* inv = find_invariant(name);
+  RC_ASSERT(inv != nullptr);
+  const Scenario s = *inv->gen();
+  CheckContext ctx;
+  ctx.hooks.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
+  const Verdict v = inv->check(s, ctx);
+  RC_PRE(v.applies);
+  RC_TAG(s.world > 1 ? "multi-rank" : "one rank");
+  if (!v.holds) RC_FAIL(v.failure + "\n  scenario: " + to_json(s).dump());
 }
 
-RunSpec spec_of(const Scenario& s) {
-  RunSpec spec;
-  std::vector<Shape> shapes;
-  for (std::int64_t n : s.sizes) shapes.push_back({n});
-  spec.make_model = [shapes] { return std::make_unique<Synthetic>(shapes); };
-  spec.ds_config = {{"zero_optimization", {{"stage", s.stage}, {"contiguous_gradients", s.contiguous},
-                                           {"overlap_comm", s.overlap}, {"reduce_bucket_size", s.bucket}}}};
-  if (s.offload && s.stage > 0) spec.ds_config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-  if (s.dtype == 1) spec.ds_config["fp16"] = {{"enabled", true}, {"initial_scale_power", 2}};
-  if (s.dtype == 2) spec.ds_config["bf16"] = {{"enabled", true}};
-  spec.world = s.world;
-  spec.steps = 2;
-  spec.n_backward = s.n;
-  spec.exact.grad_multiple = s.world;
-  spec.seed = s.seed;
-  return spec;
-}
-
-DType dtype_of(const Scenario& s) { return s.dtype == 0 ? DType::f32 : s.dtype == 1 ? DType::f16 : DType::bf16; }
-
-RC_GTEST_PROP(EngineProps, CoalescedReductionEqualsTheBaselineBitForBit, ()) {
-  const Scenario s = *scenarios(1);
-  RC_TAG(s.stage, s.world > 1 ? "multi-rank" : "one rank");
-  RunSpec base = spec_of(s);
-  RunSpec co = base;
-  co.coalesce = true;
-  const RunResult b = run_on_sim(base), c = run_on_sim(co);
-  for (std::size_t k = 0; k < b.params.size(); ++k) {
-    RC_ASSERT(first_difference(c.grads[k], b.grads[k], dtype_of(s)) == "");
-    RC_ASSERT(first_difference(c.params[k], b.params[k], dtype_of(s)) == "");
-  }
-}
-
-RC_GTEST_PROP(EngineProps, AShardedRunEqualsOneRankOnTheGlobalBatch, ()) {
-  const Scenario s = *scenarios(0);
-  const RunSpec spec = spec_of(s);
-  const RunResult sharded = run_on_sim(spec), single = run_on_sim(single_rank_reference(spec));
-  RC_ASSERT(sharded.ranks_agree);
-  for (std::size_t k = 0; k < single.params.size(); ++k) {
-    RC_ASSERT(first_difference(sharded.grads[k], single.grads[k], dtype_of(s)) == "");
-    RC_ASSERT(first_difference(sharded.params[k], single.params[k], dtype_of(s)) == "");
-  }
-}
+RC_GTEST_PROP(Invariants, I1CoalescedBitExact, ()) { holds("I1-coalesced-bit-exact"); }
+RC_GTEST_PROP(Invariants, I1CoalescedUlpBound, ()) { holds("I1-coalesced-ulp-bound"); }
+RC_GTEST_PROP(Invariants, I2MicroStepZeroAtFlush, ()) { holds("I2-micro-step-zero-at-flush"); }
+RC_GTEST_PROP(Invariants, I3NoRuntimeForParallelPasses, ()) { holds("I3-no-deepcompile-runtime-for-parallel-passes"); }
+RC_GTEST_PROP(Invariants, ShardedParity, ()) { holds("sharded-parity"); }
+RC_GTEST_PROP(Invariants, CrossRankConsistency, ()) { holds("cross-rank-consistency"); }
+RC_GTEST_PROP(Invariants, OneReductionPassPerCoalescedStep, ()) { holds("one-reduction-pass-per-coalesced-step"); }
+RC_GTEST_PROP(Invariants, Determinism, ()) { holds("determinism-same-trace-hash"); }
+RC_GTEST_PROP(Invariants, ScheduleIndependence, ()) { holds("schedule-independence"); }
+RC_GTEST_PROP(Invariants, FailureModesClearErrors, ()) { holds("failure-modes-clear-errors"); }
+RC_GTEST_PROP(Invariants, EngineLifecycleStateMachine, ()) { holds("engine-lifecycle-state-machine"); }
 
 }  // namespace
 }  // namespace zc::props
