@@ -5,6 +5,7 @@
 #include "engine/errors.h"
 #include "props/verify.h"
 #include "real/deepcompile_loader.h"
+#include "reports/writers.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -82,8 +83,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   fmt::print(stderr, "zerocheck verify: profile {}, seed {}, {} jobs, reports in {}\n", opts.profile.name, opts.seed,
              opts.jobs, opts.out.string());
   const props::VerifyReport report = props::run_verify(opts);
-  std::filesystem::create_directories(opts.out);
-  std::ofstream(opts.out / "results.json") << props::to_json(report).dump(2) << "\n";
+  reports::write_all(report, opts.out);
 
   fmt::print("\n{:<48} {:>6} {:>6} {:>8}\n", "invariant", "holds", "cases", "seconds");
   for (const props::InvariantResult& i : report.invariants) {

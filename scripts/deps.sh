@@ -8,6 +8,7 @@ pkgs=(
   libgtest-dev libgmock-dev librapidcheck-dev libbenchmark-dev
   libz3-dev libboost-context-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenmpi-dev openmpi-bin
+  libxml2-dev
 )
 
 missing=()

@@ -1,0 +1,103 @@
+// report.md: the verify run for a person reading the file or its rendering. Identifiers, files,
+// reproduce strings and failures are code spans; prose is escaped (text.h), so no value from the
+// run can break a table row or inject HTML.
+#include "reports/text.h"
+#include "reports/writers.h"
+
+#include <fmt/format.h>
+
+namespace zc::reports {
+
+namespace {
+
+using props::BugResult;
+using props::InvariantResult;
+using props::VerifyReport;
+
+// A table cell's code span, or a dash for a value the run did not produce.
+std::string code_or_dash(const std::string& s) { return s.empty() ? "\u2014" : md_code(s); }
+// A code span in running text, where '|' needs no escape.
+std::string inline_code(const std::string& s) { return s.empty() ? "\u2014" : md_code(s, false); }
+
+std::string md_header(const VerifyReport& r) {
+  const std::string reasons = failure_reasons(r);
+  return fmt::format("# zerocheck verify: {}\n\n**{}**{}: {}\n\n", verdict(r), verdict(r),
+                     reasons.empty() ? "" : " (" + reasons + ")", md_text(run_line(r)));
+}
+
+std::string md_invariants(const VerifyReport& r) {
+  std::string s =
+      "## Invariants\n\n| invariant | holds | cases | discarded | seconds |\n"
+      "|---|---|---:|---:|---:|\n";
+  for (const InvariantResult& i : r.invariants) {
+    s += fmt::format("| {} | {} | {} | {} | {:.2f} |\n", md_code(i.name),
+                     i.holds ? "yes" : "**NO**", i.cases, i.discarded, i.seconds);
+  }
+  for (const InvariantResult& i : r.invariants) {
+    s += fmt::format("\n### {}\n\n{}\n", md_code(i.name, false), md_text(i.explanation));
+    if (i.holds) continue;
+    s += fmt::format("\n**Does not hold:** {}\n", inline_code(i.failure));
+    s += fmt::format("\nShrunk counterexample, saved as {}, reproduce with {}:\n\n{}",
+                     inline_code(i.scenario_file), inline_code(i.reproduce),
+                     md_fenced(compact_json(i.counterexample), "json"));
+  }
+  return s + "\n";
+}
+
+std::string md_bugs(const VerifyReport& r) {
+  std::string s =
+      "## Known bugs\n\n| bug | summary | caught | by | cases to catch | seconds | "
+      "shrunk scenario file | reproduce |\n|---|---|---|---|---:|---:|---|---|\n";
+  for (const BugResult& b : r.bugs) {
+    s += fmt::format("| {} | {} | {} | {} | {} | {:.2f} | {} | {} |\n", md_code(b.id),
+                     md_text(b.summary), b.caught ? "yes" : "**NO**", code_or_dash(b.by),
+                     b.caught ? fmt::format("{}", b.cases_to_catch) : "\u2014", b.seconds,
+                     code_or_dash(b.scenario_file), code_or_dash(b.reproduce));
+  }
+  for (const BugResult& b : r.bugs) {
+    s += fmt::format("\n### {} shrunk scenario\n\n", md_code(b.id, false));
+    if (!b.caught) {
+      s += fmt::format("Not caught after {:.2f} s; expected to be caught by {}.\n", b.seconds,
+                       inline_code(b.expected_by));
+      continue;
+    }
+    s += fmt::format("Failure: {} ({} shrink steps)\n\n{}", inline_code(b.failure), b.shrink_steps,
+                     md_fenced(compact_json(b.scenario), "json"));
+  }
+  return s + "\n";
+}
+
+std::string md_proofs(const VerifyReport& r) {
+  std::string s =
+      "## Proofs\n\n| proof | verdict | expected | seconds | detail |\n|---|---|---|---:|---|\n";
+  for (const props::ProofResult& p : r.proofs) {
+    s += fmt::format("| {} | {}{} | {} | {:.2f} | {} |\n", md_code(p.name), md_code(p.verdict),
+                     p.ok() ? "" : " **(unexpected)**", md_code(p.expected), p.seconds,
+                     md_code(p.detail));
+  }
+  return s + "\n";
+}
+
+std::string md_collectives(const VerifyReport& r) {
+  std::string s =
+      "## Collectives per step\n\n| ZeRO stage | N backward | baseline | coalesced |\n"
+      "|---:|---:|---:|---:|\n";
+  for (const props::CollectivePoint& c : r.collectives) {
+    s += fmt::format("| {} | {} | {:g} | {:g} |\n", c.stage, c.n_backward, c.baseline, c.coalesced);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string markdown_report(const VerifyReport& r) {
+  return md_header(r) + md_invariants(r) + md_bugs(r) + md_proofs(r) +
+         fmt::format("## Determinism\n\n{}\n\n", md_text(determinism_line(r.determinism))) +
+         md_collectives(r);
+}
+
+void write_markdown(const VerifyReport& r, const std::filesystem::path& file) {
+  write_file(file, markdown_report(r));
+}
+
+}  // namespace zc::reports
