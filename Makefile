@@ -18,7 +18,7 @@ test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
 
 run: build
-	@./$(BUILD)/cli/zerocheck demo
+	@./$(BUILD)/cli/zerocheck verify --profile default --out reports/out
 
 bench: build
 	@./$(BUILD)/bench/zc_bench

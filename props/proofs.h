@@ -4,7 +4,9 @@
 // per-backward and coalesced reductions round differently, which the simulator then reproduces.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zc::props {
@@ -19,5 +21,9 @@ struct ProofResult {
 };
 
 std::vector<ProofResult> run_all_proofs(unsigned timeout_ms);
+
+// The int64 overflow hunt over decide::zero12_partition_numel / partition_start for numel <=
+// max_numel, world <= 65536: ("found" | "none found" | "unknown", detail).
+std::pair<std::string, std::string> int64_overflow_hunt(std::int64_t max_numel, unsigned timeout_ms);
 
 }  // namespace zc::props

@@ -2,12 +2,14 @@
 // every known bug with an invariant that targets it is caught with a small shrunk scenario whose
 // saved file replays to the same verdict and trace hash; scenario files are strict.
 #include "engine/errors.h"
+#include "props/proofs.h"
 #include "props/verify.h"
 #include "real/deepcompile_loader.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 
 namespace zc::props {
 namespace {
@@ -128,6 +130,13 @@ TEST(Replay, TheRapidCheckReproduceStringRegeneratesTheSavedScenario) {
   const Campaign again = run_campaign(inv, ctx, 1, 5, c.reproduce);
   EXPECT_TRUE(again.failed);
   EXPECT_EQ(again.counterexample, c.counterexample);
+}
+
+// The overflow hunt can find one: with numel near 2^63, numel + 2 * world - 1 passes int64.
+TEST(Proofs, TheInt64OverflowHuntFindsOneWhereItExists) {
+  const auto [verdict, detail] = int64_overflow_hunt(std::numeric_limits<std::int64_t>::max() - 4, 20000);
+  EXPECT_EQ(verdict, "found") << detail;
+  EXPECT_NE(detail.find("overflows int64"), std::string::npos) << detail;
 }
 
 }  // namespace
