@@ -52,7 +52,7 @@ void write_timeline(const sim::SimResult& r, const std::string& path) {
         const std::string key = e.detail.substr(issue ? 6 : 5);
         const int n = issue ? open[key]++ : --open[key];
         ev["ph"] = issue ? "b" : "e";
-        ev["name"] = key.substr(0, key.find(' '));
+        ev["name"] = key.substr(0, key.find('('));  // the collective: "all_reduce", ...
         ev["id"] = fmt::format("r{}:{}:{}", rank, key, n);
       } else {
         ev["ph"] = "i";
