@@ -88,10 +88,33 @@ void Engine::set_gradient_accumulation_boundary(bool is_boundary) {
   for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(is_boundary);
 }
 
+namespace {
+
+// DeepSpeed's engine marks every ZeROOrderedDict in_forward around the model's forward when
+// weights are partitioned, so ParamDict::get discovers external params (SPEC 7); cleared on
+// return and on throw.
+class ParamsInForward {
+ public:
+  ParamsInForward(Module& m, bool on) : m_(m), on_(on) { if (on_) m_.set_params_in_forward(true); }
+  ~ParamsInForward() { if (on_) m_.set_params_in_forward(false); }
+  ParamsInForward(const ParamsInForward&) = delete;
+  ParamsInForward& operator=(const ParamsInForward&) = delete;
+
+ private:
+  Module& m_;
+  bool on_;
+};
+
+}  // namespace
+
 Engine::Loss Engine::forward(const Batch& batch) {
   check_usable("forward()");
   for (auto& o : optimizers_) o->clear_backward_seen_flag();
-  const double loss = model_.forward(dev_, batch);
+  double loss = 0.0;
+  {
+    const ParamsInForward in_forward(model_, cfg_.zero.stage >= 3);
+    loss = model_.forward(dev_, batch);
+  }
   ++forward_id_;
   record(fmt::format("forward {} loss {:.9g}", forward_id_, loss));
   return Loss{loss, forward_id_};

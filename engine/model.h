@@ -63,6 +63,8 @@ class Model : public Module {
   virtual void backward(Device& dev, double loss_scale, std::int64_t ga) = 0;
   virtual std::string describe() const = 0;
   DType dtype() const { return dtype_; }
+  // init_params() sets it; deserialize restores it.
+  void set_dtype(DType dtype) { dtype_ = dtype; }
 
  protected:
   // Allocates p on dev and fills it with domain values.

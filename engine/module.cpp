@@ -1,7 +1,11 @@
-// Module tree, ParamDict and grad accumulation.
+// Module tree, ParamDict (ZeROOrderedDict's getter), module copies and grad accumulation.
 #include "engine/module.h"
 
 #include "engine/errors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <typeinfo>
 
 namespace zc {
 
@@ -15,8 +19,41 @@ std::string_view zero_status_name(ZeroStatus s) {
   return "?";
 }
 
+ZeroStatus parse_zero_status(std::string_view name) {
+  for (ZeroStatus s : {ZeroStatus::none, ZeroStatus::available, ZeroStatus::not_available,
+                       ZeroStatus::inflight}) {
+    if (zero_status_name(s) == name) return s;
+  }
+  throw UsageError(fmt::format("unknown ds_status '{}': expected none, AVAILABLE, NOT_AVAILABLE "
+                               "or INFLIGHT", name));
+}
+
+namespace {
+
+const BugSet kNoBugs;
+
+// param.ds_status, as Python reads the attribute: a param without ZeRO status raises.
+ZeroStatus read_ds_status(const Parameter& p, const Module& owner) {
+  if (!p.has_zero_status()) {
+    throw UsageError(fmt::format("AttributeError: param '{}' of module '{}' has no attribute "
+                                 "'ds_status': it is a fake (meta) param without ZeRO status; "
+                                 "check has_zero_status() before reading ds_status", p.name,
+                                 owner.path().empty() ? "<root>" : owner.path()));
+  }
+  return p.ds_status;
+}
+
+}  // namespace
+
+ParamDict::ParamDict(const ParamDict& other, Module* owner)
+    : owner_(owner), in_forward_(other.in_forward_) {
+  for (const auto& [name, p] : other.items_) {
+    items_.emplace_back(name, std::make_unique<Parameter>(*p));
+  }
+}
+
 Parameter& ParamDict::add(const std::string& local_name, Shape shape, DType dtype) {
-  if (get(local_name) != nullptr) {
+  if (contains(local_name)) {
     throw UsageError(fmt::format("parameter '{}' registered twice", local_name));
   }
   auto p = std::make_unique<Parameter>();
@@ -28,15 +65,96 @@ Parameter& ParamDict::add(const std::string& local_name, Shape shape, DType dtyp
   return ref;
 }
 
-Parameter* ParamDict::get(std::string_view local_name) {
-  for (auto& [name, p] : items_) {
+Parameter* ParamDict::find(std::string_view local_name) const {
+  for (const auto& [name, p] : items_) {
     if (name == local_name) return p.get();
   }
   return nullptr;
 }
 
+bool ParamDict::contains(std::string_view local_name) const { return find(local_name) != nullptr; }
+
+Parameter* ParamDict::get(std::string_view local_name) {
+  Parameter* p = find(local_name);
+  if (p == nullptr) return nullptr;  // SPEC 7: a missing param returns none
+  if (owner_ == nullptr) {
+    throw UsageError(fmt::format("ParamDict holding param '{}' has no owning module (a module copy "
+                                 "dropped it, as Python's default reduce of ZeROOrderedDict did): "
+                                 "copy modules with clone() or their copy constructor", p->name));
+  }
+  const Module& root = owner_->root();
+  const TracingContext* tracing = root.tracing();
+  const ParamCoordinator* coordinator = root.param_coordinator();
+  const BugSet& bugs = tracing != nullptr      ? tracing->bugs
+                       : coordinator != nullptr ? coordinator->bugs()
+                                                : kNoBugs;
+  // As ZeROOrderedDict reads self._parent_module._parameters._in_forward: through the owner.
+  const bool eager_forward = owner_->params().in_forward() && tracing == nullptr;
+  // KnownBug::B6: the getter read param.ds_status without asking whether the param has one, so a
+  // fake param of a traced copy raised AttributeError.
+  const bool reads_status = p->has_zero_status() || bugs.has(KnownBug::B6_fake_param_status);
+  if (reads_status && read_ds_status(*p, *owner_) == ZeroStatus::not_available && eager_forward) {
+    fetch_external(*p);
+  }
+  return p;
+}
+
+// register_external_parameter(FWD_MODULE_STACK[-1], param); param.all_gather()
+void ParamDict::fetch_external(Parameter& p) {
+  ParamCoordinator* c = owner_->param_coordinator();
+  if (c == nullptr) {
+    throw UsageError(fmt::format("param '{}' is NOT_AVAILABLE in a forward, but no ZeRO-3 engine "
+                                 "coordinates this module tree: gather it through the engine that "
+                                 "partitioned it", p.name));
+  }
+  c->register_external_parameter(c->current_module(), p);
+  c->all_gather(p);
+  ZC_ASSERT(p.ds_status == ZeroStatus::available && p.data.defined(),
+            "external param {} still {} after all_gather", p.name, zero_status_name(p.ds_status));
+}
+
 Module::Module(std::string name) : name_(std::move(name)), params_(this) {}
 Module::~Module() = default;
+
+// Note [Module copies]
+// clone(), a subclass's copy constructor and serialize + deserialize all give a new tree whose
+// ParamDicts are bound to the new modules, never to null or to the original (I4). Everything
+// an engine installed stays with the original: hooks, the grad-ready hook, the ZeRO-3
+// coordinator and any tracing context; the copy is a root of its own. Parameters are new
+// objects with the same fields; their tensors are handles, so a copy views the original's
+// storage until something assigns it new tensors (trace() gives every param a meta tensor) and
+// the original is never written. Subclasses that need a child reach it through children(), so
+// the default member-wise copy is right for them.
+namespace {
+
+// The owner a copy of `original`'s ParamDict gets. KnownBug::B5: before ZeROOrderedDict had a
+// __reduce__, Python's default reduce rebuilt the dict without its parent module.
+Module* copy_owner(const Module& original, Module* copy) {
+  const ParamCoordinator* c = original.param_coordinator();
+  if (c != nullptr && c->bugs().has(KnownBug::B5_copy_drops_owner)) return nullptr;
+  return copy;
+}
+
+}  // namespace
+
+Module::Module(const Module& other)
+    : name_(other.name_), params_(other.params_, copy_owner(other, this)) {
+  for (const auto& c : other.children_) adopt(c->clone());
+}
+
+std::unique_ptr<Module> Module::clone_impl() const {
+  return std::unique_ptr<Module>(new Module(*this));
+}
+
+std::unique_ptr<Module> Module::clone() const {
+  std::unique_ptr<Module> copy = clone_impl();
+  const Module& made = *copy;
+  ZC_ASSERT(typeid(made) == typeid(*this), "module '{}' of kind '{}' is a subclass without its own "
+            "clone_impl(): add `return std::make_unique<T>(*this);`", path(), kind());
+  return copy;
+}
+
+nlohmann::json Module::kind_args() const { return nlohmann::json::object(); }
 
 std::string Module::path() const {
   if (parent_ == nullptr) return "";
@@ -50,9 +168,42 @@ Module& Module::root() {
   return *m;
 }
 
+const Module& Module::root() const {
+  const Module* m = this;
+  while (m->parent_ != nullptr) m = m->parent_;
+  return *m;
+}
+
 void Module::adopt(std::unique_ptr<Module> child) {
+  ZC_ASSERT(child->coordinator_ == nullptr && child->tracing_ == nullptr,
+            "module '{}' joins a tree while it is a coordinated or traced root", child->name_);
   child->parent_ = this;
   children_.push_back(std::move(child));
+}
+
+Module& Module::add_child(std::unique_ptr<Module> child) {
+  Module& ref = *child;
+  adopt(std::move(child));
+  return ref;
+}
+
+void Module::set_param_coordinator(ParamCoordinator* c) {
+  ZC_ASSERT(parent_ == nullptr, "the param coordinator is installed on the root, not on '{}'",
+            path());
+  ZC_ASSERT(c == nullptr || coordinator_ == nullptr,
+            "a second param coordinator on one module tree");
+  coordinator_ = c;
+}
+
+void Module::set_tracing(const TracingContext* t) {
+  ZC_ASSERT(parent_ == nullptr, "the tracing context is installed on the root, not on '{}'",
+            path());
+  tracing_ = t;
+}
+
+void Module::set_params_in_forward(bool on) {
+  params_.set_in_forward(on);
+  for (auto& c : children_) c->set_params_in_forward(on);
 }
 
 void Module::collect(std::vector<Parameter*>& out) {
@@ -82,12 +233,10 @@ void Module::finalize_parameters() {
 }
 
 void Module::run_pre_forward() {
-  in_forward_ = true;
   for (auto& [owner, h] : pre_forward_) h(*this);
 }
 void Module::run_post_forward() {
   for (auto& [owner, h] : post_forward_) h(*this);
-  in_forward_ = false;
 }
 void Module::run_pre_backward() {
   for (auto& [owner, h] : pre_backward_) h(*this);

@@ -2,9 +2,15 @@
 // map with a back-pointer to its owning module and an in_forward flag, as DeepSpeed's
 // ZeROOrderedDict), pre/post forward and backward hooks, and its parameters' grad-ready hooks,
 // fired in backward order as autograd fires them. Models write explicit backward code.
+// Invariant I4 (SPEC 7): every copy of a tree (clone(), a subclass's copy constructor,
+// serialize + deserialize in module_io.h) binds each ParamDict to its new module; see
+// Note [Module copies].
 #pragma once
 
 #include "engine/device.h"
+#include "engine/known_bugs.h"
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <functional>
 #include <memory>
@@ -16,9 +22,11 @@ namespace zc {
 class Module;
 
 // ZeRO-3 parameter status (SPEC 5). `none` marks a param without ZeRO status (fake/meta params,
-// and every param of stages 0-2).
+// and every param of stages 0-2): Python's param without a ds_status attribute.
 enum class ZeroStatus : std::uint8_t { none, available, not_available, inflight };
 std::string_view zero_status_name(ZeroStatus s);
+// "none", "AVAILABLE", ... back to the status; throws UsageError naming an unknown one.
+ZeroStatus parse_zero_status(std::string_view name);
 
 struct Parameter {
   std::string name;         // dotted path from the root, e.g. "layers.1.weight"
@@ -27,26 +35,57 @@ struct Parameter {
   DType dtype = DType::f32;
   bool requires_grad = true;
   bool is_expert = false;   // an MoE expert param: reduced over the expert-data-parallel group
-  Tensor data;        // [shape] model dtype; undefined while partitioned (ZeRO-3)
+  Tensor data;        // [shape] model dtype; undefined while partitioned (ZeRO-3); meta if fake
   Tensor grad;        // [shape] model dtype; undefined = None
   Tensor grad_accum;  // [shape] grad_accum dtype, when it differs from the model dtype
   ZeroStatus ds_status = ZeroStatus::none;
   Tensor ds_shard;    // [shard_numel] this rank's ZeRO-3 shard
   std::int64_t numel() const { return shape_numel(shape); }
+  // Python's hasattr(param, "ds_status").
+  bool has_zero_status() const { return ds_status != ZeroStatus::none; }
+};
+
+// What a tree's ParamDicts need from the ZeRO-3 engine that partitions it: DeepSpeed's
+// FWD_MODULE_STACK, register_external_parameter and param.all_gather(), and the engine's
+// known-bug switches for the getter and the copy path. Zero3Optimizer installs itself on the
+// root, so engine code reaches it without a global or a backend.
+class ParamCoordinator {
+ public:
+  virtual ~ParamCoordinator() = default;
+  virtual const BugSet& bugs() const = 0;
+  // FWD_MODULE_STACK[-1]: the innermost module whose forward runs (the root outside forward).
+  virtual Module& current_module() = 0;
+  virtual void register_external_parameter(Module& module, Parameter& p) = 0;
+  // NOT_AVAILABLE or INFLIGHT -> AVAILABLE, before returning.
+  virtual void all_gather(Parameter& p) = 0;
+};
+
+// Installed on a root while the compile front end traces it (torch.compiler.is_compiling()).
+struct TracingContext {
+  BugSet bugs;  // the traced engine's switches (KnownBug::B6 is read in ParamDict::get)
 };
 
 // Ordered name -> Parameter owned by one module.
 class ParamDict {
  public:
   explicit ParamDict(Module* owner) : owner_(owner) {}
+  // The copy path (Note [Module copies]): every Parameter is copied into a new object (tensors
+  // are handles: the copy views the same storage) and the dict is bound to `owner`.
+  ParamDict(const ParamDict& other, Module* owner);
   ParamDict(const ParamDict&) = delete;
   ParamDict& operator=(const ParamDict&) = delete;
 
   Parameter& add(const std::string& local_name, Shape shape, DType dtype);
-  // The param called `local_name`, or nullptr (SPEC 7: a missing param returns none).
+  // ZeROOrderedDict.__getitem__ (SPEC 7): a missing param returns nullptr; ds_status is read only
+  // if the param has one (fake params have none); a NOT_AVAILABLE param read in an eager forward
+  // (the owner's dict is in_forward and nothing is tracing) is registered as external on the
+  // current module and all-gathered before it is returned. Model code reads params through it.
   Parameter* get(std::string_view local_name);
+  bool contains(std::string_view local_name) const;
   Module* owner() const { return owner_; }
-  void set_owner(Module* owner) { owner_ = owner; }
+  // Set on every module's dict by the engine's forward for ZeRO-3 (DeepSpeed's _in_forward).
+  bool in_forward() const { return in_forward_; }
+  void set_in_forward(bool on) { in_forward_ = on; }
   std::size_t size() const { return items_.size(); }
   auto begin() { return items_.begin(); }
   auto end() { return items_.end(); }
@@ -54,7 +93,11 @@ class ParamDict {
   auto end() const { return items_.end(); }
 
  private:
+  Parameter* find(std::string_view local_name) const;
+  void fetch_external(Parameter& p);
+
   Module* owner_;
+  bool in_forward_ = false;
   std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> items_;
 };
 
@@ -65,8 +108,13 @@ class Module {
  public:
   explicit Module(std::string name);
   virtual ~Module();
-  Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
+
+  // A deep copy of this subtree as a new root, of this module's own subclass (checked).
+  std::unique_ptr<Module> clone() const;
+  // The registry key deserialize rebuilds this module with, and the constructor arguments.
+  virtual std::string kind() const { return "module"; }
+  virtual nlohmann::json kind_args() const;
 
   const std::string& name() const { return name_; }
   std::string path() const;  // dotted path from the root ("" for the root)
@@ -74,6 +122,7 @@ class Module {
   const ParamDict& params() const { return params_; }
   Module* parent() const { return parent_; }
   Module& root();
+  const Module& root() const;
   const std::vector<std::unique_ptr<Module>>& children() const { return children_; }
 
   template <class M, class... Args>
@@ -83,6 +132,7 @@ class Module {
     adopt(std::move(child));
     return ref;
   }
+  Module& add_child(std::unique_ptr<Module> child);
 
   // Every parameter of the tree, depth first in registration order; ids follow this order.
   std::vector<Parameter*> named_parameters();
@@ -101,13 +151,28 @@ class Module {
   void run_post_forward();
   void run_pre_backward();
   void run_post_backward();
-  bool in_forward() const { return in_forward_; }
+  // This module's ParamDict in_forward flag.
+  bool in_forward() const { return params_.in_forward(); }
+  // Sets the in_forward flag of every ParamDict of this subtree.
+  void set_params_in_forward(bool on);
+
+  // The ZeRO-3 coordinator and the tracing context live on the root (nullptr when none).
+  void set_param_coordinator(ParamCoordinator* c);
+  ParamCoordinator* param_coordinator() const { return root().coordinator_; }
+  void set_tracing(const TracingContext* t);
+  const TracingContext* tracing() const { return root().tracing_; }
 
   // The grad-ready hook lives on the root; accumulate_grad() fires it.
   void set_grad_ready_hook(GradReadyHook h) { root().grad_ready_ = std::move(h); }
   // p.grad = p.grad + g (or a copy of g when None), then fires the grad-ready hook: what
   // PyTorch's AccumulateGrad node and a post-accumulate-grad hook do.
   void accumulate_grad(Device& dev, Parameter& p, const Tensor& g);
+
+ protected:
+  // The copy path every subclass's copy constructor goes through (Note [Module copies]).
+  Module(const Module& other);
+  // Each subclass returns a copy of its own type: `return std::make_unique<T>(*this);`.
+  virtual std::unique_ptr<Module> clone_impl() const;
 
  private:
   void adopt(std::unique_ptr<Module> child);
@@ -120,7 +185,8 @@ class Module {
   using TaggedHook = std::pair<const void*, ModuleHook>;
   std::vector<TaggedHook> pre_forward_, post_forward_, pre_backward_, post_backward_;
   GradReadyHook grad_ready_;
-  bool in_forward_ = false;
+  ParamCoordinator* coordinator_ = nullptr;  // root only
+  const TracingContext* tracing_ = nullptr;  // root only
 };
 
 }  // namespace zc

@@ -64,11 +64,15 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   already_reduced_.assign(shards_.size(), 0);
   micro_step_id_ = 0;  // SPEC 5: 0 at init for ZeRO-3
   install_hooks(model_);
+  model_.set_param_coordinator(this);
   record(fmt::format("zero3 init: {} params, partition {} elements, offload optimizer {} param {}",
                      shards_.size(), partition_numel_, offload_opt, offload_par));
 }
 
-Zero3Optimizer::~Zero3Optimizer() { model_.remove_hooks(this); }
+Zero3Optimizer::~Zero3Optimizer() {
+  model_.remove_hooks(this);
+  model_.set_param_coordinator(nullptr);
+}
 
 Zero3Optimizer::Shard& Zero3Optimizer::shard_of(const Parameter& p) {
   auto it = index_.find(&p);
@@ -92,17 +96,34 @@ void Zero3Optimizer::register_external_parameter(Module& module, Parameter& p) {
   if (std::find(list.begin(), list.end(), &p) == list.end()) list.push_back(&p);
 }
 
+Module& Zero3Optimizer::current_module() {
+  return fwd_stack_.empty() ? model_ : *fwd_stack_.back();
+}
+
+void Zero3Optimizer::all_gather(Parameter& p) {
+  Shard& s = shard_of(p);
+  if (p.ds_status == ZeroStatus::not_available) begin_gather(s);
+  if (p.ds_status == ZeroStatus::inflight) finish_gather(s);
+}
+
 void Zero3Optimizer::install_hooks(Module& m) {
   m.add_pre_forward_hook([this](Module& mm) {
     if (&mm == &model_) {  // a new forward: the previous one's module order drives prefetch
       last_fwd_order_ = std::move(fwd_order_);
       fwd_order_.clear();
+      fwd_stack_.clear();  // a forward that threw left its modules behind
     }
     fwd_order_.push_back(&mm);
+    fwd_stack_.push_back(&mm);
     fetch_module(mm);
     prefetch_after(mm);
   }, this);
-  m.add_post_forward_hook([this](Module& mm) { release_module(mm); }, this);
+  m.add_post_forward_hook([this](Module& mm) {
+    // FWD_MODULE_STACK.pop(); by identity, so a hand-driven hook out of order pops its own module
+    auto it = std::find(fwd_stack_.rbegin(), fwd_stack_.rend(), &mm);
+    if (it != fwd_stack_.rend()) fwd_stack_.erase(std::next(it).base());
+    release_module(mm);
+  }, this);
   m.add_pre_backward_hook([this](Module& mm) { fetch_module(mm); }, this);
   m.add_post_backward_hook([this](Module& mm) { release_module(mm); }, this);
   for (auto& c : m.children()) install_hooks(*c);

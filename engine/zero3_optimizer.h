@@ -4,6 +4,8 @@
 // params (numel <= stage3_param_persistence_threshold). Grads are reduce-scattered in ipg buckets
 // (divide by world first) and partition_grads copies into the rank's grad partition when
 // micro_step_id == 0 and adds otherwise; ranks whose slice is padding only skip.
+// It is the tree's ParamCoordinator: ParamDict::get gathers a NOT_AVAILABLE param read in an
+// eager forward through it, registered as external on the innermost module in forward.
 // Invariants: outside a module's forward/backward only shards and persistent params are held; a
 // param is released only when AVAILABLE; micro_step_id is 0 at the first reduction of a step.
 #pragma once
@@ -16,7 +18,7 @@
 
 namespace zc {
 
-class Zero3Optimizer final : public ZeroOptimizer {
+class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
  public:
   Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm, const Options& opts);
   ~Zero3Optimizer() override;
@@ -35,8 +37,12 @@ class Zero3Optimizer final : public ZeroOptimizer {
   // DeepSpeed's names, public for Engine::coalesce_grad_reduction's flush (SPEC 6).
   void reduce_ready_partitions_and_remove_grads(Parameter& p);
   void independent_gradient_partition_epilogue();
+  // ---- ParamCoordinator ----
+  const BugSet& bugs() const override { return opts_.bugs; }
+  Module& current_module() override;
   // A param used by `module` although another module owns it: gathered in module's hooks too.
-  void register_external_parameter(Module& module, Parameter& p);
+  void register_external_parameter(Module& module, Parameter& p) override;
+  void all_gather(Parameter& p) override;
   // Gathers every param (for full_params); leaves them as they were.
   std::vector<double> gathered_params();
   const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
@@ -95,6 +101,7 @@ class Zero3Optimizer final : public ZeroOptimizer {
   std::vector<char> already_reduced_;
   std::vector<Pending> pending_;
   std::vector<Module*> fwd_order_, last_fwd_order_;  // module pre-forward order, for prefetch
+  std::vector<Module*> fwd_stack_;  // FWD_MODULE_STACK: modules whose forward is running
   bool epilogue_ran_ = false;
   bool any_partitioned_grads_ = false;
   std::int64_t prefetched_ = 0;

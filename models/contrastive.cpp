@@ -3,14 +3,21 @@
 
 #include "engine/errors.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 
 namespace zc {
 
 Contrastive::Contrastive(std::int64_t in, std::int64_t dim, LossKind loss, std::string name)
     : Model(std::move(name)), in_(in), dim_(dim), loss_(loss) {
-  encoder_ = &add_child<Mlp>(MlpSpec{{in, dim}, false, LossKind::linear}, "encoder");
+  add_child<Mlp>(MlpSpec{{in, dim}, false, LossKind::linear}, "encoder");
   finalize_parameters();
+}
+
+nlohmann::json Contrastive::kind_args() const {
+  return {{"in", in_}, {"dim", dim_},
+          {"loss", loss_ == LossKind::linear ? "linear" : "cross_entropy"}};
 }
 
 std::string Contrastive::describe() const {
@@ -19,7 +26,7 @@ std::string Contrastive::describe() const {
 
 void Contrastive::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex, Rng& rng) {
   dtype_ = dtype;
-  encoder_->init_params(dev, dtype, domain, ex, rng);
+  encoder().init_params(dev, dtype, domain, ex, rng);
 }
 
 HostBatch Contrastive::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, const ExactSpec& ex) const {
@@ -46,7 +53,7 @@ Tensor Contrastive::encode_pairs(Device& dev, const Batch& b, bool keep) {
   Tensor x = dev.alloc(dtype_, {2 * S, in_}, "pairs");  // [2S, in]: queries then keys
   dev.copy(x.narrow(0, S * in_), b.at("xq").view({S * in_}));
   dev.copy(x.narrow(S * in_, S * in_), b.at("xk").view({S * in_}));
-  return keep ? encoder_->forward_features(dev, x) : encoder_->encode(dev, x);
+  return keep ? encoder().forward_features(dev, x) : encoder().encode(dev, x);
 }
 
 double Contrastive::rep_grads(Device& dev, const Batch& full, Tensor& gq, Tensor& gk) {
@@ -99,7 +106,7 @@ void Contrastive::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.copy(dy, grad_cache_);
   dev.scale(dy, loss_scale);
   dev.div(dy, static_cast<double>(ga));
-  encoder_->backward_from(dev, dy);
+  encoder().backward_from(dev, dy);
   run_post_backward();
 }
 

@@ -16,6 +16,9 @@ namespace zc {
 class Contrastive : public Model {
  public:
   Contrastive(std::int64_t in, std::int64_t dim, LossKind loss, std::string name = "contrastive");
+  Contrastive(const Contrastive&) = default;  // the encoder is reached through children()
+  std::string kind() const override { return "contrastive"; }
+  nlohmann::json kind_args() const override;
   void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
                    Rng& rng) override;
   // xq, xk: [S, in]; s: [S, dim] (bilinear coefficients, each row one value). The positive of
@@ -31,9 +34,14 @@ class Contrastive : public Model {
   // GradCache passes 1 and 2 over a whole (local) batch: the true loss, and dL/dQ, dL/dK.
   double rep_grads(Device& dev, const Batch& full, Tensor& gq, Tensor& gk);
 
+ protected:
+  std::unique_ptr<Module> clone_impl() const override {
+    return std::make_unique<Contrastive>(*this);
+  }
+
  private:
   Tensor encode_pairs(Device& dev, const Batch& b, bool keep);  // [2S, dim]: Q rows then K rows
-  Mlp* encoder_;
+  Mlp& encoder() const { return static_cast<Mlp&>(*children().at(0)); }
   std::int64_t in_, dim_;
   LossKind loss_;
   Tensor grad_cache_;  // [2S, dim] the chunk's cached representation grads

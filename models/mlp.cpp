@@ -4,6 +4,8 @@
 
 #include "engine/errors.h"
 
+#include <nlohmann/json.hpp>
+
 namespace zc {
 
 Linear::Linear(std::string name, std::int64_t in, std::int64_t out)
@@ -11,6 +13,8 @@ Linear::Linear(std::string name, std::int64_t in, std::int64_t out)
   params().add("weight", {out, in}, DType::f32);
   params().add("bias", {out}, DType::f32);
 }
+
+nlohmann::json Linear::kind_args() const { return {{"in", in_features}, {"out", out_features}}; }
 
 MlpSpec simple_model_spec(std::int64_t hidden, int nlayers, LossKind loss) {
   MlpSpec s;
@@ -23,9 +27,14 @@ MlpSpec simple_model_spec(std::int64_t hidden, int nlayers, LossKind loss) {
 Mlp::Mlp(MlpSpec spec, std::string name) : Model(std::move(name)), spec_(std::move(spec)) {
   if (spec_.dims.size() < 2) throw UsageError("Mlp needs at least [in, out] dims");
   for (std::size_t l = 0; l + 1 < spec_.dims.size(); ++l) {
-    layers_.push_back(&add_child<Linear>(fmt::format("layers.{}", l), spec_.dims[l], spec_.dims[l + 1]));
+    add_child<Linear>(fmt::format("layers.{}", l), spec_.dims[l], spec_.dims[l + 1]);
   }
   finalize_parameters();
+}
+
+nlohmann::json Mlp::kind_args() const {
+  return {{"dims", spec_.dims}, {"relu", spec_.relu},
+          {"loss", spec_.loss == LossKind::linear ? "linear" : "cross_entropy"}};
 }
 
 std::string Mlp::describe() const {
@@ -37,10 +46,11 @@ std::string Mlp::describe() const {
 
 void Mlp::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex, Rng& rng) {
   dtype_ = dtype;
-  for (Linear* l : layers_) {
-    const double g = 1.0 / std::sqrt(static_cast<double>(l->in_features));
-    init_param(dev, l->weight(), dtype, domain, ex, rng, g);
-    init_param(dev, l->bias(), dtype, domain, ex, rng, g);
+  for (std::size_t i = 0; i < num_layers(); ++i) {
+    Linear& l = layer(i);
+    const double g = 1.0 / std::sqrt(static_cast<double>(l.in_features));
+    init_param(dev, l.weight(), dtype, domain, ex, rng, g);
+    init_param(dev, l.bias(), dtype, domain, ex, rng, g);
   }
 }
 
@@ -96,9 +106,9 @@ Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x) {
 
 Tensor Mlp::encode(Device& dev, const Tensor& x) {
   Tensor cur = x;
-  for (std::size_t l = 0; l < layers_.size(); ++l) {
-    Tensor h = layer_forward(dev, *layers_[l], cur);
-    if (spec_.relu && l + 1 < layers_.size()) dev.relu(h, h);
+  for (std::size_t l = 0; l < num_layers(); ++l) {
+    Tensor h = layer_forward(dev, layer(l), cur);
+    if (spec_.relu && l + 1 < num_layers()) dev.relu(h, h);
     cur = h;
   }
   return cur;
@@ -108,10 +118,10 @@ Tensor Mlp::forward_features(Device& dev, const Tensor& x) {
   batch_ = x.dim(0);
   acts_.assign(1, x);
   pre_.clear();
-  for (std::size_t l = 0; l < layers_.size(); ++l) {
-    Tensor h = layer_forward(dev, *layers_[l], acts_.back());
+  for (std::size_t l = 0; l < num_layers(); ++l) {
+    Tensor h = layer_forward(dev, layer(l), acts_.back());
     pre_.push_back(h);
-    if (spec_.relu && l + 1 < layers_.size()) {
+    if (spec_.relu && l + 1 < num_layers()) {
       Tensor a = dev.alloc(dtype_, h.shape());
       dev.relu(a, h);
       acts_.push_back(a);
@@ -143,7 +153,7 @@ double Mlp::forward(Device& dev, const Batch& batch) {
 }
 
 void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
-  ZC_ASSERT(acts_.size() == layers_.size() + 1, "backward without forward");
+  ZC_ASSERT(acts_.size() == num_layers() + 1, "backward without forward");
   Tensor dy = dev.alloc(dtype_, acts_.back().shape(), "dout");  // [B, out]
   dev.copy(dy, spec_.loss == LossKind::linear ? coeff_ : dlogits_);
   dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch
@@ -154,10 +164,10 @@ void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
 
 void Mlp::backward_from(Device& dev, Tensor dy) {
   run_pre_backward();
-  for (std::size_t li = layers_.size(); li-- > 0;) {
-    Linear& l = *layers_[li];
+  for (std::size_t li = num_layers(); li-- > 0;) {
+    Linear& l = layer(li);
     l.run_pre_backward();
-    if (spec_.relu && li + 1 < layers_.size()) dev.relu_backward(dy, dy, pre_[li]);
+    if (spec_.relu && li + 1 < num_layers()) dev.relu_backward(dy, dy, pre_[li]);
     const Tensor& x = acts_[li];  // [B, in]
     Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW");  // [out, in]
     dev.matmul(dw, dy, x, true, false, false);

@@ -16,17 +16,27 @@ struct MlpSpec {
   LossKind loss = LossKind::linear;
 };
 
+// Params are read through ParamDict::get (SPEC 7), so ZeRO-3's getter semantics apply.
 class Linear : public Module {
  public:
   Linear(std::string name, std::int64_t in, std::int64_t out);
+  Linear(const Linear&) = default;  // the Module copy path: see Note [Module copies]
+  std::string kind() const override { return "linear"; }
+  nlohmann::json kind_args() const override;
   Parameter& weight() { return *params().get("weight"); }  // [out, in]
   Parameter& bias() { return *params().get("bias"); }      // [out]
   std::int64_t in_features, out_features;
+
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<Linear>(*this); }
 };
 
 class Mlp : public Model {
  public:
   explicit Mlp(MlpSpec spec, std::string name = "mlp");
+  Mlp(const Mlp&) = default;  // layers are reached through children(): nothing to rebind
+  std::string kind() const override { return "mlp"; }
+  nlohmann::json kind_args() const override;
   void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
                    Rng& rng) override;
   HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
@@ -44,11 +54,15 @@ class Mlp : public Model {
   Tensor forward_features(Device& dev, const Tensor& x);
   // Backward from a given output gradient dy [B, out] (already scaled).
   void backward_from(Device& dev, Tensor dy);
+  std::size_t num_layers() const { return children().size(); }
+  Linear& layer(std::size_t l) const { return static_cast<Linear&>(*children().at(l)); }
+
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<Mlp>(*this); }
 
  private:
   Tensor layer_forward(Device& dev, Linear& l, const Tensor& x);
   MlpSpec spec_;
-  std::vector<Linear*> layers_;
   std::vector<Tensor> acts_;     // acts_[l] = input of layer l; acts_.back() = output
   std::vector<Tensor> pre_;      // pre-activation of layer l (for ReLU backward)
   Tensor coeff_, dlogits_;       // linear loss coefficients / cross-entropy dlogits

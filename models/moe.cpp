@@ -4,6 +4,8 @@
 
 #include "engine/errors.h"
 
+#include <nlohmann/json.hpp>
+
 namespace zc {
 
 SimpleMoE::SimpleMoE(MoeSpec spec, Comm& ep, std::string name)
@@ -12,16 +14,19 @@ SimpleMoE::SimpleMoE(MoeSpec spec, Comm& ep, std::string name)
     throw ConfigError(fmt::format("moe: {} experts do not split over ep_size {}", spec_.num_experts, ep_.size()));
   }
   local_ = spec_.num_experts / ep_.size();
-  pre_ = &add_child<Linear>("pre", spec_.dim, spec_.dim);
-  gate_ = &add_child<Linear>("gate", spec_.dim, spec_.num_experts);
+  add_child<Linear>("pre", spec_.dim, spec_.dim);
+  add_child<Linear>("gate", spec_.dim, spec_.num_experts);
   for (int k = 0; k < local_; ++k) {
     const int global = ep_.rank() * local_ + k;
     Linear& e = add_child<Linear>(fmt::format("experts.{}", global), spec_.dim, spec_.dim);
     e.weight().is_expert = true;
     e.bias().is_expert = true;
-    experts_.push_back(&e);
   }
   finalize_parameters();
+}
+
+nlohmann::json SimpleMoE::kind_args() const {
+  return {{"dim", spec_.dim}, {"num_experts", spec_.num_experts}};
 }
 
 std::string SimpleMoE::describe() const {
@@ -31,16 +36,16 @@ std::string SimpleMoE::describe() const {
 void SimpleMoE::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex, Rng& rng) {
   dtype_ = dtype;
   const double g = 1.0 / std::sqrt(static_cast<double>(spec_.dim));
-  Rng pre = rng.split(1), gate = rng.split(2);
-  for (Linear* l : {pre_, gate_}) {
-    Rng& r = l == pre_ ? pre : gate;
+  Rng pre_rng = rng.split(1), gate_rng = rng.split(2);
+  for (Linear* l : {&pre(), &gate()}) {
+    Rng& r = l == &pre() ? pre_rng : gate_rng;
     init_param(dev, l->weight(), dtype, domain, ex, r, g);
     init_param(dev, l->bias(), dtype, domain, ex, r, g);
   }
   for (int k = 0; k < local_; ++k) {  // by global expert id: the same values at any ep_size
     Rng r = rng.split(100 + static_cast<std::uint64_t>(ep_.rank() * local_ + k));
-    init_param(dev, experts_[static_cast<std::size_t>(k)]->weight(), dtype, domain, ex, r, g);
-    init_param(dev, experts_[static_cast<std::size_t>(k)]->bias(), dtype, domain, ex, r, g);
+    init_param(dev, expert(static_cast<std::size_t>(k)).weight(), dtype, domain, ex, r, g);
+    init_param(dev, expert(static_cast<std::size_t>(k)).bias(), dtype, domain, ex, r, g);
   }
 }
 
@@ -103,18 +108,18 @@ double SimpleMoE::forward(Device& dev, const Batch& batch) {
   batch_ = batch.samples;
   const std::int64_t B = batch_, d = spec_.dim, X = spec_.num_experts;
   h_ = dev.alloc(dtype_, {B, d}, "moe_h");
-  dev.matmul(h_, x_, pre_->weight().data, false, true, false);
-  dev.add_row_vector(h_, pre_->bias().data);
+  dev.matmul(h_, x_, pre().weight().data, false, true, false);
+  dev.add_row_vector(h_, pre().bias().data);
   logits_ = dev.alloc(dtype_, {B, X}, "gate_logits");
-  dev.matmul(logits_, h_, gate_->weight().data, false, true, false);
-  dev.add_row_vector(logits_, gate_->bias().data);
+  dev.matmul(logits_, h_, gate().weight().data, false, true, false);
+  dev.add_row_vector(logits_, gate().bias().data);
   route_ = dev.argmax_rows(logits_);
   l_ = dev.alloc(dtype_, {B}, "gate_value");
   for (std::int64_t b = 0; b < B; ++b) dev.copy(l_.narrow(b, 1), logits_.narrow(b * X + route_[static_cast<std::size_t>(b)], 1));
   expert_in_ = dispatch(dev, h_);
   std::vector<Tensor> outs;
   for (int k = 0; k < local_; ++k) {
-    Linear& e = *experts_[static_cast<std::size_t>(k)];
+    Linear& e = expert(static_cast<std::size_t>(k));
     Tensor y = dev.alloc(dtype_, {ep_.size() * B, d}, "expert_out");
     dev.matmul(y, expert_in_[static_cast<std::size_t>(k)], e.weight().data, false, true, false);
     dev.add_row_vector(y, e.bias().data);
@@ -146,7 +151,7 @@ void SimpleMoE::backward(Device& dev, double loss_scale, std::int64_t ga) {
   const std::vector<Tensor> dys = dispatch(dev, de);
   std::vector<Tensor> dxs;
   for (int k = local_ - 1; k >= 0; --k) {
-    Linear& e = *experts_[static_cast<std::size_t>(k)];
+    Linear& e = expert(static_cast<std::size_t>(k));
     e.run_pre_backward();
     const Tensor& dY = dys[static_cast<std::size_t>(k)];
     Tensor dw = dev.alloc(dtype_, e.weight().shape, "dW");
@@ -159,25 +164,26 @@ void SimpleMoE::backward(Device& dev, double loss_scale, std::int64_t ga) {
   }
   for (int k = 0; k < local_; ++k) {
     Tensor dx = dev.alloc(dtype_, {ep_.size() * B, d}, "expert_dx");
-    dev.matmul(dx, dys[static_cast<std::size_t>(k)], experts_[static_cast<std::size_t>(k)]->weight().data, false, false, false);
+    dev.matmul(dx, dys[static_cast<std::size_t>(k)], expert(static_cast<std::size_t>(k)).weight().data,
+               false, false, false);
     dxs.push_back(dx);
   }
   Tensor dh = combine(dev, dxs);
   // Gate: logits = h Wg^T + bg.
-  Tensor dwg = dev.alloc(dtype_, gate_->weight().shape, "dWg");
+  Tensor dwg = dev.alloc(dtype_, gate().weight().shape, "dWg");
   dev.matmul(dwg, dlogits, h_, true, false, false);
-  Tensor dbg = dev.alloc(dtype_, gate_->bias().shape, "dbg");
+  Tensor dbg = dev.alloc(dtype_, gate().bias().shape, "dbg");
   dev.sum_rows(dbg, dlogits, false);
-  dev.matmul(dh, dlogits, gate_->weight().data, false, false, true);
-  accumulate_grad(dev, gate_->weight(), dwg);
-  accumulate_grad(dev, gate_->bias(), dbg);
+  dev.matmul(dh, dlogits, gate().weight().data, false, false, true);
+  accumulate_grad(dev, gate().weight(), dwg);
+  accumulate_grad(dev, gate().bias(), dbg);
   // Pre: h = x Wp^T + bp.
-  Tensor dwp = dev.alloc(dtype_, pre_->weight().shape, "dWp");
+  Tensor dwp = dev.alloc(dtype_, pre().weight().shape, "dWp");
   dev.matmul(dwp, dh, x_, true, false, false);
-  Tensor dbp = dev.alloc(dtype_, pre_->bias().shape, "dbp");
+  Tensor dbp = dev.alloc(dtype_, pre().bias().shape, "dbp");
   dev.sum_rows(dbp, dh, false);
-  accumulate_grad(dev, pre_->weight(), dwp);
-  accumulate_grad(dev, pre_->bias(), dbp);
+  accumulate_grad(dev, pre().weight(), dwp);
+  accumulate_grad(dev, pre().bias(), dbp);
   run_post_backward();
 }
 

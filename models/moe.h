@@ -22,6 +22,10 @@ class SimpleMoE : public Model {
  public:
   // ep: the expert-parallel group (size ep_size; this rank is ep->rank()).
   SimpleMoE(MoeSpec spec, Comm& ep, std::string name = "simple_moe");
+  // A copy shares the expert-parallel group; its layers are reached through children().
+  SimpleMoE(const SimpleMoE&) = default;
+  std::string kind() const override { return "simple_moe"; }
+  nlohmann::json kind_args() const override;
   void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
                    Rng& rng) override;
   HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
@@ -31,7 +35,15 @@ class SimpleMoE : public Model {
   std::string describe() const override;
   int local_experts() const { return local_; }
 
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<SimpleMoE>(*this); }
+
  private:
+  // children(): pre, gate, then this rank's local experts in order.
+  Linear& pre() const { return static_cast<Linear&>(*children().at(0)); }
+  Linear& gate() const { return static_cast<Linear&>(*children().at(1)); }
+  Linear& expert(std::size_t k) const { return static_cast<Linear&>(*children().at(2 + k)); }
+
   // Sends rows[b] to the slot of token b in the block of expert route[b]; returns per local
   // expert the [ep * C, dim] rows it received (C = local batch).
   std::vector<Tensor> dispatch(Device& dev, const Tensor& rows);
@@ -41,9 +53,6 @@ class SimpleMoE : public Model {
   MoeSpec spec_;
   Comm& ep_;
   int local_;
-  Linear* pre_;
-  Linear* gate_;
-  std::vector<Linear*> experts_;
   // Saved by forward for backward.
   Tensor x_, h_, logits_, l_, e_, coeff_;  // [B,d] [B,d] [B,X] [B] [B,d] [B,d]
   std::vector<Tensor> expert_in_;           // per local expert [ep*C, d]

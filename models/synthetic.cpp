@@ -3,14 +3,26 @@
 
 #include "engine/errors.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 
 namespace zc {
 
 Synthetic::Synthetic(std::vector<Shape> shapes, std::string name)
     : Model(std::move(name)), shapes_(std::move(shapes)) {
-  for (std::size_t i = 0; i < shapes_.size(); ++i) ps_.push_back(&params().add(fmt::format("p{}", i), shapes_[i], DType::f32));
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    params().add(fmt::format("p{}", i), shapes_[i], DType::f32);
+  }
   finalize_parameters();
+}
+
+nlohmann::json Synthetic::kind_args() const { return {{"shapes", shapes_}}; }
+
+Parameter& Synthetic::param(std::size_t i) {
+  Parameter* p = params().get(fmt::format("p{}", i));
+  ZC_ASSERT(p != nullptr, "synthetic param p{} is missing", i);
+  return *p;
 }
 
 std::string Synthetic::describe() const {
@@ -21,7 +33,9 @@ std::string Synthetic::describe() const {
 
 void Synthetic::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex, Rng& rng) {
   dtype_ = dtype;
-  for (Parameter* p : ps_) init_param(dev, *p, dtype, domain, ex, rng, 1.0);
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    init_param(dev, param(i), dtype, domain, ex, rng, 1.0);
+  }
 }
 
 HostBatch Synthetic::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, const ExactSpec& ex) const {
@@ -44,11 +58,12 @@ double Synthetic::forward(Device& dev, const Batch& batch) {
   run_pre_forward();
   held_ = batch;
   double loss = 0;
-  for (std::size_t i = 0; i < ps_.size(); ++i) {
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const Tensor& g = held_.at(fmt::format("g{}", i));  // [B, numel]
-    Tensor mean = dev.alloc(dtype_, {ps_[i]->numel()});
+    const Parameter& p = param(i);
+    Tensor mean = dev.alloc(dtype_, {p.numel()});
     dev.sum_rows(mean, g, false);
-    loss += dev.dot(mean, ps_[i]->data) / static_cast<double>(batch.samples);
+    loss += dev.dot(mean, p.data) / static_cast<double>(batch.samples);
   }
   run_post_forward();
   return loss;
@@ -56,14 +71,15 @@ double Synthetic::forward(Device& dev, const Batch& batch) {
 
 void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
   run_pre_backward();
-  for (std::size_t i = ps_.size(); i-- > 0;) {
+  for (std::size_t i = shapes_.size(); i-- > 0;) {
     const Tensor& g = held_.at(fmt::format("g{}", i));
-    Tensor grad = dev.alloc(dtype_, {ps_[i]->numel()}, "dp");  // [numel]
+    Parameter& p = param(i);
+    Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp");  // [numel]
     dev.sum_rows(grad, g, false);
     dev.div(grad, static_cast<double>(held_.samples));
     dev.scale(grad, loss_scale);
     dev.div(grad, static_cast<double>(ga));
-    accumulate_grad(dev, *ps_[i], grad);
+    accumulate_grad(dev, p, grad);
   }
   run_post_backward();
 }

@@ -10,6 +10,9 @@ namespace zc {
 class Synthetic : public Model {
  public:
   explicit Synthetic(std::vector<Shape> shapes, std::string name = "synthetic");
+  Synthetic(const Synthetic&) = default;  // the Module copy path: see Note [Module copies]
+  std::string kind() const override { return "synthetic"; }
+  nlohmann::json kind_args() const override;
   void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
                    Rng& rng) override;
   HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
@@ -18,10 +21,13 @@ class Synthetic : public Model {
   void backward(Device& dev, double loss_scale, std::int64_t ga) override;
   std::string describe() const override;
 
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<Synthetic>(*this); }
+
  private:
+  // Param i ("p{i}"), read through ParamDict::get (SPEC 7).
+  Parameter& param(std::size_t i);
   std::vector<Shape> shapes_;
-  std::vector<Parameter*> ps_;
-  const Batch* batch_ = nullptr;
   Batch held_;
 };
 

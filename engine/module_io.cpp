@@ -1,0 +1,199 @@
+// Module trees to JSON and back (module_io.h). Tensor bytes are hex strings; a meta tensor keeps
+// only its dtype and shape.
+#include "engine/module_io.h"
+
+#include "engine/errors.h"
+#include "engine/model.h"
+
+namespace zc {
+
+ModuleRegistry::ModuleRegistry() {
+  add("module", [](const std::string& name, const nlohmann::json&, const ModuleEnv&) {
+    return std::make_unique<Module>(name);
+  });
+}
+
+void ModuleRegistry::add(std::string kind, Factory make) {
+  factories_[std::move(kind)] = std::move(make);
+}
+
+std::unique_ptr<Module> ModuleRegistry::make(const std::string& kind, const std::string& name,
+                                             const nlohmann::json& args,
+                                             const ModuleEnv& env) const {
+  auto it = factories_.find(kind);
+  if (it == factories_.end()) {
+    throw UsageError(fmt::format("deserialize: module '{}' has kind '{}', which the registry does "
+                                 "not know: add its factory (models/registry.h)", name, kind));
+  }
+  std::unique_ptr<Module> m = it->second(name, args, env);
+  ZC_ASSERT(m != nullptr && m->kind() == kind, "the factory of kind '{}' built kind '{}'", kind,
+            m ? m->kind() : "nothing");
+  return m;
+}
+
+namespace {
+
+std::string to_hex(const std::vector<std::byte>& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (std::byte b : bytes) {
+    const auto v = std::to_integer<unsigned>(b);
+    s += kDigits[v >> 4];
+    s += kDigits[v & 15u];
+  }
+  return s;
+}
+
+std::vector<std::byte> from_hex(const std::string& s, const std::string& what) {
+  auto nibble = [&](char c) -> unsigned {
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
+    throw UsageError(fmt::format("deserialize: {} has a non-hex byte string", what));
+  };
+  if (s.size() % 2 != 0) {
+    throw UsageError(fmt::format("deserialize: {} has an odd-length byte string", what));
+  }
+  std::vector<std::byte> out(s.size() / 2);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<std::byte>((nibble(s[2 * i]) << 4) | nibble(s[2 * i + 1]));
+  }
+  return out;
+}
+
+nlohmann::json tensor_json(Device& dev, const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  nlohmann::json j = {{"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}};
+  if (t.is_meta()) {
+    j["placement"] = "meta";
+  } else {
+    j["bytes"] = to_hex(to_bytes(dev, t));
+  }
+  return j;
+}
+
+Tensor tensor_from_json(Device& dev, const nlohmann::json& j, const std::string& label) {
+  if (j.is_null()) return Tensor();
+  const DType dtype = parse_dtype(j.at("dtype").get<std::string>());
+  Shape shape = j.at("shape").get<Shape>();
+  if (j.value("placement", "") == "meta") {
+    return Tensor(dtype, std::move(shape), Placement::meta, nullptr);
+  }
+  Tensor t = dev.alloc(dtype, std::move(shape), label);
+  const std::vector<std::byte> bytes = from_hex(j.at("bytes").get<std::string>(), label);
+  if (static_cast<std::int64_t>(bytes.size()) != t.nbytes()) {
+    throw UsageError(fmt::format("deserialize: {} holds {} bytes for {} ({} bytes)", label,
+                                 bytes.size(), t.describe(), t.nbytes()));
+  }
+  dev.upload(t, bytes);
+  return t;
+}
+
+nlohmann::json param_json(Device& dev, const std::string& local, const Parameter& p) {
+  return {{"name", local},
+          {"path", p.name},
+          {"id", p.id},
+          {"shape", p.shape},
+          {"dtype", dtype_name(p.dtype)},
+          {"requires_grad", p.requires_grad},
+          {"is_expert", p.is_expert},
+          {"ds_status", zero_status_name(p.ds_status)},
+          {"data", tensor_json(dev, p.data)},
+          {"grad", tensor_json(dev, p.grad)},
+          {"grad_accum", tensor_json(dev, p.grad_accum)},
+          {"ds_shard", tensor_json(dev, p.ds_shard)}};
+}
+
+void restore_param(Device& dev, ParamDict& dict, const nlohmann::json& j) {
+  const std::string local = j.at("name").get<std::string>();
+  const Shape shape = j.at("shape").get<Shape>();
+  const DType dtype = parse_dtype(j.at("dtype").get<std::string>());
+  Parameter* p = nullptr;
+  for (auto& [name, q] : dict) {
+    if (name == local) p = q.get();
+  }
+  if (p == nullptr) p = &dict.add(local, shape, dtype);
+  if (p->shape != shape) {
+    throw UsageError(fmt::format("deserialize: param '{}' is {} in the JSON but the module built "
+                                 "it as {}", local, shape_str(shape), shape_str(p->shape)));
+  }
+  p->name = j.at("path").get<std::string>();
+  p->id = j.at("id").get<std::int64_t>();
+  p->dtype = dtype;
+  p->requires_grad = j.at("requires_grad").get<bool>();
+  p->is_expert = j.at("is_expert").get<bool>();
+  p->ds_status = parse_zero_status(j.at("ds_status").get<std::string>());
+  p->data = tensor_from_json(dev, j.at("data"), p->name);
+  p->grad = tensor_from_json(dev, j.at("grad"), p->name + ".grad");
+  p->grad_accum = tensor_from_json(dev, j.at("grad_accum"), p->name + ".grad_accum");
+  p->ds_shard = tensor_from_json(dev, j.at("ds_shard"), p->name + ".ds_shard");
+}
+
+void restore(Module& m, const nlohmann::json& j, const ModuleRegistry& kinds, Device& dev,
+             const ModuleEnv& env);
+
+Module& child_for(Module& m, const nlohmann::json& jc, const ModuleRegistry& kinds,
+                  const ModuleEnv& env) {
+  const std::string name = jc.at("name").get<std::string>();
+  for (const auto& c : m.children()) {
+    if (c->name() == name) return *c;
+  }
+  return m.add_child(kinds.make(jc.at("kind").get<std::string>(), name, jc.at("args"), env));
+}
+
+void restore(Module& m, const nlohmann::json& j, const ModuleRegistry& kinds, Device& dev,
+             const ModuleEnv& env) {
+  if (m.kind() != j.at("kind").get<std::string>()) {
+    throw UsageError(fmt::format("deserialize: module '{}' is kind '{}' in the JSON but '{}' was "
+                                 "built", m.name(), j.at("kind").get<std::string>(), m.kind()));
+  }
+  const nlohmann::json& params = j.at("params");
+  for (const nlohmann::json& jp : params) restore_param(dev, m.params(), jp);
+  if (m.params().size() != params.size()) {
+    throw UsageError(fmt::format("deserialize: module '{}' was built with {} params, the JSON has "
+                                 "{}", m.name(), m.params().size(), params.size()));
+  }
+  m.params().set_in_forward(j.at("in_forward").get<bool>());
+  if (auto* model = dynamic_cast<Model*>(&m); model != nullptr && j.contains("model_dtype")) {
+    model->set_dtype(parse_dtype(j.at("model_dtype").get<std::string>()));
+  }
+  for (const nlohmann::json& jc : j.at("children")) {
+    restore(child_for(m, jc, kinds, env), jc, kinds, dev, env);
+  }
+  if (m.children().size() != j.at("children").size()) {
+    throw UsageError(fmt::format("deserialize: module '{}' was built with {} children, the JSON "
+                                 "has {}", m.name(), m.children().size(), j.at("children").size()));
+  }
+}
+
+}  // namespace
+
+nlohmann::json serialize_module(const Module& m, Device& dev) {
+  nlohmann::json j = {{"kind", m.kind()}, {"name", m.name()}, {"args", m.kind_args()},
+                      {"in_forward", m.params().in_forward()}};
+  if (const auto* model = dynamic_cast<const Model*>(&m)) {
+    j["model_dtype"] = dtype_name(model->dtype());
+  }
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& [local, p] : m.params()) params.push_back(param_json(dev, local, *p));
+  j["params"] = std::move(params);
+  nlohmann::json children = nlohmann::json::array();
+  for (const auto& c : m.children()) children.push_back(serialize_module(*c, dev));
+  j["children"] = std::move(children);
+  return j;
+}
+
+std::unique_ptr<Module> deserialize_module(const nlohmann::json& j, const ModuleRegistry& kinds,
+                                           Device& dev, const ModuleEnv& env) {
+  try {
+    std::unique_ptr<Module> root = kinds.make(j.at("kind").get<std::string>(),
+                                              j.at("name").get<std::string>(), j.at("args"), env);
+    restore(*root, j, kinds, dev, env);
+    return root;
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("deserialize: the module JSON is malformed ({}): write it with "
+                                 "serialize_module", e.what()));
+  }
+}
+
+}  // namespace zc

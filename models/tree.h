@@ -1,0 +1,58 @@
+// TreeModel: a random module tree for invariant I4 (SPEC 7), decoded from a code a RapidCheck
+// generator can produce and shrink. code[i] describes the i-th node in preorder, the root first:
+// v % 3 children; w = (v / 3) % 16 gives the node a param "weight" [w] when w > 0, and
+// b = (v / 48) % 8 a param "bias" [2, b] when b > 0. Nodes past the end of the code are leaves
+// without params; depth and node count are capped; a tree without params gets "weight" [1] on
+// the root. The loss is linear in the params, L = (1/B) sum_s sum_p <g_{s,p}, p> (Synthetic's),
+// so grads are prescribed and exact; each node's forward and backward runs inside its hooks, so
+// ZeRO-3 gathers and releases node by node, and every param is read through ParamDict::get.
+#pragma once
+
+#include "engine/model.h"
+
+namespace zc {
+
+class TreeNode : public Module {
+ public:
+  explicit TreeNode(std::string name) : Module(std::move(name)) {}
+  TreeNode(const TreeNode&) = default;
+  std::string kind() const override { return "tree_node"; }
+
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<TreeNode>(*this); }
+};
+
+class TreeModel : public Model {
+ public:
+  static constexpr int kMaxDepth = 4;
+  static constexpr int kMaxNodes = 24;
+
+  explicit TreeModel(std::vector<std::int64_t> code, std::string name = "tree");
+  TreeModel(const TreeModel&) = default;
+  std::string kind() const override { return "tree"; }
+  nlohmann::json kind_args() const override;
+  void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                   Rng& rng) override;
+  // "g{id}" [samples, numel of param id] for every param.
+  HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
+                       const ExactSpec& ex) const override;
+  double forward(Device& dev, const Batch& batch) override;
+  void backward(Device& dev, double loss_scale, std::int64_t ga) override;
+  std::string describe() const override;
+  int num_nodes() const { return nodes_; }
+
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<TreeModel>(*this); }
+
+ private:
+  void build(Module& node, std::size_t& next, int depth);
+  double node_forward(Device& dev, Module& m);
+  void node_backward(Device& dev, Module& m, double loss_scale, std::int64_t ga);
+
+  std::vector<std::int64_t> code_;
+  int nodes_ = 1;
+  std::vector<std::int64_t> numels_;  // [param id] numel
+  Batch held_;
+};
+
+}  // namespace zc

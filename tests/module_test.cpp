@@ -1,0 +1,265 @@
+// ParamDict get semantics (SPEC 7), module copies, serialize + deserialize, tracing, and
+// invariant I4 with its known bugs B5 (a copy drops the ParamDict owner) and B6 (the getter
+// reads ds_status of a fake param while tracing).
+#include "engine/engine.h"
+#include "engine/errors.h"
+#include "engine/host_device.h"
+#include "engine/module_io.h"
+#include "engine/tracing.h"
+#include "models/contrastive.h"
+#include "models/mlp.h"
+#include "models/moe.h"
+#include "models/registry.h"
+#include "models/synthetic.h"
+#include "models/tree.h"
+#include "props/module_checks.h"
+#include "sim/sim_cluster.h"
+
+#include <gtest/gtest.h>
+
+namespace zc::props {
+namespace {
+
+// ZeRO-3 with every param partitioned and no prefetch, so live bytes show each gather alone.
+Config z3_cfg(int world) {
+  return Config::from_json({{"train_micro_batch_size_per_gpu", 2},
+                            {"zero_optimization",
+                             {{"stage", 3},
+                              {"stage3_param_persistence_threshold", 0},
+                              {"stage3_prefetch_bucket_size", 0}}}},
+                           world);
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Module "a"'s forward reads module "b"'s weight, a tied weight DeepSpeed discovers in the
+// getter. Each forward records what the read of b.weight did to b.weight and the live bytes.
+class TiedPair : public Model {
+ public:
+  TiedPair() : Model("tied") {
+    add_child<Linear>("a", 4, 4);
+    add_child<Linear>("b", 4, 4);
+    finalize_parameters();
+  }
+  Linear& a() { return static_cast<Linear&>(*children()[0]); }
+  Linear& b() { return static_cast<Linear&>(*children()[1]); }
+  void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                   Rng& rng) override {
+    dtype_ = dtype;
+    for (Parameter* p : named_parameters()) init_param(dev, *p, dtype, domain, ex, rng, 1.0);
+  }
+  HostBatch make_batch(Rng&, std::int64_t samples, DataDomain, const ExactSpec&) const override {
+    return HostBatch{samples, {}};
+  }
+  double forward(Device& dev, const Batch&) override {
+    run_pre_forward();
+    live_start = dev.live_bytes();
+    a().run_pre_forward();
+    Parameter& raw = *b().params().begin()->second;  // b.weight, without the getter
+    status_before = raw.ds_status;
+    live_before = dev.live_bytes();
+    Parameter* w = b().params().get("weight");
+    status_read = w->ds_status;
+    data_read = w->data.defined();
+    live_read = dev.live_bytes();
+    a().run_post_forward();
+    status_after = raw.ds_status;
+    live_after = dev.live_bytes();
+    run_post_forward();
+    return 0.0;
+  }
+  void backward(Device&, double, std::int64_t) override {}
+  std::string describe() const override { return "tied pair"; }
+
+  ZeroStatus status_before{}, status_read{}, status_after{};
+  bool data_read = false;
+  std::int64_t live_start = 0, live_before = 0, live_read = 0, live_after = 0;
+};
+
+TEST(ParamDictGet, AMissingNameIsNull) {
+  Mlp m(MlpSpec{{3, 2}, false, LossKind::linear});
+  EXPECT_EQ(m.layer(0).params().get("nope"), nullptr);
+  EXPECT_EQ(m.params().get("weight"), nullptr) << "the root holds no params of its own";
+  EXPECT_NE(m.layer(0).params().get("weight"), nullptr);
+}
+
+TEST(ParamDictGet, InAZero3EagerForwardAPartitionedParamIsGatheredAndRegisteredExternal) {
+  const int world = 3;  // 16 elements pad to 18: the gather holds the padded size
+  sim::SimCluster(world, 1).run([&](sim::RankContext& ctx) {
+    TiedPair model;
+    Rng rng(1);
+    model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+    Engine e(z3_cfg(world), model, ctx.device, ctx.world);
+    const Batch batch{2, {}};
+    e.forward(batch);
+    EXPECT_EQ(model.status_before, ZeroStatus::not_available);
+    EXPECT_EQ(model.status_read, ZeroStatus::available) << "the getter all-gathers it";
+    EXPECT_TRUE(model.data_read);
+    EXPECT_EQ(model.live_read - model.live_before, 18 * 4) << "the padded size, f32";
+    EXPECT_EQ(model.status_after, ZeroStatus::not_available) << "released with a's post-forward";
+    EXPECT_EQ(model.live_after, model.live_start) << "a's params and the external one are freed";
+    // Registered as external on "a" (the innermost module in forward): a's pre-forward now
+    // gathers it, so the next read finds it AVAILABLE.
+    e.forward(batch);
+    EXPECT_EQ(model.status_before, ZeroStatus::available);
+    EXPECT_EQ(model.live_read, model.live_before);
+    EXPECT_EQ(model.status_after, ZeroStatus::not_available);
+    EXPECT_EQ(model.live_after, model.live_start);
+  });
+}
+
+TEST(ParamDictGet, OutsideAForwardAPartitionedParamIsReturnedAsItIs) {
+  sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
+    TiedPair model;
+    Rng rng(1);
+    model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+    Engine e(z3_cfg(2), model, ctx.device, ctx.world);
+    const std::int64_t live = ctx.device.live_bytes();
+    Parameter* w = model.b().params().get("weight");
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(w->ds_status, ZeroStatus::not_available);
+    EXPECT_FALSE(w->data.defined());
+    EXPECT_EQ(ctx.device.live_bytes(), live);
+  });
+}
+
+TEST(ParamDictGet, AFakeParamIsReturnedWithoutReadingItsStatusUnlessB6) {
+  Mlp m(MlpSpec{{3, 2}, false, LossKind::linear});
+  make_params_fake(m);
+  Parameter* w = m.layer(0).params().get("weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_FALSE(w->has_zero_status());
+  EXPECT_TRUE(w->data.is_meta());
+  m.set_params_in_forward(true);
+  TracingContext tracing;
+  tracing.bugs.set(KnownBug::B6_fake_param_status);
+  m.set_tracing(&tracing);
+  try {
+    m.layer(0).params().get("weight");
+    ADD_FAILURE() << "B6 read the status of a fake param";
+  } catch (const UsageError& err) {
+    EXPECT_TRUE(
+        has(err.what(), "'layers.0.weight' of module 'layers.0' has no attribute 'ds_status'"))
+        << err.what();
+  }
+  m.set_tracing(nullptr);
+}
+
+TEST(ModuleCopies, CloneKeepsTheSubclassAndRebindsEveryOwner) {
+  TreeModel t({2 + 3 * 5, 1 + 3 * 2 + 48, 3 * 4});
+  ASSERT_EQ(t.num_nodes(), 4);  // root (2 children) -> n0 (1 child) -> n0.n0; n1 past the code
+  const std::unique_ptr<Module> c = t.clone();
+  ASSERT_NE(dynamic_cast<TreeModel*>(c.get()), nullptr);
+  std::function<void(const Module&, const Module&)> walk = [&](const Module& o, const Module& k) {
+    EXPECT_EQ(k.params().owner(), &k) << k.path();
+    EXPECT_EQ(o.params().owner(), &o) << o.path();
+    ASSERT_EQ(o.children().size(), k.children().size());
+    for (std::size_t i = 0; i < o.children().size(); ++i) walk(*o.children()[i], *k.children()[i]);
+  };
+  walk(t, *c);
+}
+
+// A subclass that forgot clone_impl() would be sliced to its base: clone() refuses.
+class Forgetful : public Synthetic {
+ public:
+  Forgetful() : Synthetic(std::vector<Shape>{{2}}) {}
+};
+
+TEST(ModuleCopies, ASubclassWithoutCloneImplIsAnError) {
+  Forgetful f;
+  EXPECT_THROW(f.clone(), InternalError);
+}
+
+TEST(ModuleCopies, SerializeDeserializeIsBitExactAndRebuildsTheSubclasses) {
+  sim::SimCluster(1, 1).run([&](sim::RankContext& ctx) {
+    Mlp m(MlpSpec{{3, 4, 2}, true, LossKind::linear});
+    Rng rng(5);
+    m.init_params(ctx.device, DType::bf16, DataDomain::gaussian, {}, rng);
+    const nlohmann::json j = serialize_module(m, ctx.device);
+    const std::unique_ptr<Module> d = deserialize_module(j, model_registry(), ctx.device);
+    auto* mlp = dynamic_cast<Mlp*>(d.get());
+    ASSERT_NE(mlp, nullptr);
+    EXPECT_EQ(mlp->dtype(), DType::bf16);
+    EXPECT_EQ(serialize_module(*d, ctx.device), j);
+    EXPECT_EQ(mlp->layer(1).params().owner(), &mlp->layer(1));
+    EXPECT_EQ(dynamic_cast<Linear*>(d->children()[0].get())->in_features, 3);
+    nlohmann::json bad = j;
+    bad["kind"] = "transformer";
+    EXPECT_THROW(deserialize_module(bad, model_registry(), ctx.device), UsageError);
+  });
+}
+
+// Every Module subclass in models/ clones to its own kind, and serializes back to the same JSON.
+TEST(ModuleCopies, EveryModelKindClonesAndRoundTrips) {
+  sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
+    std::vector<std::unique_ptr<Model>> models;
+    models.push_back(std::make_unique<Mlp>(MlpSpec{{3, 4, 2}, true, LossKind::cross_entropy}));
+    models.push_back(std::make_unique<Synthetic>(std::vector<Shape>{{3}, {2, 2}}));
+    models.push_back(std::make_unique<Contrastive>(3, 2, LossKind::linear));
+    models.push_back(std::make_unique<SimpleMoE>(MoeSpec{2, 4}, ctx.world));
+    models.push_back(std::make_unique<TreeModel>(std::vector<std::int64_t>{17, 55, 12}));
+    const ModuleEnv env{&ctx.world};
+    for (auto& m : models) {
+      Rng rng(4);
+      m->init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
+      const std::unique_ptr<Module> c = m->clone();
+      EXPECT_EQ(typeid(*c), typeid(*m)) << m->kind();
+      const nlohmann::json j = serialize_module(*m, ctx.device);
+      EXPECT_EQ(serialize_module(*c, ctx.device), j) << m->kind();
+      const std::unique_ptr<Module> d = deserialize_module(j, model_registry(), ctx.device, env);
+      EXPECT_EQ(typeid(*d), typeid(*m)) << m->kind();
+      EXPECT_EQ(serialize_module(*d, ctx.device), j) << m->kind();
+    }
+  });
+}
+
+TEST(Tracing, RunsForwardOnFakeParamsAndLeavesTheOriginalAlone) {
+  Mlp m(MlpSpec{{3, 4, 2}, true, LossKind::linear});
+  HostDevice host;
+  Rng rng(2);
+  m.init_params(host, DType::f32, DataDomain::exact, {}, rng);
+  const Tensor before = m.layer(0).weight().data;
+  const TracedModel t = trace(m, {.samples = 3});
+  EXPECT_GT(t.counters.flops, 0);
+  EXPECT_TRUE(dynamic_cast<Mlp&>(*t.model).layer(0).weight().data.is_meta());
+  EXPECT_FALSE(m.layer(0).weight().data.is_meta());
+  EXPECT_EQ(m.layer(0).weight().data.storage(), before.storage());
+  EXPECT_EQ(t.model->tracing(), nullptr) << "the context lives only for the traced forward";
+}
+
+TEST(I4, HoldsForEveryModelKindAtEveryStage) {
+  for (const char* kind : {"mlp", "synthetic", "tree"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const I4Case c{2, stage, kind, {7, 5, 3 + 48, 2}, 11, {}};
+      EXPECT_EQ(i4_violation(c), "") << describe(c);
+    }
+  }
+}
+
+TEST(I4, KnownBugB5LosesTheOwnerOfAZero3Copy) {
+  const I4Case c{2, 3, "tree", {2 + 3 * 5, 3 * 4}, 3, {KnownBug::B5_copy_drops_owner}};
+  const std::string v = i4_violation(c);
+  EXPECT_TRUE(has(v, "clone: module '<root>' param 'weight': ParamDict owner is null")) << v;
+  // Only ZeRO-3 trees hold ZeROOrderedDicts, whose reduce the bug was in.
+  EXPECT_EQ(i4_violation(I4Case{2, 1, "tree", c.shape, 3, c.bugs}), "");
+}
+
+TEST(I4, KnownBugB6FailsTracingAZero3Model) {
+  const I4Case c{2, 3, "mlp", {3, 2}, 3, {KnownBug::B6_fake_param_status}};
+  const std::string v = i4_violation(c);
+  EXPECT_TRUE(has(v, "trace: failed")) << v;
+  EXPECT_TRUE(has(v, "param 'layers.0.weight' of module 'layers.0' has no attribute 'ds_status'"))
+      << v;
+  EXPECT_EQ(i4_violation(I4Case{2, 2, "mlp", {3, 2}, 3, c.bugs}), "") << "stage 2 has no getter";
+}
+
+TEST(I4, AMalformedCaseIsAUsageError) {
+  EXPECT_THROW(i4_violation(I4Case{0, 3, "tree", {}, 1, {}}), UsageError);
+  EXPECT_THROW(i4_violation(I4Case{1, 4, "tree", {}, 1, {}}), UsageError);
+  EXPECT_THROW(i4_violation(I4Case{1, 3, "resnet", {}, 1, {}}), UsageError);
+}
+
+}  // namespace
+}  // namespace zc::props
