@@ -7,11 +7,13 @@
 #include "real/deepcompile_loader.h"
 #include "reports/writers.h"
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <unistd.h>
 
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -80,6 +82,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   opts.proofs = !o.no_proofs;
   opts.hooks = real_hooks();
   opts.progress = draw_progress;
+  opts.started = fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)));
   fmt::print(stderr, "zerocheck verify: profile {}, seed {}, {} jobs, reports in {}\n", opts.profile.name, opts.seed,
              opts.jobs, opts.out.string());
   const props::VerifyReport report = props::run_verify(opts);

@@ -3,6 +3,8 @@
 
 #include "engine/errors.h"
 #include "engine/rng.h"
+#include "props/module_checks.h"
+#include "props/module_checks_gen.h"
 #include "props/scenario_gen.h"
 #include "props/state_machine.h"
 
@@ -286,6 +288,15 @@ Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   return v;
 }
 
+Verdict check_i4(const Scenario& s, const CheckContext& ctx) {
+  const I4Case c{s.world, s.stage, s.model, s.shape, s.seed, ctx.bugs};
+  Verdict v;
+  v.failure = i4_violation(c);
+  v.holds = v.failure.empty();
+  v.trace_hash = fnv1a(v.failure, fnv1a(describe(c)));  // the check's outcome; its runs are internal
+  return v;
+}
+
 Verdict check_cross_rank(const Scenario& s, const CheckContext& ctx) {
   const Outcome o = run(to_run_spec(s, ctx.bugs, ctx.hooks));
   Verdict v;
@@ -422,6 +433,12 @@ const char* kI3 =
     "(compile, N forward/backward per step, step, destroy), the DeepCompile runtime is never loaded when a "
     "parallelization pass (autosp, autotp) is in use, and no runtime call other than loading happens before init(). "
     "Checked against the real dlopen'ed runtime plugin, which records every call.";
+const char* kI4 =
+    "SPEC 7, I4. Every copy of a module tree (clone(), copy construction, serialize + deserialize) rebinds each "
+    "ParamDict to its new module (never null, never the original), the original is unchanged (owners, ZeRO status, "
+    "shards, data), and tracing (the compile front end: a deep copy run forward with fake meta params) succeeds, also "
+    "on a ZeRO-3 model whose params are partitioned. Checked on every rank after a training step, over MLPs, Synthetic "
+    "models and random module trees, stages 0-3.";
 const char* kParity =
     "A sharded run (world W, micro-batch B per rank) gives bit-identical averaged gradients and params to one rank "
     "training on the same global batch (micro-batch W*B), in the exact domain, for every stage 0-3 and GA; for the "
@@ -459,6 +476,19 @@ std::vector<Invariant> make_invariants() {
   out.push_back({"I1-coalesced-ulp-bound", kI1Ulp, [] { return gen_scenario(GenDomain::coalescible_gaussian()); }, check_i1_ulp});
   out.push_back({"I2-micro-step-zero-at-flush", kI2, [] { return gen_scenario(GenDomain::zero3_coalesced()); }, check_i2});
   out.push_back({"I3-no-deepcompile-runtime-for-parallel-passes", kI3, [] { return gen_scenario(GenDomain::compiled()); }, check_i3});
+  out.push_back({"I4-owner-kept-on-copy", kI4, [] {
+    return rc::gen::map(i4_cases(), [](const I4Case& c) {
+      Scenario s;
+      s.world = c.world, s.stage = c.stage, s.model = c.model, s.shape = c.shape, s.seed = c.seed, s.steps = 1;
+      // The model make_i4_model builds, written out: MLP dims padded with 1s to two, sizes >= 1.
+      if (s.model != "tree") {
+        for (std::int64_t& d : s.shape) d = std::max<std::int64_t>(d, 1);
+        while (s.shape.size() < (s.model == "mlp" ? 2u : 1u)) s.shape.push_back(1);
+      }
+      s.contiguous = s.overlap = false;
+      return s;
+    });
+  }, check_i4});
   out.push_back({"sharded-parity", kParity, [] { return gen_scenario(GenDomain::any_exact()); }, check_sharded_parity});
   out.push_back({"cross-rank-consistency", kCrossRank, [] { return gen_scenario(GenDomain::anything()); }, check_cross_rank});
   out.push_back({"one-reduction-pass-per-coalesced-step", kOnePass, [] { return gen_scenario(GenDomain::coalescing()); }, check_one_pass});

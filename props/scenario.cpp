@@ -4,6 +4,7 @@
 #include "engine/errors.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
+#include "models/tree.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -97,17 +98,17 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   check_one_of("dtype", s.dtype, {"f32", "f16", "bf16"});
   check_one_of("grad_accum_dtype", s.grad_accum_dtype, {"", "f32"});
   check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
-  check_one_of("model", s.model, {"synthetic", "mlp"});
+  check_one_of("model", s.model, {"synthetic", "mlp", "tree"});
   check_one_of("domain", s.domain, {"exact", "gaussian"});
   if (s.world < 1 || s.n < 1 || s.ga < 1 || s.steps < 1) {
     throw ConfigError(fmt::format("scenario: world ({}), n_backward ({}), gradient_accumulation_steps ({}) "
                                   "and steps ({}) must be >= 1", s.world, s.n, s.ga, s.steps));
   }
-  if (s.shape.empty() || (s.model == "mlp" && s.shape.size() < 2)) {
+  if ((s.shape.empty() && s.model != "tree") || (s.model == "mlp" && s.shape.size() < 2)) {
     throw ConfigError(fmt::format("scenario key 'shape': {} needs {} entries", s.model, s.model == "mlp" ? "at least 2" : "at least 1"));
   }
   for (std::int64_t d : s.shape) {
-    if (d < 1) throw ConfigError(fmt::format("scenario key 'shape': sizes must be >= 1, got {}", d));
+    if (d < (s.model == "tree" ? 0 : 1)) throw ConfigError(fmt::format("scenario key 'shape': sizes must be >= 1, got {}", d));
   }
   return s;
 }
@@ -232,7 +233,7 @@ std::string exact_infeasible(const Scenario& s) {
                      "exceed {}'s {} mantissa bits", odd, odd_bits, span, span_bits, s.dtype, mantissa);
 }
 
-bool grads_param_independent(const Scenario& s) { return s.model == "synthetic" || s.shape.size() == 2; }
+bool grads_param_independent(const Scenario& s) { return s.model != "mlp" || s.shape.size() == 2; }
 
 RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks) {
   RunSpec spec;
@@ -240,6 +241,8 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
     std::vector<Shape> shapes;
     for (std::int64_t n : s.shape) shapes.push_back({n});
     spec.make_model = [shapes] { return std::make_unique<Synthetic>(shapes); };
+  } else if (s.model == "tree") {
+    spec.make_model = [code = s.shape] { return std::make_unique<TreeModel>(code); };
   } else {
     const MlpSpec m{s.shape, s.shape.size() > 2, LossKind::linear};
     spec.make_model = [m] { return std::make_unique<Mlp>(m); };

@@ -30,7 +30,8 @@ struct Scenario {
   int steps = 2;
   bool coalesce = false;                 // run each step's N backwards coalesced (GA 1)
   // synthetic: one param per entry, of that many elements. mlp: layer widths [in, h..., out],
-  // ReLU between layers and a linear loss.
+  // ReLU between layers and a linear loss. tree: a random module tree's code (models/tree.h),
+  // prescribed grads like Synthetic's, gathered node by node under ZeRO-3.
   std::string model = "synthetic";
   std::vector<std::int64_t> shape{5, 3};
   std::vector<std::string> passes;       // compile passes; empty = no compile()
@@ -68,7 +69,7 @@ ExactSpec exact_spec(const Scenario& s);
 // the largest partial sum do not fit the dtype's mantissa together).
 std::string exact_infeasible(const Scenario& s);
 // True when the model's gradient is exact at every step (it does not depend on the params):
-// Synthetic, and an MLP with one layer. Deeper MLPs are exact on their first step only.
+// Synthetic, a module tree, and an MLP with one layer. Deeper MLPs are exact on their first step only.
 bool grads_param_independent(const Scenario& s);
 
 struct RunHooks {

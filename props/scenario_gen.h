@@ -4,6 +4,7 @@
 // for bf16 on ZeRO 1+, ...). GenDomain narrows the space to where an invariant applies.
 #pragma once
 
+#include "props/module_checks_gen.h"
 #include "props/scenario.h"
 
 #include <rapidcheck.h>
@@ -18,6 +19,7 @@ struct GenDomain {
   int max_steps = 3;
   bool exact = true, gaussian = false;  // data domains drawn from
   bool mlp = true;                      // MLPs besides Synthetic
+  bool tree = true;                     // random module trees (models/tree.h)
   bool offload = true;
   bool coalescible = false;  // GA 1 and no BF16_Optimizer wrapper (coalesce_grad_reduction's domain)
   bool passes = false;       // compile with a single pass (none, z1/z3, autosp) as the engine would
@@ -36,6 +38,7 @@ struct GenDomain {
     d.exact = false;
     d.gaussian = true;
     d.mlp = false;
+    d.tree = false;  // the rounding oracle reads Synthetic's prescribed gradients
     return d;
   }
   static GenDomain zero3_coalesced() {
@@ -74,8 +77,10 @@ namespace gen_detail {
 
 inline const std::vector<std::string> kPassNames = {"z1", "z3", "autosp", "autotp"};
 
-inline Scenario make_valid(Scenario s, const GenDomain& d, int pass_mask, std::vector<std::int64_t> mlp_dims) {
+inline Scenario make_valid(Scenario s, const GenDomain& d, int pass_mask, std::vector<std::int64_t> mlp_dims,
+                           std::vector<std::int64_t> tree_code) {
   if (s.model == "mlp") s.shape = std::move(mlp_dims);
+  if (s.model == "tree") s.shape = std::move(tree_code);
   if (s.stage == 0) s.contiguous = s.overlap = false;  // stage 0 has no buckets
   if (s.stage == 0 || !d.offload) s.offload = "none";
   if (s.stage != 3 && (s.offload == "param" || s.offload == "both")) s.offload = "optimizer";
@@ -108,33 +113,39 @@ inline rc::Gen<Scenario> gen_scenario(const GenDomain& d) {
   if (d.gaussian) domains.push_back("gaussian");
   std::vector<std::string> models = {"synthetic"};
   if (d.mlp) models.push_back("mlp");
+  if (d.tree) models.push_back("tree");
   const std::vector<std::string> faults = {"crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync",
                                            "stale-backward"};
+  // RapidCheck scales inRange and element by its size (small early cases); these draw uniformly
+  // from the whole range every time, and still shrink toward the first value.
+  auto uniform = [](auto g) { return gen::resize(100, std::move(g)); };
   auto base = gen::build<Scenario>(
-      gen::set(&Scenario::world, gen::inRange(1, d.max_world + 1)),
-      gen::set(&Scenario::stage, gen::inRange(d.min_stage, d.max_stage + 1)),
+      gen::set(&Scenario::world, uniform(gen::inRange(1, d.max_world + 1))),
+      gen::set(&Scenario::stage, uniform(gen::inRange(d.min_stage, d.max_stage + 1))),
       gen::set(&Scenario::contiguous, gen::arbitrary<bool>()),
       gen::set(&Scenario::overlap, gen::arbitrary<bool>()),
-      gen::set(&Scenario::reduce_bucket_size, gen::element<std::int64_t>(1000, 4, 16, 64)),
-      gen::set(&Scenario::dtype, d.faults ? gen::just<std::string>("f32") : gen::element<std::string>("f32", "f16", "bf16")),
-      gen::set(&Scenario::grad_accum_dtype, gen::element<std::string>("", "f32")),
-      gen::set(&Scenario::offload, gen::element<std::string>("none", "optimizer", "param", "both")),
-      gen::set(&Scenario::clip, gen::element(0.0, 0.5)),
-      gen::set(&Scenario::ga, gen::inRange(1, d.max_ga + 1)),
-      gen::set(&Scenario::n, gen::inRange(1, d.max_n + 1)),
-      gen::set(&Scenario::steps, gen::inRange(1, d.max_steps + 1)),
-      gen::set(&Scenario::model, gen::elementOf(models)),
+      gen::set(&Scenario::reduce_bucket_size, uniform(gen::element<std::int64_t>(1000, 4, 16, 64))),
+      gen::set(&Scenario::dtype, d.faults ? gen::just<std::string>("f32") : uniform(gen::element<std::string>("f32", "f16", "bf16"))),
+      gen::set(&Scenario::grad_accum_dtype, uniform(gen::element<std::string>("", "f32"))),
+      gen::set(&Scenario::offload, uniform(gen::element<std::string>("none", "optimizer", "param", "both"))),
+      gen::set(&Scenario::clip, uniform(gen::element(0.0, 0.5))),
+      gen::set(&Scenario::ga, uniform(gen::inRange(1, d.max_ga + 1))),
+      gen::set(&Scenario::n, uniform(gen::inRange(1, d.max_n + 1))),
+      gen::set(&Scenario::steps, uniform(gen::inRange(1, d.max_steps + 1))),
+      gen::set(&Scenario::model, uniform(gen::elementOf(models))),
       gen::set(&Scenario::shape, gen::resize(4, gen::nonEmpty(gen::container<std::vector<std::int64_t>>(gen::inRange<std::int64_t>(1, 30))))),
       gen::set(&Scenario::deepcompile, gen::arbitrary<bool>()),
       gen::set(&Scenario::domain, gen::elementOf(domains)),
       gen::set(&Scenario::seed, gen::map(gen::arbitrary<std::uint32_t>(), [](std::uint32_t v) { return std::uint64_t{v} + 1; })),
       gen::set(&Scenario::sched_seed, gen::map(gen::arbitrary<std::uint32_t>(), [](std::uint32_t v) { return std::uint64_t{v} + 1; })),
-      gen::set(&Scenario::fault, d.faults ? gen::elementOf(faults) : gen::just<std::string>("")));
+      gen::set(&Scenario::fault, d.faults ? uniform(gen::elementOf(faults)) : gen::just<std::string>("")));
   auto dims = gen::container<std::vector<std::int64_t>>(2, gen::inRange<std::int64_t>(1, 6));
   auto deeper = gen::container<std::vector<std::int64_t>>(3, gen::inRange<std::int64_t>(1, 5));
   auto mlp_dims = gen::oneOf(dims, deeper);
-  return gen::map(gen::tuple(base, gen::inRange(0, 16), mlp_dims), [d](const std::tuple<Scenario, int, std::vector<std::int64_t>>& t) {
-    return gen_detail::make_valid(std::get<0>(t), d, std::get<1>(t), std::get<2>(t));
+  using Shape = std::vector<std::int64_t>;
+  return gen::map(gen::tuple(base, gen::inRange(0, 16), mlp_dims, i4_shapes("tree")),
+                  [d](const std::tuple<Scenario, int, Shape, Shape>& t) {
+    return gen_detail::make_valid(std::get<0>(t), d, std::get<1>(t), std::get<2>(t), std::get<3>(t));
   });
 }
 

@@ -277,8 +277,8 @@ rc::Gen<Scenario> gen_lifecycle_scenario() {
     LifeModel initial;
     initial.stage = std::get<1>(t);
     const auto cmds = rc::state::gen::commands(initial, rc::state::gen::execOneOfWithArgs<
-        Forward, Forward, Backward, Backward, StaleBackward, Boundary, Step, Step, ZeroGrad, NoSync, NestedNoSync,
-        Coalesce, Compile, Destroy>());
+        Forward, Forward, Forward, Backward, Backward, Backward, StaleBackward, Boundary, Boundary, Step, Step, Step,
+        ZeroGrad, NoSync, NestedNoSync, Coalesce, Coalesce, Compile, Destroy>());
     return rc::gen::map(rc::gen::resize(30, cmds), [t](const auto& list) {
       Scenario s;
       s.world = std::get<0>(t);

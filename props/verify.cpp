@@ -7,7 +7,6 @@
 #include "engine/errors.h"
 #include "engine/rng.h"
 
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <rapidcheck/detail/Configuration.h>
@@ -369,11 +368,6 @@ std::vector<nlohmann::json> run_items(const std::vector<Item>& items, const Veri
   return results;
 }
 
-std::string now_utc() {
-  const std::time_t t = std::time(nullptr);
-  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(t));
-}
-
 }  // namespace
 
 VerifyReport run_verify(const VerifyOptions& opts) {
@@ -382,7 +376,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   report.profile = opts.profile.name;
   report.seed = opts.seed;
   report.jobs = opts.jobs;
-  report.started = now_utc();
+  report.started = opts.started;
   std::filesystem::remove_all(opts.out / "counterexamples");  // no stale cases from an earlier run
 
   std::vector<const Invariant*> invs;

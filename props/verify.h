@@ -32,6 +32,7 @@ struct VerifyOptions {
   std::vector<std::string> bugs;  // known bugs to hunt ("B3"); empty = all
   bool proofs = true;
   RunHooks hooks;
+  std::string started;  // the wall-clock start for the report (the caller's clock; ISO 8601 UTC)
   // Called as work items finish: (finished item, done, total).
   std::function<void(const std::string&, int, int)> progress;
 };
