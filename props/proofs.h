@@ -4,6 +4,8 @@
 // per-backward and coalesced reductions round differently, which the simulator then reproduces.
 #pragma once
 
+#include "engine/dtype.h"
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -25,5 +27,9 @@ std::vector<ProofResult> run_all_proofs(unsigned timeout_ms);
 // The int64 overflow hunt over decide::zero12_partition_numel / partition_start for numel <=
 // max_numel, world <= 65536: ("found" | "none found" | "unknown", detail).
 std::pair<std::string, std::string> int64_overflow_hunt(std::int64_t max_numel, unsigned timeout_ms);
+
+// The exact-domain lemma for one dtype: a sum of two integers with |a|, |b|, |a + b| <= max_k,
+// computed as the engine does, is exact ("proved"), or Z3's counterexample.
+ProofResult exact_integer_sum_lemma(DType dtype, int max_k, unsigned timeout_ms);
 
 }  // namespace zc::props

@@ -139,5 +139,12 @@ TEST(Proofs, TheInt64OverflowHuntFindsOneWhereItExists) {
   EXPECT_NE(detail.find("overflows int64"), std::string::npos) << detail;
 }
 
+// The exact-domain lemma fails where it must: bf16 holds integers exactly only up to 256, so
+// 129 + 128 = 257 rounds.
+TEST(Proofs, TheExactDomainLemmaFailsPastTheMantissa) {
+  EXPECT_EQ(exact_integer_sum_lemma(DType::bf16, 300, 60000).verdict, "counterexample");
+  EXPECT_EQ(exact_integer_sum_lemma(DType::bf16, 64, 60000).verdict, "proved");
+}
+
 }  // namespace
 }  // namespace zc::props
