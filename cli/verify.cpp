@@ -101,6 +101,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   for (const props::ProofResult& p : report.proofs) proofs_ok += p.ok();
   fmt::print("\nproofs: {}/{} as expected; determinism: {} reruns, {} mismatches\n", proofs_ok, report.proofs.size(),
              report.determinism.runs, report.determinism.mismatches);
+  for (const std::string& e : report.errors) fmt::print("error: {}\n", e);
   fmt::print("{} in {:.1f} s; report: {}/report.html\n", report.passed() ? "PASS" : "FAIL", report.seconds, opts.out.string());
   return report.passed() ? 0 : 1;
 }

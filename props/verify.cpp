@@ -311,7 +311,8 @@ struct Item {
 
 // Runs items in forked children, at most `jobs` at once; results in item order.
 std::vector<nlohmann::json> run_items(const std::vector<Item>& items, const VerifyOptions& opts) {
-  const std::filesystem::path work = opts.out / ".work";
+  // Per run, so two runs into one --out (ctest runs tests in parallel) cannot take each other's.
+  const std::filesystem::path work = opts.out / fmt::format(".work-{}", getpid());
   std::filesystem::create_directories(work);
   std::vector<nlohmann::json> results(items.size());
   std::map<pid_t, std::size_t> running;
@@ -430,8 +431,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
         j["proofs"].push_back({{"name", "all proofs"}, {"verdict", "FAILED"}, {"expected", "proved"}, {"seconds", 0.0},
                                {"detail", error}});
       } else {
-        ++mismatches;
-        detail = name + ": " + error;
+        report.errors.push_back(name + ": " + error);
       }
       continue;
     }

@@ -4,6 +4,7 @@
 namespace zc::props {
 
 bool VerifyReport::passed() const {
+  if (!errors.empty()) return false;
   for (const InvariantResult& i : invariants) {
     if (!i.holds) return false;
   }
@@ -47,6 +48,7 @@ nlohmann::json to_json(const VerifyReport& r) {
   }
   j["determinism"] = {{"runs", r.determinism.runs}, {"mismatches", r.determinism.mismatches},
                       {"detail", r.determinism.detail}};
+  j["errors"] = r.errors;
   j["collectives_per_step"] = nlohmann::json::array();
   for (const CollectivePoint& c : r.collectives) {
     j["collectives_per_step"].push_back({{"stage", c.stage}, {"n_backward", c.n_backward},
@@ -104,6 +106,7 @@ VerifyReport report_from_json(const nlohmann::json& j) {
   r.determinism.runs = j.at("determinism").at("runs");
   r.determinism.mismatches = j.at("determinism").at("mismatches");
   r.determinism.detail = j.at("determinism").value("detail", "");
+  r.errors = j.value("errors", std::vector<std::string>{});
   for (const auto& c : j.value("collectives_per_step", nlohmann::json::array())) {
     r.collectives.push_back({c.at("stage"), c.at("n_backward"), c.at("baseline"), c.at("coalesced")});
   }

@@ -69,8 +69,9 @@ struct VerifyReport {
   std::vector<ProofResult> proofs;
   DeterminismResult determinism;
   std::vector<CollectivePoint> collectives;
+  std::vector<std::string> errors;  // work items that failed outright (a crash, an exception)
 
-  // Every invariant holds, every known bug is caught, every proof gives its expected verdict
+  // No work item failed, every invariant holds, every known bug is caught, every proof gives its expected verdict
   // and the determinism check found no mismatch.
   bool passed() const;
 };

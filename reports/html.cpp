@@ -163,7 +163,13 @@ std::string html_collectives(const VerifyReport& r) {
 
 std::string html_report(const VerifyReport& r) {
   const bool deterministic = r.determinism.mismatches == 0;
-  return html_head(r) + html_invariants(r) + html_bugs(r) + html_proofs(r) +
+  std::string errors;
+  if (!r.errors.empty()) {
+    errors = "<h2>Work items that failed</h2>\n<ul id=\"errors\">\n";
+    for (const std::string& e : r.errors) errors += "<li class=\"bad\">" + xml_escape(e) + "</li>\n";
+    errors += "</ul>\n";
+  }
+  return html_head(r) + errors + html_invariants(r) + html_bugs(r) + html_proofs(r) +
          fmt::format("<h2>Determinism</h2>\n<p id=\"determinism\"{}>{}</p>\n",
                      deterministic ? "" : " class=\"bad\"",
                      xml_escape(determinism_line(r.determinism))) +

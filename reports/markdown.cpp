@@ -91,7 +91,13 @@ std::string md_collectives(const VerifyReport& r) {
 }  // namespace
 
 std::string markdown_report(const VerifyReport& r) {
-  return md_header(r) + md_invariants(r) + md_bugs(r) + md_proofs(r) +
+  std::string errors;
+  if (!r.errors.empty()) {
+    errors = "## Work items that failed\n\n";
+    for (const std::string& e : r.errors) errors += "- " + md_text(e) + "\n";
+    errors += "\n";
+  }
+  return md_header(r) + errors + md_invariants(r) + md_bugs(r) + md_proofs(r) +
          fmt::format("## Determinism\n\n{}\n\n", md_text(determinism_line(r.determinism))) +
          md_collectives(r);
 }

@@ -187,6 +187,9 @@ std::string failure_reasons(const props::VerifyReport& r) {
     parts.push_back(
         plural(r.determinism.mismatches, "determinism mismatch", "determinism mismatches"));
   }
+  if (!r.errors.empty()) {
+    parts.push_back(plural(static_cast<int>(r.errors.size()), "work item failed", "work items failed"));
+  }
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <limits>
 
@@ -53,7 +55,7 @@ TEST(ScenarioJson, BadInputNamesTheKey) {
 TEST(Verify, UnknownInvariantOrBugIsAClearError) {
   VerifyOptions o;
   o.only = {"I9-nonsense"};
-  o.out = std::filesystem::temp_directory_path() / "zc-verify-bad";
+  o.out = std::filesystem::temp_directory_path() / ("zc-verify-bad-" + std::to_string(getpid()));
   EXPECT_THROW(run_verify(o), ConfigError);
   o.only.clear();
   o.bugs = {"B99"};
@@ -68,7 +70,7 @@ class QuickVerify : public ::testing::Test {
     o.jobs = 2;
     o.proofs = false;  // the zerocheck_prove test runs them
     o.hooks = hooks();
-    o.out = std::filesystem::temp_directory_path() / "zc-verify-quick";
+    o.out = std::filesystem::temp_directory_path() / ("zc-verify-quick-" + std::to_string(getpid()));
     report_ = new VerifyReport(run_verify(o));
   }
   static void TearDownTestSuite() { delete report_; }
@@ -77,6 +79,7 @@ class QuickVerify : public ::testing::Test {
 VerifyReport* QuickVerify::report_ = nullptr;
 
 TEST_F(QuickVerify, EveryInvariantHoldsOnTheCorrectEngine) {
+  EXPECT_TRUE(report_->errors.empty()) << report_->errors.front();
   ASSERT_EQ(report_->invariants.size(), invariants().size());
   for (const InvariantResult& i : report_->invariants) {
     EXPECT_TRUE(i.holds) << i.name << ": " << i.failure;
