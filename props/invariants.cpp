@@ -83,43 +83,6 @@ std::string compare(const Scenario& s, const RunResult& a, const RunResult& b, i
   return "";
 }
 
-// The analytic gradient of a Synthetic model: per element, the loss-scaled mean over the global
-// batch of the prescribed per-sample gradients, summed over chunks and micro-steps, over GA. Also
-// the same sum of absolute values (the rounding-error scale).
-struct Oracle {
-  std::vector<double> value, abs_sum;
-};
-
-Oracle synthetic_oracle(const Scenario& s, const RunSpec& spec, const RunResult& got, int step) {
-  Oracle o;
-  const std::unique_ptr<Model> model = spec.make_model();
-  const double scale = got.loss_scales.at(static_cast<std::size_t>(step));
-  for (int m = 0; m < s.ga; ++m) {
-    for (int c = 0; c < s.n; ++c) {
-      const HostBatch hb = global_batch(spec, *model, step, m, c);
-      std::size_t at = 0;
-      for (const auto& [name, a] : hb.arrays) {  // g0, g1, ... in parameter order
-        const std::int64_t cols = a.shape[1];
-        const std::size_t need = at + static_cast<std::size_t>(cols);
-        if (o.value.size() < need) o.value.resize(need, 0.0), o.abs_sum.resize(need, 0.0);
-        for (std::int64_t j = 0; j < cols; ++j) {
-          double sum = 0, abs = 0;
-          for (std::int64_t r = 0; r < hb.samples; ++r) {
-            const double g = a.values[static_cast<std::size_t>(r * cols + j)];
-            sum += g;
-            abs += std::fabs(g);
-          }
-          const double w = scale / static_cast<double>(hb.samples) / s.ga;
-          o.value[at + static_cast<std::size_t>(j)] += sum * w;
-          o.abs_sum[at + static_cast<std::size_t>(j)] += abs * w;
-        }
-        at = need;
-      }
-    }
-  }
-  return o;
-}
-
 // ---- the checks ----
 
 Verdict check_i1_exact(const Scenario& s, const CheckContext& ctx) {
@@ -168,7 +131,7 @@ Verdict check_i1_ulp(const Scenario& s, const CheckContext& ctx) {
   const double k = 2.0 + static_cast<double>(s.n) + 2.0 + static_cast<double>(s.world) + 1.0;
   const double gamma = k * u / (1.0 - k * u);
   for (int step = 0; step < s.steps; ++step) {
-    const Oracle o = synthetic_oracle(s, bs, b.result, step);
+    const GradOracle o = prescribed_grad_oracle(bs, s.ga, b.result.loss_scales.at(static_cast<std::size_t>(step)), step);
     for (const auto* run_result : {&b.result, &c.result}) {
       const std::vector<double>& g = run_result->grads.at(static_cast<std::size_t>(step));
       for (std::size_t i = 0; i < g.size(); ++i) {
@@ -277,9 +240,9 @@ Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   if (!one.ok) return fail("single-rank run failed: " + one.error);
   v.failure = compare(s, sh.result, one.result, exact_steps(s), false, "sharded", "one rank");
   // And the analytic gradient, which a bug shared by both runs cannot match.
-  if (v.failure.empty() && s.model == "synthetic") {
+  if (v.failure.empty() && s.model != "mlp") {  // prescribed gradients: Synthetic, module trees
     for (int k = 0; k < s.steps && v.failure.empty(); ++k) {
-      const Oracle o = synthetic_oracle(s, spec, sh.result, k);
+      const GradOracle o = prescribed_grad_oracle(spec, s.ga, sh.result.loss_scales.at(static_cast<std::size_t>(k)), k);
       v.failure = first_divergence(s, 0, k, "averaged grads (sharded vs analytic oracle)", sh.result.grads.at(static_cast<std::size_t>(k)),
                                    o.value);
     }
@@ -442,7 +405,7 @@ const char* kI4 =
 const char* kParity =
     "A sharded run (world W, micro-batch B per rank) gives bit-identical averaged gradients and params to one rank "
     "training on the same global batch (micro-batch W*B), in the exact domain, for every stage 0-3 and GA; for the "
-    "Synthetic model the gradients also equal the analytic f64 gradient, which catches a bug the single-rank "
+    "Synthetic and module-tree models the gradients also equal the analytic f64 gradient, which catches a bug the single-rank "
     "reference shares.";
 const char* kCrossRank =
     "After every step every rank holds the same full params and the same full averaged gradients, in any data domain. "

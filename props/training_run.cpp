@@ -4,6 +4,7 @@
 #include "engine/errors.h"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -35,6 +36,36 @@ std::string first_difference(const std::vector<double>& a, const std::vector<dou
 HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int micro, int chunk) {
   Rng data_rng = Rng(spec.seed).split(batch_stream(spec.same_batch_every_step ? 0 : step, micro, chunk));
   return model.make_batch(data_rng, spec.micro_batch * spec.world, spec.domain, spec.exact);
+}
+
+GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step) {
+  GradOracle o;
+  const std::unique_ptr<Model> model = spec.make_model();
+  for (int m = 0; m < ga; ++m) {
+    for (int c = 0; c < spec.n_backward; ++c) {
+      const HostBatch hb = global_batch(spec, *model, step, m, c);
+      std::size_t at = 0;
+      for (int id = 0; hb.arrays.contains(fmt::format("g{}", id)); ++id) {  // parameter order
+        const HostArray& a = hb.arrays.at(fmt::format("g{}", id));
+        const std::int64_t cols = a.shape[1];
+        const std::size_t need = at + static_cast<std::size_t>(cols);
+        if (o.value.size() < need) o.value.resize(need, 0.0), o.abs_sum.resize(need, 0.0);
+        const double w = loss_scale / static_cast<double>(hb.samples) / ga;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          double sum = 0, abs = 0;
+          for (std::int64_t r = 0; r < hb.samples; ++r) {
+            const double g = a.values[static_cast<std::size_t>(r * cols + j)];
+            sum += g;
+            abs += std::fabs(g);
+          }
+          o.value[at + static_cast<std::size_t>(j)] += sum * w;
+          o.abs_sum[at + static_cast<std::size_t>(j)] += abs * w;
+        }
+        at = need;
+      }
+    }
+  }
+  return o;
 }
 
 RunSpec single_rank_reference(const RunSpec& spec) {

@@ -83,6 +83,15 @@ HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int mi
 // The same spec as a single rank on the global batch (world 1, micro-batch W*B).
 RunSpec single_rank_reference(const RunSpec& spec);
 
+// The analytic averaged gradient of a model with prescribed per-sample gradients (Synthetic,
+// TreeModel: batch arrays g0, g1, ... in parameter order): per element, the loss-scaled mean over
+// the global batch, summed over the step's GA micro-steps and N chunks, divided by GA (SPEC 2: N
+// backwards SUM); and the same sum of absolute values, the scale of any rounding error.
+struct GradOracle {
+  std::vector<double> value, abs_sum;
+};
+GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step);
+
 // "" if a and b are bit-identical, else the first difference (index, both values and bits).
 std::string first_difference(const std::vector<double>& a, const std::vector<double>& b,
                              DType dtype);

@@ -151,26 +151,8 @@ TEST_P(SyntheticParity, GatheredParamsAndGradsMatchASingleRankBitForBit) {
   // And against an oracle: the grads are the loss-scaled sum over micro-steps and chunks of the
   // global-batch mean of the prescribed gradients, divided by GA (SPEC 2: N backwards SUM).
   const RunResult got = run_on_sim(spec);
-  const std::unique_ptr<Model> model = spec.make_model();
   for (int s = 0; s < spec.steps; ++s) {
-    std::vector<double> expect;
-    for (int m = 0; m < c.ga; ++m) {
-      for (int k = 0; k < c.n; ++k) {
-        const HostBatch hb = global_batch(spec, *model, s, m, k);
-        std::size_t at = 0;
-        for (const auto& [name, a] : hb.arrays) {  // g0, g1, ... in parameter order
-          const std::int64_t cols = a.shape[1];
-          if (expect.size() < at + static_cast<std::size_t>(cols)) expect.resize(at + static_cast<std::size_t>(cols), 0.0);
-          for (std::int64_t j = 0; j < cols; ++j) {
-            double sum = 0;
-            for (std::int64_t r = 0; r < hb.samples; ++r) sum += a.values[static_cast<std::size_t>(r * cols + j)];
-            expect[at + static_cast<std::size_t>(j)] += sum / static_cast<double>(hb.samples) *
-                                                        got.loss_scales[static_cast<std::size_t>(s)] / c.ga;
-          }
-          at += static_cast<std::size_t>(cols);
-        }
-      }
-    }
+    const std::vector<double> expect = prescribed_grad_oracle(spec, c.ga, got.loss_scales[static_cast<std::size_t>(s)], s).value;
     ASSERT_EQ(first_difference(got.grads[static_cast<std::size_t>(s)], expect, c.dtype), "") << "oracle, step " << s;
   }
 }
