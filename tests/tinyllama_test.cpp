@@ -202,6 +202,10 @@ TEST(TinyLlama, UlyssesMatchesTheUnshardedModelInF64) {
       for (std::size_t i = 0; i < avg.size(); ++i) avg[i] += per_rank[static_cast<std::size_t>(r)][i];
       loss += losses[static_cast<std::size_t>(r)];
     }
+    // Controls: one rank's share alone, or the shares summed without the divide-by-world, are
+    // far from the unsharded gradient (Note [Ulysses loss scaling]).
+    EXPECT_GT(max_diff(per_rank[0], ref.grads).first, 0.0625 * max_abs(ref.grads)) << "sp " << sp;
+    EXPECT_GT(max_diff(avg, ref.grads).first, 0.0625 * max_abs(ref.grads)) << "sp " << sp;
     for (double& g : avg) g /= sp;
     EXPECT_LE(std::abs(loss / sp - ref.loss), kF64Bound * ref.loss) << "sp " << sp;
     expect_close(avg, ref.grads, kF64Bound, fmt::format("sp {} f64 grads", sp));
