@@ -25,7 +25,8 @@ namespace zc {
 namespace {
 Tensor& param_data(Module& m, const char* local_name) {
   Parameter* p = m.params().get(local_name);
-  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(), local_name);
+  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(),
+            local_name);
   return p->data;
 }
 Parameter& param_of(Module& m, const char* local_name) {
@@ -51,21 +52,25 @@ nlohmann::json LlamaBlock::kind_args() const {
   return {{"dim", dim}, {"qkv_local", qkv_local}, {"hidden_local", hidden_local}};
 }
 
-Tensor& LlamaBlock::p(const char* local_name) { return param_data(*this, local_name); }
+Tensor& LlamaBlock::p(const char* local_name) {
+  return param_data(*this, local_name);
+}
 
 TinyLlama::TinyLlama(TinyLlamaSpec spec, TinyLlamaGroups groups, std::string name)
     : Model(std::move(name)), spec_(spec), groups_(groups) {
   if (groups_.tp != nullptr && groups_.sp != nullptr) {
-    throw NotImplementedError("tinyllama: tensor and sequence parallelism together are not built; "
-                              "pass one of TinyLlamaGroups::tp and ::sp");
+    throw NotImplementedError(
+        "tinyllama: tensor and sequence parallelism together are not built; "
+        "pass one of TinyLlamaGroups::tp and ::sp");
   }
   const std::int64_t par = tp_size() * sp_size();
   if (spec_.dim % spec_.heads != 0 || spec_.heads % par != 0 || spec_.hidden % tp_size() != 0 ||
       spec_.seq % sp_size() != 0) {
-    throw ConfigError(fmt::format("tinyllama: dim {} heads {} hidden {} seq {} do not split over tp {} "
-                                  "sp {}: heads must divide dim and be a multiple of tp * sp, hidden "
-                                  "of tp, seq of sp", spec_.dim, spec_.heads, spec_.hidden, spec_.seq,
-                                  tp_size(), sp_size()));
+    throw ConfigError(
+        fmt::format("tinyllama: dim {} heads {} hidden {} seq {} do not split over tp {} "
+                    "sp {}: heads must divide dim and be a multiple of tp * sp, hidden "
+                    "of tp, seq of sp",
+                    spec_.dim, spec_.heads, spec_.hidden, spec_.seq, tp_size(), sp_size()));
   }
   params().add("tok_emb", {spec_.vocab, spec_.dim}, DType::f32);
   params().add("pos_emb", {spec_.seq, spec_.dim}, DType::f32);
@@ -79,24 +84,28 @@ TinyLlama::TinyLlama(TinyLlamaSpec spec, TinyLlamaGroups groups, std::string nam
 }
 
 nlohmann::json TinyLlama::kind_args() const {
-  return {{"vocab", spec_.vocab}, {"dim", spec_.dim}, {"heads", spec_.heads}, {"hidden", spec_.hidden},
-          {"seq", spec_.seq}, {"layers", spec_.layers}};
+  return {{"vocab", spec_.vocab},   {"dim", spec_.dim}, {"heads", spec_.heads},
+          {"hidden", spec_.hidden}, {"seq", spec_.seq}, {"layers", spec_.layers}};
 }
 
 std::string TinyLlama::describe() const {
-  return fmt::format("tinyllama(vocab {}, dim {}, {} heads, hidden {}, seq {}, {} layers, tp {}, sp {})",
-                     spec_.vocab, spec_.dim, spec_.heads, spec_.hidden, spec_.seq, spec_.layers,
-                     tp_size(), sp_size());
+  return fmt::format(
+      "tinyllama(vocab {}, dim {}, {} heads, hidden {}, seq {}, {} layers, tp {}, sp {})",
+      spec_.vocab, spec_.dim, spec_.heads, spec_.hidden, spec_.seq, spec_.layers, tp_size(),
+      sp_size());
 }
 
 ModelParallelism TinyLlama::parallelism() const {
   return ModelParallelism{true, tp_size(), true, sp_size()};
 }
 
-Tensor& TinyLlama::root_param(const char* local_name) { return param_data(*this, local_name); }
+Tensor& TinyLlama::root_param(const char* local_name) {
+  return param_data(*this, local_name);
+}
 
 int TinyLlama::tp_shard_axis(std::string_view local_name) {
-  if (local_name == "wq" || local_name == "wk" || local_name == "wv" || local_name == "w_up") return 0;
+  if (local_name == "wq" || local_name == "wk" || local_name == "wv" || local_name == "w_up")
+    return 0;
   if (local_name == "wo" || local_name == "w_down") return 1;
   return -1;
 }
@@ -104,7 +113,8 @@ int TinyLlama::tp_shard_axis(std::string_view local_name) {
 namespace {
 std::string_view local_of(const std::string& dotted) {
   const std::size_t dot = dotted.rfind('.');
-  return dot == std::string::npos ? std::string_view(dotted) : std::string_view(dotted).substr(dot + 1);
+  return dot == std::string::npos ? std::string_view(dotted)
+                                  : std::string_view(dotted).substr(dot + 1);
 }
 }  // namespace
 
@@ -113,7 +123,7 @@ void TinyLlama::init_full(Device& dev, Parameter& p, Shape full, int axis, DataD
                           const ExactSpec& ex, Rng& rng, double scale) {
   std::vector<double> v(static_cast<std::size_t>(shape_numel(full)));  // [full] row-major
   for (double& x : v) x = scale == 0.0 ? 1.0 : draw_value(rng, domain, ex, scale);
-  std::vector<double> mine;                                             // [p.shape]
+  std::vector<double> mine;  // [p.shape]
   const int r = groups_.tp != nullptr ? groups_.tp->rank() : 0;
   if (axis < 0) {
     mine = v;
@@ -121,25 +131,31 @@ void TinyLlama::init_full(Device& dev, Parameter& p, Shape full, int axis, DataD
     const std::int64_t rows = full[0], cols = full[1];
     const std::int64_t r0 = axis == 0 ? r * p.shape[0] : 0, c0 = axis == 1 ? r * p.shape[1] : 0;
     for (std::int64_t i = r0; i < r0 + p.shape[0]; ++i) {
-      for (std::int64_t j = c0; j < c0 + p.shape[1]; ++j) mine.push_back(v[static_cast<std::size_t>(i * cols + j)]);
+      for (std::int64_t j = c0; j < c0 + p.shape[1]; ++j)
+        mine.push_back(v[static_cast<std::size_t>(i * cols + j)]);
     }
-    ZC_ASSERT(r0 + p.shape[0] <= rows && c0 + p.shape[1] <= cols, "{}: shard outside the full param", p.name);
+    ZC_ASSERT(r0 + p.shape[0] <= rows && c0 + p.shape[1] <= cols,
+              "{}: shard outside the full param", p.name);
   }
-  ZC_ASSERT(static_cast<std::int64_t>(mine.size()) == p.numel(), "{}: shard of {} values for {}", p.name, mine.size(), p.numel());
+  ZC_ASSERT(static_cast<std::int64_t>(mine.size()) == p.numel(), "{}: shard of {} values for {}",
+            p.name, mine.size(), p.numel());
   p.dtype = dtype_;
   p.data = tensor_from_f64(dev, dtype_, p.shape, mine, p.name);
 }
 
-void TinyLlama::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex, Rng& rng) {
+void TinyLlama::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                            Rng& rng) {
   dtype_ = dtype;
   const std::int64_t d = spec_.dim, h = spec_.hidden, V = spec_.vocab;
-  const double gd = 1.0 / std::sqrt(static_cast<double>(d)), gh = 1.0 / std::sqrt(static_cast<double>(h));
+  const double gd = 1.0 / std::sqrt(static_cast<double>(d)),
+               gh = 1.0 / std::sqrt(static_cast<double>(h));
   init_full(dev, param_of(*this, "tok_emb"), {V, d}, -1, domain, ex, rng, 1.0);
   init_full(dev, param_of(*this, "pos_emb"), {spec_.seq, d}, -1, domain, ex, rng, 0.5);
   for (std::size_t l = 0; l < children().size(); ++l) {
     LlamaBlock& b = block(l);
     init_full(dev, param_of(b, "attn_norm"), {d}, -1, domain, ex, rng, 0.0);  // gains start at 1
-    for (const char* n : {"wq", "wk", "wv"}) init_full(dev, param_of(b, n), {d, d}, 0, domain, ex, rng, gd);
+    for (const char* n : {"wq", "wk", "wv"})
+      init_full(dev, param_of(b, n), {d, d}, 0, domain, ex, rng, gd);
     init_full(dev, param_of(b, "wo"), {d, d}, 1, domain, ex, rng, gd);
     init_full(dev, param_of(b, "mlp_norm"), {d}, -1, domain, ex, rng, 0.0);
     init_full(dev, param_of(b, "w_up"), {h, d}, 0, domain, ex, rng, gd);
@@ -149,19 +165,22 @@ void TinyLlama::init_params(Device& dev, DType dtype, DataDomain domain, const E
   init_full(dev, param_of(*this, "lm_head"), {V, d}, -1, domain, ex, rng, gd);
 }
 
-HostBatch TinyLlama::make_batch(Rng& rng, std::int64_t samples, DataDomain, const ExactSpec&) const {
+HostBatch TinyLlama::make_batch(Rng& rng, std::int64_t samples, DataDomain,
+                                const ExactSpec&) const {
   // A fixed "teacher" bigram map, the same for every batch: next = perm[cur], or a uniform
   // token with probability 1/4. Ids are small integers: exact in every dtype.
   Rng teacher(0x11a3a);
   std::vector<std::int64_t> perm(static_cast<std::size_t>(spec_.vocab));
-  for (std::int64_t i = 0; i < spec_.vocab; ++i) perm[static_cast<std::size_t>(i)] = teacher.range(0, spec_.vocab - 1);
+  for (std::int64_t i = 0; i < spec_.vocab; ++i)
+    perm[static_cast<std::size_t>(i)] = teacher.range(0, spec_.vocab - 1);
   HostBatch hb;
   hb.samples = samples;
   HostArray ids{{samples, spec_.seq}, {}}, labels{{samples, spec_.seq}, {}};
   for (std::int64_t b = 0; b < samples; ++b) {
     std::int64_t cur = rng.range(0, spec_.vocab - 1);
     for (std::int64_t t = 0; t < spec_.seq; ++t) {
-      const std::int64_t next = rng.range(0, 3) == 0 ? rng.range(0, spec_.vocab - 1) : perm[static_cast<std::size_t>(cur)];
+      const std::int64_t next = rng.range(0, 3) == 0 ? rng.range(0, spec_.vocab - 1)
+                                                     : perm[static_cast<std::size_t>(cur)];
       ids.values.push_back(static_cast<double>(cur));
       labels.values.push_back(static_cast<double>(next));
       cur = next;
@@ -177,8 +196,8 @@ HostBatch sequence_shard(const HostBatch& hb, int part, int parts) {
   out.samples = hb.samples;
   for (const auto& [name, a] : hb.arrays) {
     if (a.shape.size() != 2 || a.shape[1] % parts != 0) {
-      throw UsageError(fmt::format("sequence_shard: '{}' {} is not [B, S] with S a multiple of {}", name,
-                                   shape_str(a.shape), parts));
+      throw UsageError(fmt::format("sequence_shard: '{}' {} is not [B, S] with S a multiple of {}",
+                                   name, shape_str(a.shape), parts));
     }
     const std::int64_t S = a.shape[1], Sl = S / parts;
     HostArray s{{a.shape[0], Sl}, {}};
@@ -192,7 +211,8 @@ HostBatch sequence_shard(const HostBatch& hb, int part, int parts) {
 }
 
 void TinyLlama::tp_all_reduce(const Tensor& t) {
-  if (groups_.tp != nullptr && groups_.tp->size() > 1) groups_.tp->all_reduce(t, {.op = ReduceOp::sum});
+  if (groups_.tp != nullptr && groups_.tp->size() > 1)
+    groups_.tp->all_reduce(t, {.op = ReduceOp::sum});
 }
 
 Tensor TinyLlama::to_heads(Device& dev, const Tensor& x) {
@@ -203,7 +223,7 @@ Tensor TinyLlama::to_heads(Device& dev, const Tensor& x) {
   dev.permute_0213(send, x, 1, B * Sl, sp, w);
   Tensor recv = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_heads_recv");  // [src, B, Sl, Hl*dh]
   groups_.sp->all_to_all(recv, send);
-  Tensor out = dev.alloc(dtype_, {B * sp * Sl, w}, "ulysses_heads");        // [B, S, Hl*dh]
+  Tensor out = dev.alloc(dtype_, {B * sp * Sl, w}, "ulysses_heads");  // [B, S, Hl*dh]
   dev.permute_0213(out, recv, 1, sp, B, Sl * w);
   return out;
 }
@@ -216,7 +236,7 @@ Tensor TinyLlama::to_tokens(Device& dev, const Tensor& y) {
   dev.permute_0213(send, y, 1, B, sp, Sl * w);
   Tensor recv = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_tokens_recv");  // [src, B*Sl, Hl*dh]
   groups_.sp->all_to_all(recv, send);
-  Tensor out = dev.alloc(dtype_, {B * Sl, sp * w}, "ulysses_tokens");        // [B*Sl, H*dh]
+  Tensor out = dev.alloc(dtype_, {B * Sl, sp * w}, "ulysses_tokens");  // [B*Sl, H*dh]
   dev.permute_0213(out, recv, 1, sp, B * Sl, w);
   return out;
 }
@@ -224,14 +244,16 @@ Tensor TinyLlama::to_tokens(Device& dev, const Tensor& y) {
 // Causal attention on the head layout [B, S, Hl, dh]: per (b, h) scores = q k^T / sqrt(dh).
 Tensor TinyLlama::attention_forward(Device& dev, BlockActs& a) {
   const std::int64_t B = batch_, S = spec_.seq, Hl = local_heads(), dh = spec_.dim / spec_.heads;
-  Tensor qh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_qh"), kh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_kh"),
+  Tensor qh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_qh"),
+         kh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_kh"),
          vh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_vh");  // [B, Hl, S, dh] each
   dev.permute_0213(qh, a.q, B, S, Hl, dh);
   dev.permute_0213(kh, a.k, B, S, Hl, dh);
   dev.permute_0213(vh, a.v, B, S, Hl, dh);
   Tensor scores = dev.alloc(dtype_, {B * Hl * S, S}, "attn_scores");  // [B*Hl*S, S]
   for (std::int64_t bh = 0; bh < B * Hl; ++bh) {
-    dev.matmul(scores.narrow(bh * S * S, S * S).view({S, S}), qh.narrow(bh * S * dh, S * dh).view({S, dh}),
+    dev.matmul(scores.narrow(bh * S * S, S * S).view({S, S}),
+               qh.narrow(bh * S * dh, S * dh).view({S, dh}),
                kh.narrow(bh * S * dh, S * dh).view({S, dh}), false, true, false);
   }
   dev.scale(scores, 1.0 / std::sqrt(static_cast<double>(dh)));
@@ -239,7 +261,8 @@ Tensor TinyLlama::attention_forward(Device& dev, BlockActs& a) {
   dev.causal_softmax(a.p, scores);
   Tensor oh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_oh");  // [B, Hl, S, dh]
   for (std::int64_t bh = 0; bh < B * Hl; ++bh) {
-    dev.matmul(oh.narrow(bh * S * dh, S * dh).view({S, dh}), a.p.narrow(bh * S * S, S * S).view({S, S}),
+    dev.matmul(oh.narrow(bh * S * dh, S * dh).view({S, dh}),
+               a.p.narrow(bh * S * S, S * S).view({S, S}),
                vh.narrow(bh * S * dh, S * dh).view({S, dh}), false, false, false);
   }
   Tensor o = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_o");  // [B, S, Hl, dh]
@@ -264,7 +287,7 @@ void TinyLlama::attention_backward(Device& dev, BlockActs& a, const Tensor& do_h
     return t.narrow(bh * S * cols, S * cols).view({S, cols});
   };
   for (std::int64_t bh = 0; bh < B * Hl; ++bh) {
-    dev.matmul(mat(dp, bh, S), mat(doh, bh, dh), mat(vh, bh, dh), false, true, false);   // dO V^T
+    dev.matmul(mat(dp, bh, S), mat(doh, bh, dh), mat(vh, bh, dh), false, true, false);    // dO V^T
     dev.matmul(mat(dvh, bh, dh), mat(a.p, bh, S), mat(doh, bh, dh), true, false, false);  // P^T dO
   }
   Tensor ds = dev.alloc(dtype_, {B * Hl * S, S}, "attn_dscores");
@@ -289,7 +312,8 @@ Tensor TinyLlama::block_forward(Device& dev, LlamaBlock& b, BlockActs& a, const 
   a.h1 = dev.alloc(dtype_, {N, d}, "h1");
   a.rstd1 = dev.alloc(dtype_, {N}, "rstd1");
   dev.rmsnorm(a.h1, a.rstd1, x, b.p("attn_norm"), spec_.eps);
-  Tensor q = dev.alloc(dtype_, {N, ql}, "q"), k = dev.alloc(dtype_, {N, ql}, "k"), v = dev.alloc(dtype_, {N, ql}, "v");
+  Tensor q = dev.alloc(dtype_, {N, ql}, "q"), k = dev.alloc(dtype_, {N, ql}, "k"),
+         v = dev.alloc(dtype_, {N, ql}, "v");
   dev.matmul(q, a.h1, b.p("wq"), false, true, false);
   dev.matmul(k, a.h1, b.p("wk"), false, true, false);
   dev.matmul(v, a.h1, b.p("wv"), false, true, false);
@@ -323,9 +347,10 @@ double TinyLlama::forward(Device& dev, const Batch& batch) {
   ids_ = batch.at("ids");
   labels_ = batch.at("labels");
   if (ids_.ndim() != 2 || ids_.dim(1) * sp_size() != spec_.seq) {
-    throw UsageError(fmt::format("tinyllama: ids {} must be [B, {}] (seq {} over sp {}): cut SP batches "
-                                 "with sequence_shard()", shape_str(ids_.shape()), spec_.seq / sp_size(),
-                                 spec_.seq, sp_size()));
+    throw UsageError(
+        fmt::format("tinyllama: ids {} must be [B, {}] (seq {} over sp {}): cut SP batches "
+                    "with sequence_shard()",
+                    shape_str(ids_.shape()), spec_.seq / sp_size(), spec_.seq, sp_size()));
   }
   batch_ = ids_.dim(0);
   seq_local_ = ids_.dim(1);
@@ -410,7 +435,8 @@ void TinyLlama::backward(Device& dev, double loss_scale, std::int64_t ga) {
   const std::int64_t N = batch_ * seq_local_, d = spec_.dim, V = spec_.vocab;
   Tensor dlogits = dev.alloc(dtype_, {N, V}, "dlogits_scaled");
   dev.copy(dlogits, dlogits_);
-  dev.div(dlogits, static_cast<double>(N));  // mean over this rank's tokens (Note [Ulysses loss scaling])
+  dev.div(dlogits,
+          static_cast<double>(N));  // mean over this rank's tokens (Note [Ulysses loss scaling])
   dev.scale(dlogits, loss_scale);
   dev.div(dlogits, static_cast<double>(ga));
   Tensor dhead = dev.alloc(dtype_, {V, d}, "dlm_head"), dhf = dev.alloc(dtype_, {N, d}, "dhf");
@@ -420,8 +446,10 @@ void TinyLlama::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.rmsnorm_backward(dx, dgf, dhf, xf_, root_param("norm"), rstdf_);
   accumulate_grad(dev, param_of(*this, "lm_head"), dhead);
   accumulate_grad(dev, param_of(*this, "norm"), dgf);
-  for (std::size_t l = children().size(); l-- > 0;) dx = block_backward(dev, block(l), acts_[l], dx);
-  Tensor dpos = dev.alloc(dtype_, {spec_.seq, d}, "dpos_emb"), dtok = dev.alloc(dtype_, {V, d}, "dtok_emb");
+  for (std::size_t l = children().size(); l-- > 0;)
+    dx = block_backward(dev, block(l), acts_[l], dx);
+  Tensor dpos = dev.alloc(dtype_, {spec_.seq, d}, "dpos_emb"),
+         dtok = dev.alloc(dtype_, {V, d}, "dtok_emb");
   dev.embedding_backward(dpos, dx, pos_);
   dev.embedding_backward(dtok, dx, ids_);
   accumulate_grad(dev, param_of(*this, "pos_emb"), dpos);
@@ -443,7 +471,8 @@ std::vector<double> TinyLlama::gather_tp(const TinyLlamaSpec& spec,
       const std::int64_t lr = axis == 0 ? rows / tp : rows, lc = axis == 1 ? cols / tp : cols;
       const std::vector<double>& src = per_rank[static_cast<std::size_t>(r)];
       std::size_t& pos = at[static_cast<std::size_t>(r)];
-      ZC_ASSERT(pos + static_cast<std::size_t>(lr * lc) <= src.size(), "gather_tp: rank {} is short at {}", r, p->name);
+      ZC_ASSERT(pos + static_cast<std::size_t>(lr * lc) <= src.size(),
+                "gather_tp: rank {} is short at {}", r, p->name);
       for (std::int64_t i = 0; i < lr; ++i) {
         for (std::int64_t j = 0; j < lc; ++j) {
           const std::int64_t gi = axis == 0 ? r * lr + i : i, gj = axis == 1 ? r * lc + j : j;
@@ -452,12 +481,14 @@ std::vector<double> TinyLlama::gather_tp(const TinyLlamaSpec& spec,
       }
     }
     if (axis < 0) {
-      for (std::size_t r = 1; r < per_rank.size(); ++r) at[r] += static_cast<std::size_t>(p->numel());
+      for (std::size_t r = 1; r < per_rank.size(); ++r)
+        at[r] += static_cast<std::size_t>(p->numel());
     }
     out.insert(out.end(), v.begin(), v.end());
   }
   for (std::size_t r = 0; r < per_rank.size(); ++r) {
-    ZC_ASSERT(at[r] == per_rank[r].size(), "gather_tp: rank {} has {} values, used {}", r, per_rank[r].size(), at[r]);
+    ZC_ASSERT(at[r] == per_rank[r].size(), "gather_tp: rank {} has {} values, used {}", r,
+              per_rank[r].size(), at[r]);
   }
   return out;
 }

@@ -47,12 +47,15 @@ class LlamaBlock : public Module {
   std::int64_t dim, qkv_local, hidden_local;
 
  protected:
-  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<LlamaBlock>(*this); }
+  std::unique_ptr<Module> clone_impl() const override {
+    return std::make_unique<LlamaBlock>(*this);
+  }
 };
 
 class TinyLlama : public Model {
  public:
-  explicit TinyLlama(TinyLlamaSpec spec, TinyLlamaGroups groups = {}, std::string name = "tinyllama");
+  explicit TinyLlama(TinyLlamaSpec spec, TinyLlamaGroups groups = {},
+                     std::string name = "tinyllama");
   TinyLlama(const TinyLlama&) = default;  // shares the groups; blocks are reached via children()
   std::string kind() const override { return "tinyllama"; }
   nlohmann::json kind_args() const override;
@@ -83,7 +86,7 @@ class TinyLlama : public Model {
   std::unique_ptr<Module> clone_impl() const override { return std::make_unique<TinyLlama>(*this); }
 
  private:
-  struct BlockActs {  // saved by forward for backward; N = local tokens
+  struct BlockActs {       // saved by forward for backward; N = local tokens
     Tensor x, h1, rstd1;   // [N,d] [N,d] [N]
     Tensor q, k, v, p;     // head layout [B,S,Hl,dh] each; p [B*Hl*S, S] probabilities
     Tensor o;              // [N, qkv_local] attention output in token layout (Wo's input)

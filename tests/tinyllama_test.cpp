@@ -86,7 +86,8 @@ double max_abs(const std::vector<double>& v) {
 }
 
 // max_i |a_i - b_i|, and the index where it is reached.
-std::pair<double, std::size_t> max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+std::pair<double, std::size_t> max_diff(const std::vector<double>& a,
+                                        const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   std::pair<double, std::size_t> worst{0.0, 0};
   for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
@@ -132,7 +133,8 @@ TEST(TinyLlama, GradientsMatchF64FiniteDifferences) {
       v[i] = keep;
       write_f64(dev, p->data, v);
       const double fd = (up - down) / (2 * h);
-      ASSERT_LE(std::abs(fd - g[i]), 1e-7) << p->name << "[" << i << "]: backward " << g[i] << " fd " << fd;
+      ASSERT_LE(std::abs(fd - g[i]), 1e-7)
+          << p->name << "[" << i << "]: backward " << g[i] << " fd " << fd;
       worst = std::max(worst, std::abs(fd - g[i]));
       ++checked;
     }
@@ -170,7 +172,8 @@ TEST(TinyLlama, TensorParallelMatchesTheUnshardedModelInF64) {
     std::unique_ptr<Comm> group = ctx.world.split(0, ctx.rank);
     TinyLlama m(spec, TinyLlamaGroups{.tp = group.get()});
     init(m, ctx.device, DType::f64);
-    losses[static_cast<std::size_t>(ctx.rank)] = m.forward(ctx.device, upload_batch(ctx.device, hb, DType::f64));
+    losses[static_cast<std::size_t>(ctx.rank)] =
+        m.forward(ctx.device, upload_batch(ctx.device, hb, DType::f64));
     m.backward(ctx.device, 1.0, 1);
     per_rank[static_cast<std::size_t>(ctx.rank)] = grads_of(ctx.device, m);
   });
@@ -192,14 +195,16 @@ TEST(TinyLlama, UlyssesMatchesTheUnshardedModelInF64) {
       TinyLlama m(spec, TinyLlamaGroups{.sp = group.get()});
       init(m, ctx.device, DType::f64);
       const HostBatch mine = sequence_shard(hb, ctx.rank, sp);
-      losses[static_cast<std::size_t>(ctx.rank)] = m.forward(ctx.device, upload_batch(ctx.device, mine, DType::f64));
+      losses[static_cast<std::size_t>(ctx.rank)] =
+          m.forward(ctx.device, upload_batch(ctx.device, mine, DType::f64));
       m.backward(ctx.device, 1.0, 1);
       per_rank[static_cast<std::size_t>(ctx.rank)] = grads_of(ctx.device, m);
     });
     std::vector<double> avg(ref.grads.size(), 0.0);
     double loss = 0;
     for (int r = 0; r < sp; ++r) {
-      for (std::size_t i = 0; i < avg.size(); ++i) avg[i] += per_rank[static_cast<std::size_t>(r)][i];
+      for (std::size_t i = 0; i < avg.size(); ++i)
+        avg[i] += per_rank[static_cast<std::size_t>(r)][i];
       loss += losses[static_cast<std::size_t>(r)];
     }
     // Controls: one rank's share alone, or the shares summed without the divide-by-world, are
@@ -235,7 +240,8 @@ EngineRun run_engine(const TinyLlamaSpec& spec, int tp, int sp, int stage, int s
                      bool reference = false) {
   const int group = tp * sp, W = reference ? 1 : dp * group;
   const std::int64_t micro = reference ? 2 * dp : 2;
-  std::vector<std::vector<double>> losses(static_cast<std::size_t>(W)), grads(static_cast<std::size_t>(W));
+  std::vector<std::vector<double>> losses(static_cast<std::size_t>(W)),
+      grads(static_cast<std::size_t>(W));
   sim::SimCluster(W, kSeed).run([&](sim::RankContext& ctx) {
     std::unique_ptr<Comm> g = ctx.world.split(ctx.rank / group, ctx.rank);
     std::unique_ptr<Comm> dp_group = ctx.world.split(ctx.rank % group, ctx.rank);
@@ -246,12 +252,14 @@ EngineRun run_engine(const TinyLlamaSpec& spec, int tp, int sp, int stage, int s
     init(m, ctx.device, DType::f32);
     Comm& engine_comm = sp > 1 ? ctx.world : *dp_group;
     const int tp_cfg = reference ? 1 : tp;
-    Engine e(Config::from_json(engine_config(stage, tp_cfg, micro), engine_comm.size()), m, ctx.device, engine_comm);
+    Engine e(Config::from_json(engine_config(stage, tp_cfg, micro), engine_comm.size()), m,
+             ctx.device, engine_comm);
     if (tp_cfg > 1) e.compile(CompileConfig{true, {"autotp"}});
     if (sp > 1 && !reference) e.compile(CompileConfig{true, {"autosp"}});
     const auto r = static_cast<std::size_t>(ctx.rank);
     for (int s = 0; s < steps; ++s) {
-      HostBatch hb = batch_of(spec, 2 * dp, 100 + static_cast<std::uint64_t>(s)).slice((ctx.rank / group) * micro, micro);
+      HostBatch hb = batch_of(spec, 2 * dp, 100 + static_cast<std::uint64_t>(s))
+                         .slice((ctx.rank / group) * micro, micro);
       if (sp > 1 && !reference) hb = sequence_shard(hb, ctx.rank % sp, sp);
       const Engine::Loss loss = e.forward(upload_batch(ctx.device, hb, DType::f32));
       e.backward(loss);
@@ -262,10 +270,12 @@ EngineRun run_engine(const TinyLlamaSpec& spec, int tp, int sp, int stage, int s
   });
   EngineRun out;
   const int tp_ranks = reference ? 1 : tp;
-  out.grads0 = tp_ranks > 1 ? TinyLlama::gather_tp(spec, {grads.begin(), grads.begin() + tp_ranks}) : grads[0];
+  out.grads0 = tp_ranks > 1 ? TinyLlama::gather_tp(spec, {grads.begin(), grads.begin() + tp_ranks})
+                            : grads[0];
   for (int s = 0; s < steps; ++s) {
     double l = 0;  // the mean over every rank's local mean (TP ranks of a replica hold the same)
-    for (const std::vector<double>& rank_losses : losses) l += rank_losses[static_cast<std::size_t>(s)];
+    for (const std::vector<double>& rank_losses : losses)
+      l += rank_losses[static_cast<std::size_t>(s)];
     out.losses.push_back(l / W);
   }
   return out;
@@ -280,8 +290,8 @@ double mean_of_last(const std::vector<double>& v, std::size_t n) {
 void expect_loss_falls(const EngineRun& run, const std::string& what) {
   const double last = mean_of_last(run.losses, 5);
   EXPECT_LT(last, 0.8 * run.losses.front()) << what;
-  std::printf("[ measured ] %s: loss %.4f -> %.4f (mean of the last 5 of %zu steps)\n", what.c_str(),
-              run.losses.front(), last, run.losses.size());
+  std::printf("[ measured ] %s: loss %.4f -> %.4f (mean of the last 5 of %zu steps)\n",
+              what.c_str(), run.losses.front(), last, run.losses.size());
 }
 
 TEST(TinyLlama, LossFallsTrainingOneRank) {
@@ -329,14 +339,18 @@ TEST(TinyLlama, CompileRefusesAModelBuiltWithoutTheGroupAndLeavesOthersAlone) {
       tp.compile(CompileConfig{true, {"autotp"}});
       ADD_FAILURE() << "autotp accepted a model built without a TP group";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("built over a tensor-parallel group of 1 rank(s)"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("built over a tensor-parallel group of 1 rank(s)"),
+                std::string::npos)
+          << e.what();
     }
     Engine sp(Config::from_json(engine_config(1, 1), 1), m, ctx.device, ctx.world);
     try {
       sp.compile(CompileConfig{true, {"autosp"}});
       ADD_FAILURE() << "autosp accepted a model built without an SP group";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("sequence-parallel group of 1 rank(s)"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("sequence-parallel group of 1 rank(s)"),
+                std::string::npos)
+          << e.what();
     }
     Mlp mlp(MlpSpec{{4, 4}, false, LossKind::linear});
     Rng rng(1);
