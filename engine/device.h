@@ -109,9 +109,34 @@ class Device {
   virtual void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) = 0;
   virtual void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) = 0;
   // Row-wise softmax cross-entropy: logits [B,C], labels [B] (class ids as floats). Writes the
-  // per-row loss [B] f32 and dlogits = softmax - onehot [B,C]; f32 math, max-subtracted expf.
+  // per-row loss [B] and dlogits = softmax - onehot [B,C]; max-subtracted exp in f32 math, or in
+  // f64 when any operand is f64 (the f64 reference models).
   virtual void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                             const Tensor& labels) = 0;
+
+  // ---- transformer ops (TinyLlama). Computed in f64 if any operand is f64, else in f32. ----
+  // out[n,:] = table[ids[n],:]; ids [N] (token ids as floats), table [V,D], out [N,D].
+  virtual void embedding(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
+  // dtable [V,D] = 0, then dtable[ids[n],:] += dout[n,:] for ascending n.
+  virtual void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) = 0;
+  // RMSNorm over rows of x [N,D]: rstd[n] = 1 / sqrt(sum_j x[n,j]^2 / D + eps) (ascending j);
+  // out[n,j] = (x[n,j] * rstd[n]) * w[j]. rstd [N] is kept for the backward.
+  virtual void rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                       double eps) = 0;
+  // c[n] = sum_j dout[n,j] * w[j] * x[n,j] (ascending j);
+  // dx[n,j] = rstd[n] * (w[j] * dout[n,j] - x[n,j] * (rstd[n]^2 * c[n] / D));
+  // dw[j] = sum_n dout[n,j] * x[n,j] * rstd[n] (ascending n, overwrites dw).
+  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                                const Tensor& x, const Tensor& w, const Tensor& rstd) = 0;
+  // Causal softmax over the rows of x [R,S]; row r is query position i = r % S and sees keys
+  // j <= i: out[r,j] = exp(x[r,j] - max) / sum_{j' <= i} exp(x[r,j'] - max) (ascending j'),
+  // out[r,j] = 0 for j > i.
+  virtual void causal_softmax(const Tensor& out, const Tensor& x) = 0;
+  // Softmax backward over rows of p [R,S]: dx[r,j] = p[r,j] * (dout[r,j] - sum_k p[r,k] dout[r,k]).
+  virtual void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) = 0;
+  // out[a,c,b,d] = x[a,b,c,d] for x contiguous [A,B,C,D] (torch's permute(0,2,1,3)); a copy.
+  virtual void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
+                            std::int64_t c, std::int64_t d) = 0;
 
   const DeviceCounters& counters() const { return counters_; }
   // Bytes of this device's storage still referenced by some tensor (freed when the last view

@@ -176,6 +176,7 @@ void Engine::compile(const CompileConfig& cc) {
   if (f.deepcompile && f.pass_autotp && !f.autotp_size_ok) {
     throw ConfigError(fmt::format("compile: autotp needs 'tensor_parallel.autotp_size' > 1, got {}", cfg_.autotp_size));
   }
+  check_parallel_layout(f);
   compile_facts_ = f;
   compiled_ = true;
   deepcompile_active_ = decide::deepcompile_active(f);
@@ -197,6 +198,41 @@ void Engine::compile(const CompileConfig& cc) {
     runtime().init(comm_, backend, cfg_.zero.reduce_bucket_size, std::move(ex));
   }
   record(fmt::format("compile: backend {} deepcompile_active {}", backend, deepcompile_active_));
+}
+
+// Note [Parallel passes]
+// Upstream's AutoTP and AutoSP rewrite the traced graph: AutoTP shards the attention and MLP
+// linears over a TP group, AutoSP wraps attention in Ulysses all_to_alls over an SP group. We have
+// no graph to rewrite, so the model is constructed parallel (TinyLlama with TinyLlamaGroups) and
+// compile() checks that its layout matches the pass the config selects:
+//   - a model with layers the selected pass rewrites (ModelParallelism::supports_*) must have been
+//     built over a group of the matching size (autotp: tensor_parallel.autotp_size; autosp: more
+//     than one rank, dividing the engine's world), else ConfigError saying how to build it;
+//   - a model without such layers (MLP, Synthetic, ...) is left as it is, as upstream's passes
+//     find nothing to rewrite in it; the I3 verifier exercises the gating on exactly such models.
+// The Comm handed to the Engine is the data-parallel group: for TP the split of the world over
+// ranks with the same TP rank; for SP the whole world (Note [Ulysses loss scaling]).
+void Engine::check_parallel_layout(const decide::CompileFacts<bool, std::int64_t>& f) {
+  const ModelParallelism mp = model_.parallelism();
+  if (decide::selects_autotp(f) && mp.supports_autotp && mp.tp_size != cfg_.autotp_size) {
+    throw ConfigError(fmt::format(
+        "compile: autotp with 'tensor_parallel.autotp_size' {} but model '{}' was built over a "
+        "tensor-parallel group of {} rank(s): build it over world.split() groups of {} ranks and "
+        "give the Engine the data-parallel split", cfg_.autotp_size, model_.describe(), mp.tp_size,
+        cfg_.autotp_size));
+  }
+  if (decide::selects_autosp(f) && mp.supports_autosp &&
+      (mp.sp_size < 2 || comm_.size() % mp.sp_size != 0)) {
+    throw ConfigError(fmt::format(
+        "compile: autosp but model '{}' was built over a sequence-parallel group of {} rank(s) with "
+        "an engine world of {}: build it over world.split() groups of sp > 1 ranks that divide the "
+        "world, and give the Engine the whole world", model_.describe(), mp.sp_size, comm_.size()));
+  }
+  const bool rewrites = (decide::selects_autotp(f) && mp.supports_autotp) ||
+                        (decide::selects_autosp(f) && mp.supports_autosp);
+  if ((decide::selects_autotp(f) || decide::selects_autosp(f)) && !rewrites) {
+    record(fmt::format("compile: model {} has no layers the pass rewrites; left as it is", model_.describe()));
+  }
 }
 
 void Engine::destroy() {

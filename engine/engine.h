@@ -73,8 +73,9 @@ class Engine {
   // DeepSpeed's engine.compile(): selects the DeepCompile backend from the passes and the stage
   // (SPEC 3, decide:: templates); only a ZeRO backend loads the runtime and calls init().
   // autotp with another pass is NotImplementedError; autotp needs tensor_parallel.autotp_size > 1.
-  // The AutoSP / AutoTP graph transformations themselves are not built: those backends are
-  // installed and gate the engine exactly as upstream, but leave the model as it is.
+  // AutoSP / AutoTP: the model is constructed parallel (models/tinyllama.h) and compile() checks
+  // its ModelParallelism against the selected pass, a ConfigError on a mismatch; a model with
+  // nothing for the pass to rewrite is left as it is (Note [Parallel passes] in engine.cpp).
   void compile(const CompileConfig& cc);
   // DeepSpeed's destroy(): runtime cleanup if the runtime was initialised (KnownBug::B2: if
   // DeepCompile is active). The engine refuses further work afterwards.
@@ -111,6 +112,7 @@ class Engine {
   bool inside_no_sync() const { return inside_no_sync_; }
 
  private:
+  void check_parallel_layout(const decide::CompileFacts<bool, std::int64_t>& f);
   void enter_no_sync();
   void check_usable(const char* call) const;
   bool runs_deepcompile_hooks() const;

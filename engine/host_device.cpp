@@ -446,24 +446,26 @@ void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
                                  shape_str(logits.shape()), logits.ndim() == 2 ? logits.dim(0) : -1));
   }
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const auto label = static_cast<std::int64_t>(load_as_f32(labels.raw(), labels.dtype(), r));
-    if (label < 0 || label >= cols) {
-      throw UsageError(fmt::format("softmax_xent: label {} of row {} outside [0, {})", label, r, cols));
+  with_compute({&dlogits, &row_loss, &logits}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto label = static_cast<std::int64_t>(load_as_f32(labels.raw(), labels.dtype(), r));
+      if (label < 0 || label >= cols) {
+        throw UsageError(
+            fmt::format("softmax_xent: label {} of row {} outside [0, {})", label, r, cols));
+      }
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, ld<T>(logits, r * cols + c));
+      T denom = 0;
+      for (std::int64_t c = 0; c < cols; ++c)
+        denom = denom + std::exp(ld<T>(logits, r * cols + c) - mx);
+      const T log_denom = std::log(denom);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const T p = std::exp(ld<T>(logits, r * cols + c) - mx) / denom;
+        st<T>(dlogits, r * cols + c, c == label ? p - T(1) : p);
+      }
+      st<T>(row_loss, r, log_denom - (ld<T>(logits, r * cols + label) - mx));
     }
-    float mx = -INFINITY;
-    for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, load_as_f32(logits.raw(), logits.dtype(), r * cols + c));
-    float denom = 0.0f;
-    for (std::int64_t c = 0; c < cols; ++c) denom = denom + std::exp(load_as_f32(logits.raw(), logits.dtype(), r * cols + c) - mx);
-    const float log_denom = std::log(denom);
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float z = load_as_f32(logits.raw(), logits.dtype(), r * cols + c) - mx;
-      const float p = std::exp(z) / denom;
-      store_from_f32(dlogits.raw(), dlogits.dtype(), r * cols + c, c == label ? p - 1.0f : p);
-    }
-    const float zl = load_as_f32(logits.raw(), logits.dtype(), r * cols + label) - mx;
-    store_from_f32(row_loss.raw(), row_loss.dtype(), r, log_denom - zl);
-  }
+  });
   count(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 
@@ -516,6 +518,161 @@ void HostDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
     }
   });
   count(counters_, 2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
+}
+
+namespace {
+std::int64_t token_id(const char* op, const Tensor& ids, std::int64_t n, std::int64_t vocab) {
+  const auto id = static_cast<std::int64_t>(load_as_f64(ids.raw(), ids.dtype(), n));
+  if (id < 0 || id >= vocab)
+    throw UsageError(fmt::format("{}: id {} of row {} outside [0, {})", op, id, n, vocab));
+  return id;
+}
+}  // namespace
+
+void HostDevice::embedding(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  for (const Tensor* t : {&out, &table, &ids}) on("embedding", *t, Placement::host);
+  const std::int64_t vocab = rows_of("embedding", table), dim = table.dim(1), n = ids.numel();
+  if (out.numel() != n * dim)
+    throw UsageError(fmt::format("embedding: out {} for {} ids of dim {}", out.describe(), n, dim));
+  with_compute({&out, &table}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t id = token_id("embedding", ids, i, vocab);
+      for (std::int64_t j = 0; j < dim; ++j) st<T>(out, i * dim + j, ld<T>(table, id * dim + j));
+    }
+  });
+  count(counters_, 0, out.nbytes() + ids.nbytes(), out.nbytes());
+}
+
+void HostDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  for (const Tensor* t : {&dtable, &dout, &ids}) on("embedding_backward", *t, Placement::host);
+  const std::int64_t vocab = rows_of("embedding_backward", dtable), dim = dtable.dim(1),
+                     n = ids.numel();
+  if (dout.numel() != n * dim)
+    throw UsageError(
+        fmt::format("embedding_backward: dout {} for {} ids of dim {}", dout.describe(), n, dim));
+  with_compute({&dtable, &dout}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < dtable.numel(); ++i) st<T>(dtable, i, T(0));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t id = token_id("embedding_backward", ids, i, vocab);
+      for (std::int64_t j = 0; j < dim; ++j) {
+        st<T>(dtable, id * dim + j, ld<T>(dtable, id * dim + j) + ld<T>(dout, i * dim + j));
+      }
+    }
+  });
+  count(counters_, dout.numel(), dout.nbytes() + ids.nbytes(), dtable.nbytes());
+}
+
+void HostDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                         double eps) {
+  for (const Tensor* t : {&out, &rstd, &x, &w}) on("rmsnorm", *t, Placement::host);
+  same_numel("rmsnorm", out, x);
+  const std::int64_t rows = rows_of("rmsnorm", x), dim = row_len("rmsnorm", x, w);
+  if (rstd.numel() != rows)
+    throw UsageError(fmt::format("rmsnorm: rstd {} for {} rows", rstd.describe(), rows));
+  with_compute({&out, &rstd, &x, &w}, [&]<class T>(T) {
+    const auto e = static_cast<T>(eps);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T ss = 0;
+      for (std::int64_t j = 0; j < dim; ++j)
+        ss = ss + ld<T>(x, r * dim + j) * ld<T>(x, r * dim + j);
+      const T inv = T(1) / std::sqrt(ss / static_cast<T>(dim) + e);
+      st<T>(rstd, r, inv);
+      for (std::int64_t j = 0; j < dim; ++j)
+        st<T>(out, r * dim + j, (ld<T>(x, r * dim + j) * inv) * ld<T>(w, j));
+    }
+  });
+  count(counters_, 4 * x.numel(), x.nbytes() + w.nbytes(), out.nbytes() + rstd.nbytes());
+}
+
+void HostDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                                  const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  for (const Tensor* t : {&dx, &dw, &dout, &x, &w, &rstd})
+    on("rmsnorm_backward", *t, Placement::host);
+  same_numel("rmsnorm_backward", dx, x);
+  same_numel("rmsnorm_backward", dout, x);
+  same_numel("rmsnorm_backward", dw, w);
+  const std::int64_t rows = rows_of("rmsnorm_backward", x), dim = row_len("rmsnorm_backward", x, w);
+  with_compute({&dx, &dw, &dout, &x, &w, &rstd}, [&]<class T>(T) {
+    for (std::int64_t j = 0; j < dim; ++j) {
+      T acc = 0;
+      for (std::int64_t r = 0; r < rows; ++r)
+        acc = acc + ld<T>(dout, r * dim + j) * ld<T>(x, r * dim + j) * ld<T>(rstd, r);
+      st<T>(dw, j, acc);
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T inv = ld<T>(rstd, r);
+      T c = 0;
+      for (std::int64_t j = 0; j < dim; ++j)
+        c = c + ld<T>(dout, r * dim + j) * ld<T>(w, j) * ld<T>(x, r * dim + j);
+      const T k = inv * inv * c / static_cast<T>(dim);
+      for (std::int64_t j = 0; j < dim; ++j) {
+        st<T>(dx, r * dim + j,
+              inv * (ld<T>(w, j) * ld<T>(dout, r * dim + j) - ld<T>(x, r * dim + j) * k));
+      }
+    }
+  });
+  count(counters_, 8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(),
+        dx.nbytes() + dw.nbytes());
+}
+
+void HostDevice::causal_softmax(const Tensor& out, const Tensor& x) {
+  for (const Tensor* t : {&out, &x}) on("causal_softmax", *t, Placement::host);
+  same_numel("causal_softmax", out, x);
+  const std::int64_t rows = rows_of("causal_softmax", x), cols = x.dim(1);
+  with_compute({&out, &x}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t seen = r % cols + 1;  // keys 0..i
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < seen; ++j) mx = std::max(mx, ld<T>(x, r * cols + j));
+      T denom = 0;
+      for (std::int64_t j = 0; j < seen; ++j) denom = denom + std::exp(ld<T>(x, r * cols + j) - mx);
+      for (std::int64_t j = 0; j < cols; ++j) {
+        st<T>(out, r * cols + j, j < seen ? std::exp(ld<T>(x, r * cols + j) - mx) / denom : T(0));
+      }
+    }
+  });
+  count(counters_, 4 * x.numel(), x.nbytes(), out.nbytes());
+}
+
+void HostDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) {
+  for (const Tensor* t : {&dx, &dout, &p}) on("softmax_backward", *t, Placement::host);
+  same_numel("softmax_backward", dx, p);
+  same_numel("softmax_backward", dout, p);
+  const std::int64_t rows = rows_of("softmax_backward", p), cols = p.dim(1);
+  with_compute({&dx, &dout, &p}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T s = 0;
+      for (std::int64_t j = 0; j < cols; ++j)
+        s = s + ld<T>(p, r * cols + j) * ld<T>(dout, r * cols + j);
+      for (std::int64_t j = 0; j < cols; ++j) {
+        st<T>(dx, r * cols + j, ld<T>(p, r * cols + j) * (ld<T>(dout, r * cols + j) - s));
+      }
+    }
+  });
+  count(counters_, 4 * p.numel(), p.nbytes() + dout.nbytes(), dx.nbytes());
+}
+
+void HostDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
+                              std::int64_t c, std::int64_t d) {
+  for (const Tensor* t : {&out, &x}) on("permute_0213", *t, Placement::host);
+  same_numel("permute_0213", out, x);
+  if (a * b * c * d != x.numel()) {
+    throw UsageError(
+        fmt::format("permute_0213: [{},{},{},{}] does not cover {}", a, b, c, d, x.describe()));
+  }
+  same_dtype("permute_0213", out, x);
+  const std::int64_t esize = dtype_size(x.dtype());
+  const auto* src = static_cast<const std::byte*>(x.raw());
+  auto* dst = static_cast<std::byte*>(out.raw());
+  for (std::int64_t ia = 0; ia < a; ++ia) {
+    for (std::int64_t ib = 0; ib < b; ++ib) {
+      for (std::int64_t ic = 0; ic < c; ++ic) {
+        const std::int64_t from = ((ia * b + ib) * c + ic) * d, to = ((ia * c + ic) * b + ib) * d;
+        std::memcpy(dst + to * esize, src + from * esize, static_cast<std::size_t>(d * esize));
+      }
+    }
+  }
+  count(counters_, 0, x.nbytes(), out.nbytes());
 }
 
 }  // namespace zc

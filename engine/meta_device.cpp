@@ -159,4 +159,64 @@ void MetaDevice::sum_rows(const Tensor& out, const Tensor& x, bool) {
   tally(counters_, x.numel(), x.nbytes(), out.nbytes());
 }
 
+
+// Transformer ops: the same shape checks as HostDevice (ids are not read: a meta id has no value).
+void MetaDevice::embedding(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  all_meta("embedding", {&out, &table, &ids});
+  if (table.ndim() != 2 || out.numel() != ids.numel() * table.dim(1)) {
+    throw UsageError(fmt::format("embedding: out {} does not fit {} ids of table {}", out.describe(),
+                                 ids.numel(), table.describe()));
+  }
+  tally(counters_, 0, out.nbytes() + ids.nbytes(), out.nbytes());
+}
+void MetaDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  all_meta("embedding_backward", {&dtable, &dout, &ids});
+  if (dtable.ndim() != 2 || dout.numel() != ids.numel() * dtable.dim(1)) {
+    throw UsageError(fmt::format("embedding_backward: dout {} does not fit {} ids of table {}",
+                                 dout.describe(), ids.numel(), dtable.describe()));
+  }
+  tally(counters_, dout.numel(), dout.nbytes() + ids.nbytes(), dtable.nbytes());
+}
+void MetaDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                         double) {
+  all_meta("rmsnorm", {&out, &rstd, &x, &w});
+  same_numel("rmsnorm", out, x);
+  row_len("rmsnorm", x, w);
+  if (rstd.numel() != x.dim(0)) throw UsageError("rmsnorm: rstd must have one value per row");
+  tally(counters_, 4 * x.numel(), x.nbytes() + w.nbytes(), out.nbytes() + rstd.nbytes());
+}
+void MetaDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                                  const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  all_meta("rmsnorm_backward", {&dx, &dw, &dout, &x, &w, &rstd});
+  same_numel("rmsnorm_backward", dx, x);
+  same_numel("rmsnorm_backward", dout, x);
+  same_numel("rmsnorm_backward", dw, w);
+  row_len("rmsnorm_backward", x, w);
+  tally(counters_, 8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(),
+        dx.nbytes() + dw.nbytes());
+}
+void MetaDevice::causal_softmax(const Tensor& out, const Tensor& x) {
+  all_meta("causal_softmax", {&out, &x});
+  same_numel("causal_softmax", out, x);
+  if (x.ndim() != 2) throw UsageError(fmt::format("causal_softmax: {} must be 2-D", x.describe()));
+  tally(counters_, 4 * x.numel(), x.nbytes(), out.nbytes());
+}
+void MetaDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) {
+  all_meta("softmax_backward", {&dx, &dout, &p});
+  same_numel("softmax_backward", dx, p);
+  same_numel("softmax_backward", dout, p);
+  if (p.ndim() != 2) throw UsageError(fmt::format("softmax_backward: {} must be 2-D", p.describe()));
+  tally(counters_, 4 * p.numel(), p.nbytes() + dout.nbytes(), dx.nbytes());
+}
+void MetaDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
+                              std::int64_t c, std::int64_t d) {
+  all_meta("permute_0213", {&out, &x});
+  same_numel("permute_0213", out, x);
+  same_dtype("permute_0213", out, x);
+  if (a * b * c * d != x.numel()) {
+    throw UsageError(fmt::format("permute_0213: [{},{},{},{}] does not cover {}", a, b, c, d, x.describe()));
+  }
+  tally(counters_, 0, x.nbytes(), out.nbytes());
+}
+
 }  // namespace zc

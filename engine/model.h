@@ -47,6 +47,17 @@ Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype);
 // A value of the data domain: exact k * 2^-e, or a standard normal times `gaussian_scale`.
 double draw_value(Rng& rng, DataDomain domain, const ExactSpec& ex, double gaussian_scale = 1.0);
 
+// The parallel layout a model was built with. Engine::compile() checks the autotp/autosp passes
+// against it: a model with layers a pass rewrites (supports_*) must have been built over a group
+// of the matching size; a model without such layers is left as it is (Note [Parallel passes] in
+// engine.cpp).
+struct ModelParallelism {
+  bool supports_autotp = false;  // has attention / MLP linears that AutoTP shards
+  int tp_size = 1;               // the tensor-parallel group it was built over
+  bool supports_autosp = false;  // has attention that AutoSP (Ulysses) wraps in all_to_all
+  int sp_size = 1;               // the sequence-parallel group it was built over
+};
+
 class Model : public Module {
  public:
   explicit Model(std::string name) : Module(std::move(name)) {}
@@ -62,6 +73,7 @@ class Model : public Module {
   // backward order. The output gradient is scaled then divided, as DeepSpeed does.
   virtual void backward(Device& dev, double loss_scale, std::int64_t ga) = 0;
   virtual std::string describe() const = 0;
+  virtual ModelParallelism parallelism() const { return {}; }
   DType dtype() const { return dtype_; }
   // init_params() sets it; deserialize restores it.
   void set_dtype(DType dtype) { dtype_ = dtype; }

@@ -118,4 +118,31 @@ void SimDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
   guarded("sum_rows", {&x, &out}, {&out}, [&] { inner_.sum_rows(out, x, accumulate); });
 }
 
+void SimDevice::embedding(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  guarded("embedding", {&table, &ids}, {&out}, [&] { inner_.embedding(out, table, ids); });
+}
+void SimDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  guarded("embedding_backward", {&dout, &ids}, {&dtable},
+          [&] { inner_.embedding_backward(dtable, dout, ids); });
+}
+void SimDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                        double eps) {
+  guarded("rmsnorm", {&x, &w}, {&out, &rstd}, [&] { inner_.rmsnorm(out, rstd, x, w, eps); });
+}
+void SimDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                                 const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  guarded("rmsnorm_backward", {&dout, &x, &w, &rstd}, {&dx, &dw},
+          [&] { inner_.rmsnorm_backward(dx, dw, dout, x, w, rstd); });
+}
+void SimDevice::causal_softmax(const Tensor& out, const Tensor& x) {
+  guarded("causal_softmax", {&x}, {&out}, [&] { inner_.causal_softmax(out, x); });
+}
+void SimDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) {
+  guarded("softmax_backward", {&dout, &p}, {&dx}, [&] { inner_.softmax_backward(dx, dout, p); });
+}
+void SimDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
+                             std::int64_t c, std::int64_t d) {
+  guarded("permute_0213", {&x}, {&out}, [&] { inner_.permute_0213(out, x, a, b, c, d); });
+}
+
 }  // namespace zc::sim

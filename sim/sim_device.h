@@ -56,6 +56,16 @@ class SimDevice final : public Device {
   std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
   void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
   void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;
+  void embedding(const Tensor& out, const Tensor& table, const Tensor& ids) override;
+  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) override;
+  void rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+               double eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                        const Tensor& w, const Tensor& rstd) override;
+  void causal_softmax(const Tensor& out, const Tensor& x) override;
+  void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override;
+  void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
+                    std::int64_t c, std::int64_t d) override;
 
  private:
   // Checks reads then writes, runs `body` on the inner device, then charges its cost.
