@@ -174,6 +174,28 @@ namespace {
 
 // ---- the work items ----
 
+// The determinism self-check on a saved counterexample: reload it and rerun it exactly.
+struct Replays {
+  int runs = 0, mismatches = 0;
+  std::string detail;
+  void check(const std::filesystem::path& file, const Invariant& inv, const RunHooks& hooks) {
+    const SavedCase back = load_case(file);
+    const Verdict again = inv.check(back.scenario, CheckContext{back.bugs, hooks});
+    ++runs;
+    if (again.holds != back.holds || again.trace_hash != back.trace_hash) {
+      ++mismatches;
+      detail = fmt::format("{}: replay gave {} with trace hash {}, saved {} with {}", file.string(),
+                           again.holds ? "holds" : "fails", hex(again.trace_hash), back.holds ? "holds" : "fails",
+                           hex(back.trace_hash));
+    }
+  }
+  void write(nlohmann::json& j) const {
+    j["replays"] = runs;
+    j["replay_mismatches"] = mismatches;
+    j["replay_detail"] = detail;
+  }
+};
+
 nlohmann::json invariant_item(const Invariant& inv, const VerifyOptions& opts) {
   CheckContext ctx{{}, opts.hooks};
   const Campaign c = run_campaign(inv, ctx, opts.profile.cases, opts.seed);
@@ -185,8 +207,7 @@ nlohmann::json invariant_item(const Invariant& inv, const VerifyOptions& opts) {
   r.discarded = c.discarded;
   r.seconds = c.seconds;
   if (!c.error.empty()) r.failure = c.error;
-  int replays = 0, mismatches = 0;
-  std::string detail;
+  Replays replays;
   if (c.failed) {
     r.failure = c.verdict.failure;
     r.counterexample = to_json(c.counterexample);
@@ -195,13 +216,12 @@ nlohmann::json invariant_item(const Invariant& inv, const VerifyOptions& opts) {
     const std::filesystem::path file = opts.out / "counterexamples" / fmt::format("{}.json", inv.name);
     save_case(saved, file);
     r.scenario_file = file.string();
+    replays.check(file, inv, opts.hooks);
   }
   VerifyReport one;
   one.invariants.push_back(r);
   nlohmann::json j = to_json(one)["invariants"][0];
-  j["replays"] = replays;
-  j["replay_mismatches"] = mismatches;
-  j["replay_detail"] = detail;
+  replays.write(j);
   return j;
 }
 
@@ -230,8 +250,7 @@ nlohmann::json bug_item(const KnownBugInfo& bug, const VerifyOptions& opts, cons
   }
   const CheckContext ctx{BugSet{bug.id}, opts.hooks};
   const auto t0 = Clock::now();
-  int replays = 0, mismatches = 0;
-  std::string detail;
+  Replays replays;
   for (const Invariant* inv : order) {
     const Campaign c = run_campaign(*inv, ctx, opts.profile.bug_cases, opts.seed ^ fnv1a(r.id));
     r.cases_to_catch += c.cases;
@@ -248,25 +267,14 @@ nlohmann::json bug_item(const KnownBugInfo& bug, const VerifyOptions& opts, cons
     const std::filesystem::path file = opts.out / "counterexamples" / fmt::format("{}-{}.json", r.id, inv->name);
     save_case(saved, file);
     r.scenario_file = file.string();
-    // The determinism self-check on what was saved: reload and rerun it exactly.
-    const SavedCase back = load_case(file);
-    const Verdict again = inv->check(back.scenario, CheckContext{back.bugs, opts.hooks});
-    ++replays;
-    if (again.holds != back.holds || again.trace_hash != back.trace_hash) {
-      ++mismatches;
-      detail = fmt::format("{}: replay gave {} with trace hash {}, saved {} with {}", file.string(),
-                           again.holds ? "holds" : "fails", hex(again.trace_hash), back.holds ? "holds" : "fails",
-                           hex(back.trace_hash));
-    }
+    replays.check(file, *inv, opts.hooks);
     break;
   }
   if (!r.caught) r.seconds = since(t0);
   VerifyReport one;
   one.bugs.push_back(r);
   nlohmann::json j = to_json(one)["known_bugs"][0];
-  j["replays"] = replays;
-  j["replay_mismatches"] = mismatches;
-  j["replay_detail"] = detail;
+  replays.write(j);
   return j;
 }
 
