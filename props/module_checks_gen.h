@@ -21,8 +21,10 @@ inline void showValue(const I4Case& c, std::ostream& os) { os << describe(c); }
 inline rc::Gen<std::vector<std::int64_t>> i4_shapes(const std::string& model) {
   using V = std::vector<std::int64_t>;
   if (model == "tree") {
-    return rc::gen::resize(
-        10, rc::gen::container<V>(rc::gen::inRange<std::int64_t>(0, 3 * 16 * 8 * 8)));
+    // inRange scales its range by the size: the values keep the full range (size 100), so bias
+    // params and external uses are drawn; only the node count is capped at about 10.
+    return rc::gen::resize(10, rc::gen::container<V>(rc::gen::resize(
+                                   100, rc::gen::inRange<std::int64_t>(0, 3 * 16 * 8 * 8))));
   }
   if (model == "mlp") {
     return rc::gen::resize(4, rc::gen::container<V>(rc::gen::inRange<std::int64_t>(1, 9)));
