@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <map>
 #include <typeinfo>
 
 namespace zc {
@@ -124,7 +126,8 @@ Module::~Module() = default;
 // objects with the same fields; their tensors are handles, so a copy views the original's
 // storage until something assigns it new tensors (trace() gives every param a meta tensor) and
 // the original is never written. Subclasses that need a child reach it through children(), so
-// the default member-wise copy is right for them.
+// the default member-wise copy is right for them. External-param registrations live on the
+// module, as DeepSpeed's do, and are copied: see Note [External params in copies].
 namespace {
 
 // The owner a copy of `original`'s ParamDict gets. KnownBug::B5: before ZeROOrderedDict had a
@@ -135,11 +138,70 @@ Module* copy_owner(const Module& original, Module* copy) {
   return copy;
 }
 
+// Note [External params in copies]
+// As deepcopy's memo does for DeepSpeed's module._external_params, a copy's external params are
+// the copy's own Parameter objects: the one copied from the param the original registered. A
+// module's copy constructor runs inside its parent's, so only the outermost copy knows the whole
+// copied tree: inner copies keep the original's pointers and the outermost one maps every entry
+// of its tree to the copy's param by position, and drops an entry whose param lies outside the
+// copied subtree (deepcopy would make an orphan param no module owns; either way the copy never
+// points at the original). The ZeRO-3 engine of the original keeps its own registrations; the
+// copy has no coordinator until an engine is built on it, which then gathers these.
+class CopyingChildren {
+ public:
+  explicit CopyingChildren(bool& flag) : flag_(flag) { flag_ = true; }
+  ~CopyingChildren() { flag_ = false; }
+  CopyingChildren(const CopyingChildren&) = delete;
+  CopyingChildren& operator=(const CopyingChildren&) = delete;
+
+ private:
+  bool& flag_;
+};
+
+void each_param(const Module& m, const std::function<void(const Parameter&)>& f) {
+  for (const auto& entry : m.params()) f(*entry.second);
+  for (const auto& c : m.children()) each_param(*c, f);
+}
+
+void each_module(Module& m, const std::function<void(Module&)>& f) {
+  f(m);
+  for (const auto& c : m.children()) each_module(*c, f);
+}
+
 }  // namespace
 
 Module::Module(const Module& other)
-    : name_(other.name_), params_(other.params_, copy_owner(other, this)) {
-  for (const auto& c : other.children_) adopt(c->clone());
+    : name_(other.name_), params_(other.params_, copy_owner(other, this)),
+      external_params_(other.external_params_) {
+  {
+    const CopyingChildren scope(other.copying_children_);
+    for (const auto& c : other.children_) adopt(c->clone());
+  }
+  const bool outermost = other.parent_ == nullptr || !other.parent_->copying_children_;
+  if (outermost) rebind_external_params(other);
+}
+
+void Module::rebind_external_params(const Module& original) {
+  std::map<const Parameter*, std::size_t> position;  // original's param -> preorder position
+  each_param(original, [&](const Parameter& p) { position.emplace(&p, position.size()); });
+  std::vector<Parameter*> mine;  // [position] this copy's params
+  collect(mine);
+  ZC_ASSERT(mine.size() == position.size(), "a copy of '{}' has {} params, the original {}",
+            original.path(), mine.size(), position.size());
+  each_module(*this, [&](Module& m) {
+    std::vector<Parameter*> rebound;
+    for (Parameter* p : m.external_params_) {
+      auto it = position.find(p);
+      if (it != position.end()) rebound.push_back(mine[it->second]);
+    }
+    m.external_params_ = std::move(rebound);
+  });
+}
+
+void Module::add_external_param(Parameter& p) {
+  if (std::find(external_params_.begin(), external_params_.end(), &p) == external_params_.end()) {
+    external_params_.push_back(&p);
+  }
 }
 
 std::unique_ptr<Module> Module::clone_impl() const {

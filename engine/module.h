@@ -65,6 +65,22 @@ struct TracingContext {
   BugSet bugs;  // the traced engine's switches (KnownBug::B6 is read in ParamDict::get)
 };
 
+// Note [Shared params]
+// PyTorch ties weights (embedding and LM head) by registering one Parameter object in two
+// modules' _parameters. Here a ParamDict owns its Parameters (unique_ptr), and that ownership is
+// what I4's copy checks, ZeRO-3's index_ (one shard per Parameter*) and the grad-ready hook rest
+// on, so a tied entry is not modelled yet. Doing it cleanly takes, at least:
+// - an entry kind that aliases another dict's param (get() returns it; owner() is the owning
+//   module), with named_parameters()/finalize_parameters() deduplicating by identity;
+// - ZeRO-3 active-submodule counting (DeepSpeed's ds_active_sub_modules): both modules' hooks
+//   fetch and release the param, and one user's post-forward must not free it under the other;
+// - one grad-ready per param per backward with the summed grad (AccumulateGrad fires once),
+//   because ZeRO-2/3 assert a param is reduced once per backward (already_reduced_);
+// - copies and serialize remapping the alias to the copy's param by position (as Note
+//   [External params in copies]), and a subtree copy without the owner owning a new param;
+// - TreeModel's prescribed loss summing each use's g, and prescribed_grad_oracle with it.
+// External params (Module::add_external_param) cover the use of another module's param
+// without the aliasing.
 // Ordered name -> Parameter owned by one module.
 class ParamDict {
  public:
@@ -162,6 +178,13 @@ class Module {
   void set_tracing(const TracingContext* t);
   const TracingContext* tracing() const { return root().tracing_; }
 
+  // DeepSpeed's module._external_params (register_external_parameter): params this module uses
+  // although another module's ParamDict owns them; ZeRO-3 gathers and releases them in this
+  // module's hooks too. Registering one twice keeps one entry. A copy refers to the copy's params,
+  // never the original's (Note [External params in copies]).
+  void add_external_param(Parameter& p);
+  const std::vector<Parameter*>& external_params() const { return external_params_; }
+
   // The grad-ready hook lives on the root; accumulate_grad() fires it.
   void set_grad_ready_hook(GradReadyHook h) { root().grad_ready_ = std::move(h); }
   // p.grad = p.grad + g (or a copy of g when None), then fires the grad-ready hook: what
@@ -177,11 +200,17 @@ class Module {
  private:
   void adopt(std::unique_ptr<Module> child);
   void collect(std::vector<Parameter*>& out);
+  void rebind_external_params(const Module& original);
+
 
   std::string name_;
   Module* parent_ = nullptr;
   ParamDict params_;
   std::vector<std::unique_ptr<Module>> children_;
+  std::vector<Parameter*> external_params_;  // not owned: params of other modules' ParamDicts
+  // Set on an original while its children are copied, so a child's copy knows it is not the
+  // outermost copy (Note [External params in copies]).
+  mutable bool copying_children_ = false;
   using TaggedHook = std::pair<const void*, ModuleHook>;
   std::vector<TaggedHook> pre_forward_, post_forward_, pre_backward_, post_backward_;
   GradReadyHook grad_ready_;

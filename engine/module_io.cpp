@@ -5,6 +5,8 @@
 #include "engine/errors.h"
 #include "engine/model.h"
 
+#include <map>
+
 namespace zc {
 
 ModuleRegistry::ModuleRegistry() {
@@ -168,7 +170,19 @@ void restore(Module& m, const nlohmann::json& j, const ModuleRegistry& kinds, De
 
 }  // namespace
 
-nlohmann::json serialize_module(const Module& m, Device& dev) {
+namespace {
+
+using Positions = std::map<const Parameter*, std::int64_t>;  // param -> preorder position
+
+void number_params(const Module& m, Positions& out) {
+  for (const auto& entry : m.params()) out.emplace(entry.second.get(), out.size());
+  for (const auto& c : m.children()) number_params(*c, out);
+}
+
+// External params travel as positions in the serialized tree's preorder param order; one whose
+// param lies outside the serialized subtree is left out, as a copy drops it (module.cpp, Note
+// [External params in copies]).
+nlohmann::json serialize_tree(const Module& m, Device& dev, const Positions& positions) {
   nlohmann::json j = {{"kind", m.kind()}, {"name", m.name()}, {"args", m.kind_args()},
                       {"in_forward", m.params().in_forward()}};
   if (const auto* model = dynamic_cast<const Model*>(&m)) {
@@ -177,10 +191,40 @@ nlohmann::json serialize_module(const Module& m, Device& dev) {
   nlohmann::json params = nlohmann::json::array();
   for (const auto& [local, p] : m.params()) params.push_back(param_json(dev, local, *p));
   j["params"] = std::move(params);
+  nlohmann::json external = nlohmann::json::array();
+  for (const Parameter* p : m.external_params()) {
+    if (auto it = positions.find(p); it != positions.end()) external.push_back(it->second);
+  }
+  if (!external.empty()) j["external_params"] = std::move(external);
   nlohmann::json children = nlohmann::json::array();
-  for (const auto& c : m.children()) children.push_back(serialize_module(*c, dev));
+  for (const auto& c : m.children()) children.push_back(serialize_tree(*c, dev, positions));
   j["children"] = std::move(children);
   return j;
+}
+
+// After restore(): the "external_params" positions, against the rebuilt tree's own params.
+void restore_external(Module& m, const nlohmann::json& j, const std::vector<Parameter*>& params) {
+  if (j.contains("external_params")) {
+    for (const nlohmann::json& pos : j.at("external_params")) {
+      const auto k = pos.get<std::int64_t>();
+      if (k < 0 || k >= static_cast<std::int64_t>(params.size())) {
+        throw UsageError(fmt::format("deserialize: module '{}' has external param {}, but the tree "
+                                     "has {} params", m.name(), k, params.size()));
+      }
+      m.add_external_param(*params[static_cast<std::size_t>(k)]);
+    }
+  }
+  for (std::size_t i = 0; i < m.children().size(); ++i) {
+    restore_external(*m.children()[i], j.at("children").at(i), params);
+  }
+}
+
+}  // namespace
+
+nlohmann::json serialize_module(const Module& m, Device& dev) {
+  Positions positions;
+  number_params(m, positions);
+  return serialize_tree(m, dev, positions);
 }
 
 std::unique_ptr<Module> deserialize_module(const nlohmann::json& j, const ModuleRegistry& kinds,
@@ -189,6 +233,7 @@ std::unique_ptr<Module> deserialize_module(const nlohmann::json& j, const Module
     std::unique_ptr<Module> root = kinds.make(j.at("kind").get<std::string>(),
                                               j.at("name").get<std::string>(), j.at("args"), env);
     restore(*root, j, kinds, dev, env);
+    restore_external(*root, j, root->named_parameters());
     return root;
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("deserialize: the module JSON is malformed ({}): write it with "

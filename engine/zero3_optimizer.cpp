@@ -63,6 +63,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer");
   already_reduced_.assign(shards_.size(), 0);
   micro_step_id_ = 0;  // SPEC 5: 0 at init for ZeRO-3
+  check_external_params(model_);  // registered before the engine (DeepSpeed's zero.Init idiom)
   install_hooks(model_);
   model_.set_param_coordinator(this);
   record(fmt::format("zero3 init: {} params, partition {} elements, offload optimizer {} param {}",
@@ -85,15 +86,32 @@ std::vector<Parameter*> Zero3Optimizer::params_of(Module& m) {
   for (auto& [name, p] : m.params()) {
     if (index_.count(p.get())) out.push_back(p.get());
   }
-  auto ext = external_.find(&m);
-  if (ext != external_.end()) out.insert(out.end(), ext->second.begin(), ext->second.end());
+  for (Parameter* p : m.external_params()) {
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
   return out;
 }
 
+// The registration lives on the module (DeepSpeed's module._external_params), so copies of the
+// tree carry it (Note [External params in copies]) and an engine built on one gathers it.
 void Zero3Optimizer::register_external_parameter(Module& module, Parameter& p) {
-  shard_of(p);  // must be a managed param
-  auto& list = external_[&module];
-  if (std::find(list.begin(), list.end(), &p) == list.end()) list.push_back(&p);
+  if (index_.count(&p) == 0) {
+    throw UsageError(fmt::format("register_external_parameter: param '{}' is not a param of the "
+                                 "model this ZeRO-3 engine partitions: register a param of the "
+                                 "same module tree", p.name));
+  }
+  module.add_external_param(p);
+}
+
+void Zero3Optimizer::check_external_params(Module& m) {
+  for (Parameter* p : m.external_params()) {
+    if (index_.count(p) == 0) {
+      throw UsageError(fmt::format("module '{}' has external param '{}' that is not a param of "
+                                   "this model: register only params of the same module tree",
+                                   m.path(), p->name));
+    }
+  }
+  for (auto& c : m.children()) check_external_params(*c);
 }
 
 Module& Zero3Optimizer::current_module() {

@@ -41,6 +41,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   const BugSet& bugs() const override { return opts_.bugs; }
   Module& current_module() override;
   // A param used by `module` although another module owns it: gathered in module's hooks too.
+  // Recorded on the module (Module::add_external_param). UsageError for an unmanaged param.
   void register_external_parameter(Module& module, Parameter& p) override;
   void all_gather(Parameter& p) override;
   // Gathers every param (for full_params); leaves them as they were.
@@ -80,14 +81,14 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void wait_all();
   Shard& shard_of(const Parameter& p);
   std::vector<double> gather_partitions(const Tensor& mine);
-  std::vector<Parameter*> params_of(Module& m);
+  std::vector<Parameter*> params_of(Module& m);  // its own managed params, then its external ones
+  void check_external_params(Module& m);
 
   int world_, rank_;
   bool overlap_, contiguous_;
   std::int64_t bucket_size_, partition_numel_ = 0;
   std::vector<Shard> shards_;
   std::map<const Parameter*, std::size_t> index_;
-  std::map<Module*, std::vector<Parameter*>> external_;
   std::optional<CpuSpace> cpu_;  // offload_optimizer / offload_param
   Tensor fp16_partition_;  // [partition_numel] model dtype: every param's ds_shard is a view
   Tensor master_;          // [partition_numel] f32 (cpu with offload_optimizer)

@@ -25,9 +25,90 @@ void TreeModel::build(Module& node, std::size_t& next, int depth) {
   const std::int64_t w = (v / 3) % 16, b = (v / 48) % 8;
   if (w > 0) node.params().add("weight", {w}, DType::f32);
   if (b > 0) node.params().add("bias", {2, b}, DType::f32);
+  for (const auto& entry : node.params()) built_.emplace_back(node.path(), entry.first);
+  add_external_use(node, (v / 384) % 8);
   for (std::int64_t c = 0; c < v % 3 && depth < kMaxDepth && nodes_ < kMaxNodes; ++c) {
     ++nodes_;
     build(node.add_child<TreeNode>(fmt::format("n{}", c)), next, depth + 1);
+  }
+}
+
+// Note [Tree external params]
+// u = (v / 384) % 8 > 0 makes a node read, in its forward and through the owner's ParamDict::get,
+// a param of an earlier node in preorder that is not its ancestor: u picks the ((u - 1) / 2)-th
+// latest such param (cyclically), and an even u also declares the use with
+// Engine::register_external_parameter (registered_external_uses()); an odd u leaves ZeRO-3 to
+// discover it in the getter's eager-forward path. Ancestors are excluded because their params
+// are gathered for the whole of their forward, and a descendant releasing one in its own hooks
+// would free it under the ancestor (DeepSpeed counts active submodules for that; we do not).
+// The read checks that the value is there and does not enter the loss, so the prescribed
+// gradients (and prescribed_grad_oracle) are the same with or without external uses.
+void TreeModel::add_external_use(Module& node, std::int64_t u) {
+  if (u <= 0) return;
+  const std::string me = node.path();
+  std::vector<std::size_t> candidates;  // indices into built_, earlier nodes only
+  for (std::size_t i = 0; i < built_.size(); ++i) {
+    const std::string& owner = built_[i].first;
+    const bool ancestor_or_self = owner.empty() || owner == me || me.starts_with(owner + ".");
+    if (!ancestor_or_self) candidates.push_back(i);
+  }
+  if (candidates.empty()) return;
+  const auto pick = static_cast<std::size_t>((u - 1) / 2) % candidates.size();
+  const auto& [owner, local] = built_[candidates[candidates.size() - 1 - pick]];
+  uses_.push_back({me, owner, local, u % 2 == 0});
+}
+
+Module& TreeModel::module_at(const std::string& path) {
+  Module* m = this;
+  std::size_t start = 0;
+  while (start < path.size()) {
+    const std::size_t dot = std::min(path.find('.', start), path.size());
+    const std::string_view part = std::string_view(path).substr(start, dot - start);
+    Module* next = nullptr;
+    for (const auto& c : m->children()) {
+      if (c->name() == part) next = c.get();
+    }
+    ZC_ASSERT(next != nullptr, "tree '{}' has no module '{}'", name(), path);
+    m = next;
+    start = dot + 1;
+  }
+  return *m;
+}
+
+std::vector<std::pair<Module*, Parameter*>> TreeModel::registered_external_uses() {
+  std::vector<std::pair<Module*, Parameter*>> out;
+  for (const ExternalUse& u : uses_) {
+    if (!u.registered) continue;
+    Parameter* p = module_at(u.owner).params().get(u.local);
+    ZC_ASSERT(p != nullptr, "tree external use of missing param {}.{}", u.owner, u.local);
+    out.emplace_back(&module_at(u.user), p);
+  }
+  return out;
+}
+
+// m's uses of other nodes' params, while m is the innermost module in forward.
+void TreeModel::read_external(Device& dev, Module& m) {
+  const std::string me = m.path();
+  for (const ExternalUse& u : uses_) {
+    if (u.user != me) continue;
+    ParamDict& dict = module_at(u.owner).params();
+    ExternalRead r{"", me, {}, {}, dev.live_bytes(), 0, 0};
+    for (const auto& [local, p] : dict) {
+      if (local == u.local) r.status_before = p->ds_status;  // the raw field, not the getter
+    }
+    const Parameter* p = dict.get(u.local);
+    ZC_ASSERT(p != nullptr, "tree external use of missing param {}.{}", u.owner, u.local);
+    r.param = p->name;
+    r.status_read = p->ds_status;
+    r.live_read = dev.live_bytes();
+    if (!p->data.defined() || p->data.numel() != p->numel()) {
+      throw UsageError(fmt::format("module '{}' read external param '{}' in its forward but it "
+                                   "has no data (ds_status {}): read it through its owner's "
+                                   "ParamDict::get, or register it with "
+                                   "register_external_parameter", me, p->name,
+                                   zero_status_name(p->ds_status)));
+    }
+    reads_.push_back(std::move(r));
   }
 }
 
@@ -36,7 +117,8 @@ nlohmann::json TreeModel::kind_args() const { return {{"code", code_}}; }
 std::string TreeModel::describe() const {
   std::string code;
   for (std::int64_t v : code_) code += (code.empty() ? "" : ",") + std::to_string(v);
-  return fmt::format("tree(code [{}]: {} nodes, {} params)", code, nodes_, numels_.size());
+  return fmt::format("tree(code [{}]: {} nodes, {} params, {} external uses)", code, nodes_,
+                     numels_.size(), uses_.size());
 }
 
 void TreeModel::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
@@ -73,13 +155,18 @@ double TreeModel::node_forward(Device& dev, Module& m) {
     dev.sum_rows(mean, g, false);
     loss += dev.dot(mean, p.data) / static_cast<double>(held_.samples);
   }
+  const std::size_t first_read = reads_.size();
+  read_external(dev, m);
+  const std::size_t end_read = reads_.size();
   for (const auto& c : m.children()) loss += node_forward(dev, *c);
   m.run_post_forward();
+  for (std::size_t i = first_read; i < end_read; ++i) reads_[i].live_after = dev.live_bytes();
   return loss;
 }
 
 double TreeModel::forward(Device& dev, const Batch& batch) {
   held_ = batch;
+  reads_.clear();
   return node_forward(dev, *this);
 }
 

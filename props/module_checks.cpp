@@ -11,6 +11,7 @@
 #include "props/training_run.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <typeinfo>
 
@@ -48,6 +49,7 @@ struct ModuleState {
   const Module* owner;
   bool in_forward;
   std::vector<ParamState> params;
+  std::vector<const Parameter*> external;  // the module's external-param registrations
 };
 
 std::vector<std::byte> bytes_of(Device& dev, const Tensor& t) {
@@ -55,7 +57,8 @@ std::vector<std::byte> bytes_of(Device& dev, const Tensor& t) {
 }
 
 void snapshot(const Module& m, Device& dev, std::vector<ModuleState>& out) {
-  ModuleState s{&m, m.params().owner(), m.params().in_forward(), {}};
+  ModuleState s{&m, m.params().owner(), m.params().in_forward(), {},
+                {m.external_params().begin(), m.external_params().end()}};
   for (const auto& [local, p] : m.params()) {
     s.params.push_back({local, p.get(), p->shape, p->ds_status, p->data.defined(),
                         bytes_of(dev, p->data), bytes_of(dev, p->ds_shard)});
@@ -90,6 +93,10 @@ std::string original_changed(const std::vector<ModuleState>& before,
     if (a.module != b.module) return fmt::format("module '{}' was replaced", where(m));
     if (a.owner != b.owner) return fmt::format("{}: ParamDict owner was rebound", at(m));
     if (a.in_forward != b.in_forward) return fmt::format("{}: in_forward changed", at(m));
+    if (a.external != b.external) {
+      return fmt::format("module '{}': external params {} -> {}", where(m), a.external.size(),
+                         b.external.size());
+    }
     if (a.params.size() != b.params.size()) {
       return fmt::format("module '{}': params added or removed", where(m));
     }
@@ -106,6 +113,46 @@ std::string original_changed(const std::vector<ModuleState>& before,
 void collect(const Module& m, std::set<const Module*>& out) {
   out.insert(&m);
   for (const auto& c : m.children()) collect(*c, out);
+}
+
+// The original's modules, and both trees' params by preorder position.
+struct CopyIndex {
+  std::set<const Module*> originals;
+  std::map<const Parameter*, std::size_t> original_pos, copy_pos;
+};
+
+void number_params(const Module& m, std::map<const Parameter*, std::size_t>& out) {
+  for (const auto& entry : m.params()) out.emplace(entry.second.get(), out.size());
+  for (const auto& c : m.children()) number_params(*c, out);
+}
+
+std::string param_at(const Module& m, const Parameter* p) {
+  return fmt::format("module '{}' external param '{}'", where(m), p->name);
+}
+
+// A copy's external params (Note [External params in copies], engine/module.cpp) are the copy's
+// own params at the positions of the original's, in the same order.
+std::string external_problem(const Module& o, const Module& c, const CopyIndex& idx) {
+  const auto &oe = o.external_params(), &ce = c.external_params();
+  if (oe.size() != ce.size()) {
+    return fmt::format("module '{}': {} external params in the copy, {} in the original",
+                       where(o), ce.size(), oe.size());
+  }
+  for (std::size_t k = 0; k < oe.size(); ++k) {
+    if (idx.original_pos.count(ce[k]) != 0) {
+      return param_at(c, ce[k]) + " is the original's param, want the copy's";
+    }
+    auto mine = idx.copy_pos.find(ce[k]);
+    if (mine == idx.copy_pos.end()) {
+      return param_at(c, ce[k]) + " is not a param of the copied tree";
+    }
+    auto theirs = idx.original_pos.find(oe[k]);
+    if (theirs == idx.original_pos.end() || theirs->second != mine->second) {
+      return fmt::format("{} is not the copy of the original's '{}'", param_at(c, ce[k]),
+                         oe[k]->name);
+    }
+  }
+  return "";
 }
 
 std::string owner_problem(const Module& copy, const std::set<const Module*>& originals) {
@@ -146,7 +193,8 @@ std::string param_problem(const Parameter& o, const Parameter& c, bool fake) {
 }
 
 std::string module_problem(const std::string& what, const Module& o, const Module& c,
-                           const std::set<const Module*>& originals, bool fake) {
+                           const CopyIndex& idx, bool fake) {
+  const std::set<const Module*>& originals = idx.originals;
   if (typeid(o) != typeid(c) || o.name() != c.name()) {
     return fmt::format("{}: module '{}' is {} '{}' in the copy, {} '{}' in the original", what,
                        where(o), c.kind(), c.name(), o.kind(), o.name());
@@ -167,6 +215,9 @@ std::string module_problem(const std::string& what, const Module& o, const Modul
       return fmt::format("{}: module '{}' param '{}': {}", what, where(o), name, p);
     }
   }
+  if (const std::string p = external_problem(o, c, idx); !p.empty()) {
+    return fmt::format("{}: {}", what, p);
+  }
   if (o.children().size() != c.children().size()) {
     return fmt::format("{}: module '{}': child count differs", what, where(o));
   }
@@ -175,7 +226,7 @@ std::string module_problem(const std::string& what, const Module& o, const Modul
     if (cc.parent() != &c) {
       return fmt::format("{}: module '{}' is not a child of its copied parent", what, where(oc));
     }
-    if (std::string p = module_problem(what, oc, cc, originals, fake); !p.empty()) return p;
+    if (std::string p = module_problem(what, oc, cc, idx, fake); !p.empty()) return p;
   }
   return "";
 }
@@ -186,9 +237,11 @@ std::string copy_problem(const std::string& what, const Module& original, const 
   if (copy.param_coordinator() != nullptr) {
     return what + ": the copy kept the original's ZeRO-3 coordinator";
   }
-  std::set<const Module*> originals;
-  collect(original, originals);
-  return module_problem(what, original, copy, originals, fake);
+  CopyIndex idx;
+  collect(original, idx.originals);
+  number_params(original, idx.original_pos);
+  number_params(copy, idx.copy_pos);
+  return module_problem(what, original, copy, idx, fake);
 }
 
 // ---- the copy paths ----
@@ -295,6 +348,13 @@ std::string i4_violation(const I4Case& c) {
   spec.seed = c.seed;
   spec.bugs = c.bugs;
   std::vector<std::string> found(static_cast<std::size_t>(c.world));
+  spec.after_init = [](int, Engine& e) {  // a tree's uses declared up front (models/tree.h)
+    if (auto* tree = dynamic_cast<TreeModel*>(&e.model())) {
+      for (auto [module, p] : tree->registered_external_uses()) {
+        e.register_external_parameter(*module, *p);
+      }
+    }
+  };
   spec.after_step = [&](int rank, int, Engine& e, double) {
     found[static_cast<std::size_t>(rank)] = i4_violation_on_model(e.model(), e.device());
   };

@@ -127,6 +127,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
   opts.deepcompile_loader = loader.get();
   Engine engine(cfg, *model, dev, world, opts);
+  if (spec.after_init) spec.after_init(rank, engine);
   if (spec.compile) engine.compile(*spec.compile);
   const std::int64_t ga = cfg.gradient_accumulation_steps;
   if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");

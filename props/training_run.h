@@ -46,6 +46,9 @@ struct RunSpec {
   sim::SimOptions sim;
   // engine.destroy() after the last step (the lifecycle I3 checks).
   bool destroy_at_end = false;
+  // Called on every rank once its Engine is built, before compile() and training (e.g. to
+  // register_external_parameter).
+  std::function<void(int, Engine&)> after_init;
   // Called on every rank after each step with (rank, step, engine, this rank's mean loss).
   std::function<void(int, int, Engine&, double)> after_step;
 };

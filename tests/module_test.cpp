@@ -13,6 +13,7 @@
 #include "models/synthetic.h"
 #include "models/tree.h"
 #include "props/module_checks.h"
+#include "props/training_run.h"
 #include "sim/sim_cluster.h"
 
 #include <gtest/gtest.h>
@@ -227,6 +228,118 @@ TEST(Tracing, RunsForwardOnFakeParamsAndLeavesTheOriginalAlone) {
   EXPECT_FALSE(m.layer(0).weight().data.is_meta());
   EXPECT_EQ(m.layer(0).weight().data.storage(), before.storage());
   EXPECT_EQ(t.model->tracing(), nullptr) << "the context lives only for the traced forward";
+}
+
+// Tree codes with external uses (models/tree.h, Note [Tree external params]): a root with two
+// leaves; n0 owns "weight" [7], and n1 owns "weight" [4] and reads n0.weight in its forward,
+// discovered by the getter (u = 1) or registered with the engine (u = 2).
+std::vector<std::int64_t> external_tree(std::int64_t u) { return {2, 3 * 7, 384 * u + 3 * 4}; }
+
+// Trains `steps` steps of the tree under ZeRO-3 (every param partitioned, no prefetch) on
+// `world` ranks and returns rank 0's external reads of each step's forward.
+std::vector<std::vector<TreeModel::ExternalRead>> external_reads(std::vector<std::int64_t> code,
+                                                                 int world, int steps) {
+  RunSpec spec;
+  spec.world = world;
+  spec.ds_config = {{"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
+                                           {"stage3_prefetch_bucket_size", 0}}}};
+  spec.make_model = [code] { return std::make_unique<TreeModel>(code); };
+  spec.steps = steps;
+  spec.collect_grads = false;
+  spec.exact.grad_multiple = world;
+  spec.after_init = [](int, Engine& e) {
+    for (auto [m, p] : dynamic_cast<TreeModel&>(e.model()).registered_external_uses()) {
+      e.register_external_parameter(*m, *p);
+    }
+  };
+  std::vector<std::vector<TreeModel::ExternalRead>> out;
+  spec.after_step = [&](int rank, int, Engine& e, double) {
+    if (rank == 0) out.push_back(dynamic_cast<TreeModel&>(e.model()).external_reads());
+  };
+  run_on_sim(spec);
+  return out;
+}
+
+TEST(TreeExternal, TheCodeDecodesUsesOfEarlierNonAncestorParams) {
+  const TreeModel t(external_tree(1));
+  ASSERT_EQ(t.external_uses().size(), 1u);
+  EXPECT_EQ(t.external_uses()[0].user, "n1");
+  EXPECT_EQ(t.external_uses()[0].owner, "n0");
+  EXPECT_EQ(t.external_uses()[0].local, "weight");
+  EXPECT_FALSE(t.external_uses()[0].registered);
+  EXPECT_TRUE(TreeModel(external_tree(2)).external_uses()[0].registered);
+  // A child never uses its ancestor's params, and the first node with params has nothing to use.
+  EXPECT_TRUE(TreeModel({1 + 3 * 2 + 384, 384 * 3 + 3 * 4}).external_uses().empty());
+}
+
+TEST(TreeExternal, AZero3EagerForwardRegistersTheParamOnTheUserAndGathersIt) {
+  const auto reads = external_reads(external_tree(1), 3, 2);  // 7 elements pad to 9 on 3 ranks
+  ASSERT_EQ(reads.size(), 2u);
+  ASSERT_EQ(reads[0].size(), 1u);
+  const TreeModel::ExternalRead& first = reads[0][0];
+  EXPECT_EQ(first.param, "n0.weight");
+  EXPECT_EQ(first.user, "n1");
+  EXPECT_EQ(first.status_before, ZeroStatus::not_available);
+  EXPECT_EQ(first.status_read, ZeroStatus::available) << "the getter all-gathers it";
+  EXPECT_EQ(first.live_read - first.live_before, 9 * 4) << "the padded size, f32";
+  // n1's post-forward releases it, and n1's own weight [4] (6 padded, gathered before the read).
+  EXPECT_EQ(first.live_after - first.live_before, -6 * 4);
+  // Registered on n1 by the first forward: n1's pre-forward gathers it from then on.
+  ASSERT_EQ(reads[1].size(), 1u);
+  EXPECT_EQ(reads[1][0].status_before, ZeroStatus::available);
+  EXPECT_EQ(reads[1][0].live_read, reads[1][0].live_before);
+}
+
+TEST(TreeExternal, ARegisteredUseIsGatheredByTheUsersHooksFromTheFirstForward) {
+  const auto reads = external_reads(external_tree(2), 3, 1);
+  ASSERT_EQ(reads.size(), 1u);
+  ASSERT_EQ(reads[0].size(), 1u);
+  EXPECT_EQ(reads[0][0].status_before, ZeroStatus::available);
+  EXPECT_EQ(reads[0][0].live_read, reads[0][0].live_before);
+}
+
+TEST(TreeExternal, CopiesReferToTheirOwnParamsAndASubtreeCopyDropsOutsideOnes) {
+  TreeModel t({2, 3 * 7, 3 * 4 + 2 + 384 * 2});  // n1 uses n0.weight and has two children
+  Module& n0 = *t.children()[0];
+  Module& n1 = *t.children()[1];
+  Module& leaf = *n1.children()[1];
+  leaf.add_external_param(*n1.params().get("weight"));  // inside n1's subtree
+  n1.add_external_param(*n0.params().get("weight"));    // outside it
+  const std::vector<Parameter*> before = n1.external_params();
+  auto check = [&](const Module& copy, const std::string& what) {
+    const Module& c1 = *copy.children()[1];
+    ASSERT_EQ(c1.external_params().size(), 1u) << what;
+    EXPECT_EQ(c1.external_params()[0], copy.children()[0]->params().begin()->second.get()) << what;
+    ASSERT_EQ(c1.children()[1]->external_params().size(), 1u) << what;
+    EXPECT_EQ(c1.children()[1]->external_params()[0], c1.params().begin()->second.get()) << what;
+  };
+  check(*t.clone(), "clone");
+  check(TreeModel(t), "copy construction");
+  HostDevice dev;
+  Rng rng(1);
+  t.init_params(dev, DType::f32, DataDomain::exact, {}, rng);
+  check(*deserialize_module(serialize_module(t, dev), model_registry(), dev), "round trip");
+  const std::unique_ptr<Module> sub = n1.clone();
+  EXPECT_TRUE(sub->external_params().empty()) << "n0.weight is outside the copied subtree";
+  ASSERT_EQ(sub->children()[1]->external_params().size(), 1u);
+  EXPECT_EQ(sub->children()[1]->external_params()[0], sub->params().begin()->second.get());
+  EXPECT_EQ(n1.external_params(), before) << "the original is unchanged";
+}
+
+TEST(I4, HoldsForTreesWithExternalParamsAtEveryStage) {
+  for (std::int64_t u : {1, 2}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const I4Case c{3, stage, "tree", external_tree(u), 5, {}};
+      EXPECT_EQ(i4_violation(c), "") << describe(c);
+    }
+  }
+}
+
+TEST(I4, KnownBugsB5AndB6StillBreakItWithExternalParams) {
+  const I4Case b5{2, 3, "tree", external_tree(1), 3, {KnownBug::B5_copy_drops_owner}};
+  EXPECT_TRUE(has(i4_violation(b5), "ParamDict owner is null")) << i4_violation(b5);
+  const I4Case b6{2, 3, "tree", external_tree(2), 3, {KnownBug::B6_fake_param_status}};
+  EXPECT_TRUE(has(i4_violation(b6), "trace: failed")) << i4_violation(b6);
 }
 
 TEST(I4, HoldsForEveryModelKindAtEveryStage) {
