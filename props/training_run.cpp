@@ -192,16 +192,43 @@ RunResult run_on_sim(const RunSpec& spec) {
   result.loss_scales = r0.loss_scales;
   result.flush_micro_step_ids = r0.flush_micro_step_ids;
   for (const RankRecord& r : recs) result.comm.push_back(r.comm);
+  // The first element where a rank differs from rank 0, named by its param (MoE experts, which
+  // full_params() appends after the model's own params, by index).
+  std::vector<std::pair<std::string, std::int64_t>> names;  // (param name, numel)
+  if (spec.ep_size == 0 && spec.make_model) {
+    const std::unique_ptr<Model> model = spec.make_model();
+    for (const Parameter* p : model->named_parameters()) names.emplace_back(p->name, p->numel());
+  }
+  auto element = [&](std::size_t i) {
+    std::int64_t at = 0;
+    for (const auto& [name, numel] : names) {
+      if (static_cast<std::int64_t>(i) < at + numel) return fmt::format("{}[{}]", name, static_cast<std::int64_t>(i) - at);
+      at += numel;
+    }
+    return fmt::format("element {}", i);
+  };
+  auto differ = [&](const std::vector<double>& a, const std::vector<double>& b) -> std::string {
+    if (a.size() != b.size()) return fmt::format("{} vs {} elements", b.size(), a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (std::bit_cast<std::uint64_t>(a[i]) == std::bit_cast<std::uint64_t>(b[i]) || (std::isnan(a[i]) && std::isnan(b[i]))) continue;
+      return fmt::format("{}: {} (0x{:016x}) vs rank 0's {} (0x{:016x})", element(i), b[i], std::bit_cast<std::uint64_t>(b[i]), a[i],
+                         std::bit_cast<std::uint64_t>(a[i]));
+    }
+    return "";
+  };
   for (int r = 1; r < W && result.ranks_agree; ++r) {
     const RankRecord& other = recs[static_cast<std::size_t>(r)];
     for (int s = 0; s < spec.steps; ++s) {
-      std::string d = first_difference(r0.params[static_cast<std::size_t>(s)], other.params[static_cast<std::size_t>(s)], DType::f64);
+      const auto at = static_cast<std::size_t>(s);
+      std::string d = differ(r0.params[at], other.params[at]);
+      if (!d.empty()) d = "params " + d;
       if (d.empty() && spec.collect_grads) {
-        d = first_difference(r0.grads[static_cast<std::size_t>(s)], other.grads[static_cast<std::size_t>(s)], DType::f64);
+        d = differ(r0.grads[at], other.grads[at]);
+        if (!d.empty()) d = "averaged grads " + d;
       }
       if (!d.empty()) {
         result.ranks_agree = false;
-        result.disagreement = fmt::format("rank {} vs rank 0 after step {}: {}", r, s, d);
+        result.disagreement = fmt::format("rank {}, step {}, {}", r, s, d);
         break;
       }
     }
