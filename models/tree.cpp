@@ -40,8 +40,9 @@ void TreeModel::build(Module& node, std::size_t& next, int depth) {
 // latest such param (cyclically), and an even u also declares the use with
 // Engine::register_external_parameter (registered_external_uses()); an odd u leaves ZeRO-3 to
 // discover it in the getter's eager-forward path. Ancestors are excluded because their params
-// are gathered for the whole of their forward, and a descendant releasing one in its own hooks
-// would free it under the ancestor (DeepSpeed counts active submodules for that; we do not).
+// are gathered for the whole of their forward: the getter would not gather (nor register) one,
+// so these uses would exercise nothing; tied uses of ancestors' params are aliases (Note [Tree
+// aliases]), which ZeRO-3's active-user counts keep gathered.
 // The read checks that the value is there and does not enter the loss, so the prescribed
 // gradients (and prescribed_grad_oracle) are the same with or without external uses.
 void TreeModel::add_external_use(Module& node, std::int64_t u) {
