@@ -48,10 +48,27 @@ ZeroStatus read_ds_status(const Parameter& p, const Module& owner) {
 }  // namespace
 
 ParamDict::ParamDict(const ParamDict& other, Module* owner)
-    : owner_(owner), in_forward_(other.in_forward_) {
+    : owner_(owner), in_forward_(other.in_forward_), aliases_(other.aliases_) {
+  // Aliases keep the original's pointers until the outermost copy remaps them (Module's copy).
   for (const auto& [name, p] : other.items_) {
     items_.emplace_back(name, std::make_unique<Parameter>(*p));
   }
+}
+
+Parameter& ParamDict::add_alias(const std::string& local_name, Parameter& p, Module& owner) {
+  if (contains(local_name)) {
+    throw UsageError(fmt::format("parameter '{}' registered twice", local_name));
+  }
+  ZC_ASSERT(&owner != owner_, "module '{}' aliases its own param '{}'", owner.path(), p.name);
+  aliases_.push_back({local_name, &p, &owner});
+  return p;
+}
+
+void ParamDict::own_alias(std::size_t k) {
+  ZC_ASSERT(k < aliases_.size(), "alias {} of {}", k, aliases_.size());
+  const Alias a = aliases_[k];
+  aliases_.erase(aliases_.begin() + static_cast<std::ptrdiff_t>(k));
+  items_.emplace_back(a.local, std::make_unique<Parameter>(*a.param));
 }
 
 Parameter& ParamDict::add(const std::string& local_name, Shape shape, DType dtype) {
@@ -70,6 +87,9 @@ Parameter& ParamDict::add(const std::string& local_name, Shape shape, DType dtyp
 Parameter* ParamDict::find(std::string_view local_name) const {
   for (const auto& [name, p] : items_) {
     if (name == local_name) return p.get();
+  }
+  for (const Alias& a : aliases_) {
+    if (a.local == local_name) return a.param;
   }
   return nullptr;
 }
@@ -195,6 +215,32 @@ void Module::rebind_external_params(const Module& original) {
       if (it != position.end()) rebound.push_back(mine[it->second]);
     }
     m.external_params_ = std::move(rebound);
+  });
+  rebind_aliases(original, position, mine);
+}
+
+// An alias in a copy names the copy's param and module at the original's positions; one whose
+// owner lies outside the copied subtree becomes an owned param of the copy (Note [Shared params]).
+void Module::rebind_aliases(const Module& original,
+                            const std::map<const Parameter*, std::size_t>& pos,
+                            const std::vector<Parameter*>& mine) {
+  std::map<const Module*, Module*> copy_of;  // original's module -> this copy's
+  std::function<void(const Module&, Module&)> pair = [&](const Module& o, Module& c) {
+    copy_of.emplace(&o, &c);
+    for (std::size_t i = 0; i < o.children_.size(); ++i) pair(*o.children_[i], *c.children_[i]);
+  };
+  pair(original, *this);
+  each_module(*this, [&](Module& m) {
+    std::vector<ParamDict::Alias>& aliases = m.params_.aliases();
+    for (std::size_t k = aliases.size(); k-- > 0;) {
+      auto it = pos.find(aliases[k].param);
+      if (it == pos.end()) {
+        m.params_.own_alias(k);
+        continue;
+      }
+      aliases[k].param = mine[it->second];
+      aliases[k].owner = copy_of.at(aliases[k].owner);
+    }
   });
 }
 

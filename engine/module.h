@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,19 +70,22 @@ struct TracingContext {
 // PyTorch ties weights (embedding and LM head) by registering one Parameter object in two
 // modules' _parameters. Here a ParamDict owns its Parameters (unique_ptr), and that ownership is
 // what I4's copy checks, ZeRO-3's index_ (one shard per Parameter*) and the grad-ready hook rest
-// on, so a tied entry is not modelled yet. Doing it cleanly takes, at least:
-// - an entry kind that aliases another dict's param (get() returns it; owner() is the owning
-//   module), with named_parameters()/finalize_parameters() deduplicating by identity;
-// - ZeRO-3 active-submodule counting (DeepSpeed's ds_active_sub_modules): both modules' hooks
-//   fetch and release the param, and one user's post-forward must not free it under the other;
-// - one grad-ready per param per backward with the summed grad (AccumulateGrad fires once),
-//   because ZeRO-2/3 assert a param is reduced once per backward (already_reduced_);
-// - copies and serialize remapping the alias to the copy's param by position (as Note
-//   [External params in copies]), and a subtree copy without the owner owning a new param;
-// - TreeModel's prescribed loss summing each use's g, and prescribed_grad_oracle with it.
+// on, so a tied entry is a second kind of entry, an alias:
+// - ParamDict::add_alias records (local name, param, owning module) apart from the owned items;
+//   get() and contains() see both kinds, iteration (begin/end, size) sees owned params only, so
+//   named_parameters()/finalize_parameters() list each param once, under its owner's path;
+// - ZeRO-3 gathers an alias in the aliasing module's hooks too and counts active users per param
+//   (DeepSpeed's ds_active_sub_modules): a release frees it only when no user is active;
+// - the grad: a model accumulates a tied param's summed gradient into the one Parameter and
+//   fires accumulate_grad once per backward (TreeModel's loss is prescribed per param, so its
+//   aliases read the value and add no term: Note [Tree aliases]);
+// - copies (Note [External params in copies]) and serialize remap an alias to the copy's param
+//   and module by position; a subtree copy without the owner turns the alias into an owned
+//   param, a copy of the original's (what deepcopy of that subtree gives: the tied Parameter is
+//   copied once and the copied module holds it).
 // External params (Module::add_external_param) cover the use of another module's param
 // without the aliasing.
-// Ordered name -> Parameter owned by one module.
+// Ordered name -> Parameter owned by one module, and aliases of other modules' params.
 class ParamDict {
  public:
   explicit ParamDict(Module* owner) : owner_(owner) {}
@@ -92,6 +96,17 @@ class ParamDict {
   ParamDict& operator=(const ParamDict&) = delete;
 
   Parameter& add(const std::string& local_name, Shape shape, DType dtype);
+  // A tied entry (Note [Shared params]): `local_name` names `p`, which `owner`'s dict owns.
+  struct Alias {
+    std::string local;
+    Parameter* param;  // not owned
+    Module* owner;     // the module whose ParamDict owns `param`
+  };
+  Parameter& add_alias(const std::string& local_name, Parameter& p, Module& owner);
+  const std::vector<Alias>& aliases() const { return aliases_; }
+  std::vector<Alias>& aliases() { return aliases_; }
+  // Turns alias `k` into an owned param, a copy of the aliased one (a copy without the owner).
+  void own_alias(std::size_t k);
   // ZeROOrderedDict.__getitem__ (SPEC 7): a missing param returns nullptr; ds_status is read only
   // if the param has one (fake params have none); a NOT_AVAILABLE param read in an eager forward
   // (the owner's dict is in_forward and nothing is tracing) is registered as external on the
@@ -115,6 +130,7 @@ class ParamDict {
   Module* owner_;
   bool in_forward_ = false;
   std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> items_;
+  std::vector<Alias> aliases_;
 };
 
 using ModuleHook = std::function<void(Module&)>;
@@ -201,6 +217,8 @@ class Module {
   void adopt(std::unique_ptr<Module> child);
   void collect(std::vector<Parameter*>& out);
   void rebind_external_params(const Module& original);
+  void rebind_aliases(const Module& original, const std::map<const Parameter*, std::size_t>& pos,
+                      const std::vector<Parameter*>& mine);
 
 
   std::string name_;

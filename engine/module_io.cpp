@@ -5,6 +5,7 @@
 #include "engine/errors.h"
 #include "engine/model.h"
 
+#include <algorithm>
 #include <map>
 
 namespace zc {
@@ -190,7 +191,16 @@ nlohmann::json serialize_tree(const Module& m, Device& dev, const Positions& pos
   }
   nlohmann::json params = nlohmann::json::array();
   for (const auto& [local, p] : m.params()) params.push_back(param_json(dev, local, *p));
+  nlohmann::json aliases = nlohmann::json::array();
+  for (const ParamDict::Alias& a : m.params().aliases()) {
+    if (auto it = positions.find(a.param); it != positions.end()) {
+      aliases.push_back({{"name", a.local}, {"position", it->second}});
+    } else {  // the owner is outside the serialized subtree: the copy owns it
+      params.push_back(param_json(dev, a.local, *a.param));
+    }
+  }
   j["params"] = std::move(params);
+  if (!aliases.empty()) j["aliases"] = std::move(aliases);
   nlohmann::json external = nlohmann::json::array();
   for (const Parameter* p : m.external_params()) {
     if (auto it = positions.find(p); it != positions.end()) external.push_back(it->second);
@@ -200,6 +210,43 @@ nlohmann::json serialize_tree(const Module& m, Device& dev, const Positions& pos
   for (const auto& c : m.children()) children.push_back(serialize_tree(*c, dev, positions));
   j["children"] = std::move(children);
   return j;
+}
+
+void owners_of(Module& m, std::map<const Parameter*, Module*>& out) {
+  for (const auto& entry : m.params()) out.emplace(entry.second.get(), &m);
+  for (const auto& c : m.children()) owners_of(*c, out);
+}
+
+// After restore(): an alias the module's constructor built is pointed at the param at its
+// position (it already is, for a tree built from its code); a missing one is added.
+void restore_aliases(Module& m, const nlohmann::json& j, const std::vector<Parameter*>& params,
+                     const std::map<const Parameter*, Module*>& owners) {
+  if (m.params().aliases().size() > (j.contains("aliases") ? j.at("aliases").size() : 0)) {
+    throw UsageError(fmt::format("deserialize: module '{}' was built with {} aliases, the JSON "
+                                 "has fewer", m.name(), m.params().aliases().size()));
+  }
+  for (const nlohmann::json& ja : j.value("aliases", nlohmann::json::array())) {
+    const std::string local = ja.at("name").get<std::string>();
+    const auto k = ja.at("position").get<std::int64_t>();
+    if (k < 0 || k >= static_cast<std::int64_t>(params.size())) {
+      throw UsageError(fmt::format("deserialize: module '{}' aliases param {}, but the tree has "
+                                   "{} params", m.name(), k, params.size()));
+    }
+    Parameter& p = *params[static_cast<std::size_t>(k)];
+    Module* owner = owners.at(&p);
+    auto& built = m.params().aliases();
+    auto it = std::find_if(built.begin(), built.end(),
+                           [&](const ParamDict::Alias& a) { return a.local == local; });
+    if (it == built.end()) {
+      m.params().add_alias(local, p, *owner);
+    } else {
+      it->param = &p;
+      it->owner = owner;
+    }
+  }
+  for (std::size_t i = 0; i < m.children().size(); ++i) {
+    restore_aliases(*m.children()[i], j.at("children").at(i), params, owners);
+  }
 }
 
 // After restore(): the "external_params" positions, against the rebuilt tree's own params.
@@ -233,7 +280,11 @@ std::unique_ptr<Module> deserialize_module(const nlohmann::json& j, const Module
     std::unique_ptr<Module> root = kinds.make(j.at("kind").get<std::string>(),
                                               j.at("name").get<std::string>(), j.at("args"), env);
     restore(*root, j, kinds, dev, env);
-    restore_external(*root, j, root->named_parameters());
+    const std::vector<Parameter*> params = root->named_parameters();
+    std::map<const Parameter*, Module*> owners;
+    owners_of(*root, owners);
+    restore_aliases(*root, j, params, owners);
+    restore_external(*root, j, params);
     return root;
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("deserialize: the module JSON is malformed ({}): write it with "

@@ -86,6 +86,9 @@ std::vector<Parameter*> Zero3Optimizer::params_of(Module& m) {
   for (auto& [name, p] : m.params()) {
     if (index_.count(p.get())) out.push_back(p.get());
   }
+  for (const ParamDict::Alias& a : m.params().aliases()) {
+    if (std::find(out.begin(), out.end(), a.param) == out.end()) out.push_back(a.param);
+  }
   for (Parameter* p : m.external_params()) {
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
@@ -130,6 +133,7 @@ void Zero3Optimizer::install_hooks(Module& m) {
       last_fwd_order_ = std::move(fwd_order_);
       fwd_order_.clear();
       fwd_stack_.clear();  // a forward that threw left its modules behind
+      for (Shard& s : shards_) s.active = 0;
     }
     fwd_order_.push_back(&mm);
     fwd_stack_.push_back(&mm);
@@ -142,7 +146,12 @@ void Zero3Optimizer::install_hooks(Module& m) {
     if (it != fwd_stack_.rend()) fwd_stack_.erase(std::next(it).base());
     release_module(mm);
   }, this);
-  m.add_pre_backward_hook([this](Module& mm) { fetch_module(mm); }, this);
+  m.add_pre_backward_hook([this](Module& mm) {
+    if (&mm == &model_) {
+      for (Shard& s : shards_) s.active = 0;  // the forward released every user
+    }
+    fetch_module(mm);
+  }, this);
   m.add_post_backward_hook([this](Module& mm) { release_module(mm); }, this);
   for (auto& c : m.children()) install_hooks(*c);
 }
@@ -174,6 +183,7 @@ void Zero3Optimizer::finish_gather(Shard& s) {
 void Zero3Optimizer::fetch_module(Module& m) {
   for (Parameter* p : params_of(m)) {
     Shard& s = shard_of(*p);
+    ++s.active;
     if (p->ds_status == ZeroStatus::available) continue;
     if (p->ds_status == ZeroStatus::not_available) begin_gather(s);
     finish_gather(s);
@@ -193,7 +203,12 @@ void Zero3Optimizer::release(Shard& s) {
 }
 
 void Zero3Optimizer::release_module(Module& m) {
-  for (Parameter* p : params_of(m)) release(shard_of(*p));
+  // A param gathered outside the hooks (the getter's eager path) has no count: released here.
+  for (Parameter* p : params_of(m)) {
+    Shard& s = shard_of(*p);
+    if (s.active > 0) --s.active;
+    if (s.active == 0) release(s);
+  }
   if (&m == &model_) {  // end of the model's forward/backward: no prefetch may stay in flight
     for (Shard& s : shards_) {
       if (s.p->ds_status == ZeroStatus::inflight) {

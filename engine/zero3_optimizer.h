@@ -6,6 +6,8 @@
 // micro_step_id == 0 and adds otherwise; ranks whose slice is padding only skip.
 // It is the tree's ParamCoordinator: ParamDict::get gathers a NOT_AVAILABLE param read in an
 // eager forward through it, registered as external on the innermost module in forward.
+// A param used by several modules (aliases, external params) counts its active users
+// (DeepSpeed's ds_active_sub_modules) and is released when the last one releases it.
 // Invariants: outside a module's forward/backward only shards and persistent params are held; a
 // param is released only when AVAILABLE; micro_step_id is 0 at the first reduction of a step.
 #pragma once
@@ -57,6 +59,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
     std::int64_t shard_numel = 0;  // ceil(numel / world)
     std::int64_t offset = 0;       // position in the rank's flat partition
     bool persistent = false;
+    int active = 0;                // modules whose hooks fetched it and have not released it
     WorkPtr inflight;              // the pending gather while INFLIGHT
     Tensor gather_buf;             // [shard_numel * world] model dtype
   };
@@ -81,7 +84,8 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void wait_all();
   Shard& shard_of(const Parameter& p);
   std::vector<double> gather_partitions(const Tensor& mine);
-  std::vector<Parameter*> params_of(Module& m);  // its own managed params, then its external ones
+  // its own managed params, then its aliases and external ones (Note [Shared params])
+  std::vector<Parameter*> params_of(Module& m);
   void check_external_params(Module& m);
 
   int world_, rank_;

@@ -2,8 +2,9 @@
 // generator can produce and shrink. code[i] describes the i-th node in preorder, the root first:
 // v % 3 children; w = (v / 3) % 16 gives the node a param "weight" [w] when w > 0, and
 // b = (v / 48) % 8 a param "bias" [2, b] when b > 0; u = (v / 384) % 8 > 0 makes the node also
-// use an external param (Note [Tree external params]). Nodes past the end of the code are leaves
-// without params; depth and node count are capped; a tree without params gets "weight" [1] on
+// use an external param (Note [Tree external params]), and a = (v / 3072) % 8 > 0 gives it an
+// alias "tied" of an earlier node's param (Note [Tree aliases]). Nodes past the end of the code
+// are leaves without params; depth and node count are capped; a tree without params gets "weight" [1] on
 // the root. The loss is linear in the params, L = (1/B) sum_s sum_p <g_{s,p}, p> (Synthetic's),
 // so grads are prescribed and exact; each node's forward and backward runs inside its hooks, so
 // ZeRO-3 gathers and releases node by node, and every param is read through ParamDict::get.
@@ -62,6 +63,9 @@ class TreeModel : public Model {
   std::vector<std::pair<Module*, Parameter*>> registered_external_uses();
   // The last forward's reads, in order.
   const std::vector<ExternalRead>& external_reads() const { return reads_; }
+  // The last forward's reads of aliases through the aliasing module's own ParamDict, in order.
+  const std::vector<ExternalRead>& alias_reads() const { return alias_reads_; }
+  int num_aliases() const { return static_cast<int>(tied_.size()); }
 
  protected:
   std::unique_ptr<Module> clone_impl() const override { return std::make_unique<TreeModel>(*this); }
@@ -69,6 +73,9 @@ class TreeModel : public Model {
  private:
   void build(Module& node, std::size_t& next, int depth);
   void add_external_use(Module& node, std::int64_t u);
+  void add_alias(Module& node, std::int64_t a);
+  void read_aliases(Device& dev, Module& m);
+  void check_tied_gathered(const Module& m, std::string_view when) const;
   Module& module_at(const std::string& path);
   void read_external(Device& dev, Module& m);
   double node_forward(Device& dev, Module& m);
@@ -80,6 +87,8 @@ class TreeModel : public Model {
   std::vector<ExternalUse> uses_;
   std::vector<std::pair<std::string, std::string>> built_;  // (owner path, local) in id order
   std::vector<ExternalRead> reads_;
+  std::vector<ExternalRead> alias_reads_;
+  std::vector<std::pair<std::string, std::string>> tied_;  // (owner path, local) of aliased params
   Batch held_;
 };
 

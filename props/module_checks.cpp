@@ -50,6 +50,7 @@ struct ModuleState {
   bool in_forward;
   std::vector<ParamState> params;
   std::vector<const Parameter*> external;  // the module's external-param registrations
+  std::vector<std::pair<const Parameter*, const Module*>> aliases;  // (param, owning module)
 };
 
 std::vector<std::byte> bytes_of(Device& dev, const Tensor& t) {
@@ -58,7 +59,8 @@ std::vector<std::byte> bytes_of(Device& dev, const Tensor& t) {
 
 void snapshot(const Module& m, Device& dev, std::vector<ModuleState>& out) {
   ModuleState s{&m, m.params().owner(), m.params().in_forward(), {},
-                {m.external_params().begin(), m.external_params().end()}};
+                {m.external_params().begin(), m.external_params().end()}, {}};
+  for (const ParamDict::Alias& a : m.params().aliases()) s.aliases.emplace_back(a.param, a.owner);
   for (const auto& [local, p] : m.params()) {
     s.params.push_back({local, p.get(), p->shape, p->ds_status, p->data.defined(),
                         bytes_of(dev, p->data), bytes_of(dev, p->ds_shard)});
@@ -96,6 +98,9 @@ std::string original_changed(const std::vector<ModuleState>& before,
     if (a.external != b.external) {
       return fmt::format("module '{}': external params {} -> {}", where(m), a.external.size(),
                          b.external.size());
+    }
+    if (a.aliases != b.aliases) {
+      return fmt::format("module '{}': aliases rebound, added or removed", where(m));
     }
     if (a.params.size() != b.params.size()) {
       return fmt::format("module '{}': params added or removed", where(m));
@@ -150,6 +155,44 @@ std::string external_problem(const Module& o, const Module& c, const CopyIndex& 
     if (theirs == idx.original_pos.end() || theirs->second != mine->second) {
       return fmt::format("{} is not the copy of the original's '{}'", param_at(c, ce[k]),
                          oe[k]->name);
+    }
+  }
+  return "";
+}
+
+bool owns(const Module& m, const Parameter* p) {
+  return std::any_of(m.params().begin(), m.params().end(),
+                     [&](const auto& entry) { return entry.second.get() == p; });
+}
+
+// A copy's aliases (Note [Shared params]) name the copy's param at the original's position, and
+// the copy's module that owns it.
+std::string alias_problem(const Module& o, const Module& c, const CopyIndex& idx) {
+  const auto &oa = o.params().aliases(), &ca = c.params().aliases();
+  if (oa.size() != ca.size()) {
+    return fmt::format("module '{}': {} aliases in the copy, {} in the original", where(o),
+                       ca.size(), oa.size());
+  }
+  for (std::size_t k = 0; k < oa.size(); ++k) {
+    const std::string a = fmt::format("module '{}' alias '{}'", where(c), ca[k].local);
+    if (ca[k].local != oa[k].local) {
+      return fmt::format("{}: named '{}' in the original", a, oa[k].local);
+    }
+    if (idx.original_pos.count(ca[k].param) != 0) {
+      return a + " is the original's param, want the copy's";
+    }
+    auto mine = idx.copy_pos.find(ca[k].param);
+    auto theirs = idx.original_pos.find(oa[k].param);
+    if (mine == idx.copy_pos.end()) return a + " is not a param of the copied tree";
+    if (theirs == idx.original_pos.end() || theirs->second != mine->second) {
+      return fmt::format("{} is not the copy of the original's '{}'", a, oa[k].param->name);
+    }
+    if (ca[k].owner == nullptr || idx.originals.count(ca[k].owner) != 0) {
+      return a + ": its owner is null or the original's module, want the copy's";
+    }
+    if (!owns(*ca[k].owner, ca[k].param) || ca[k].owner->path() != oa[k].owner->path()) {
+      return fmt::format("{}: its owner '{}' is not the copy of '{}' owning the param", a,
+                         where(*ca[k].owner), where(*oa[k].owner));
     }
   }
   return "";
@@ -216,6 +259,9 @@ std::string module_problem(const std::string& what, const Module& o, const Modul
     }
   }
   if (const std::string p = external_problem(o, c, idx); !p.empty()) {
+    return fmt::format("{}: {}", what, p);
+  }
+  if (const std::string p = alias_problem(o, c, idx); !p.empty()) {
     return fmt::format("{}: {}", what, p);
   }
   if (o.children().size() != c.children().size()) {

@@ -15,16 +15,17 @@ namespace zc::props {
 inline void showValue(const I4Case& c, std::ostream& os) { os << describe(c); }
 
 // The shape vector for one model kind: tree codes (models/tree.h) of up to about 10 nodes, each
-// value in [0, 3 * 16 * 8 * 8) so nodes also use external params, discovered in the getter or
-// registered (Note [Tree external params]); values shrink toward 0, dropping those uses first;
+// value in [0, 3 * 16 * 8 * 8 * 8) so nodes also use external params, discovered in the getter
+// or registered (Note [Tree external params]), and alias earlier nodes' params (Note [Tree
+// aliases]); values shrink toward 0, dropping aliases and those uses first;
 // mlp dims 1..8; synthetic param numels 1..40.
 inline rc::Gen<std::vector<std::int64_t>> i4_shapes(const std::string& model) {
   using V = std::vector<std::int64_t>;
   if (model == "tree") {
     // inRange scales its range by the size: the values keep the full range (size 100), so bias
-    // params and external uses are drawn; only the node count is capped at about 10.
+    // params, external uses and aliases are drawn; only the node count is capped at about 10.
     return rc::gen::resize(10, rc::gen::container<V>(rc::gen::resize(
-                                   100, rc::gen::inRange<std::int64_t>(0, 3 * 16 * 8 * 8))));
+                                   100, rc::gen::inRange<std::int64_t>(0, 3 * 16 * 8 * 8 * 8))));
   }
   if (model == "mlp") {
     return rc::gen::resize(4, rc::gen::container<V>(rc::gen::inRange<std::int64_t>(1, 9)));

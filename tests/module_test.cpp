@@ -342,6 +342,163 @@ TEST(I4, KnownBugsB5AndB6StillBreakItWithExternalParams) {
   EXPECT_TRUE(has(i4_violation(b6), "trace: failed")) << i4_violation(b6);
 }
 
+// Tree codes with an alias (Note [Tree aliases]): n0 owns "weight" [7]; a node with a = 1 aliases
+// the latest earlier param as "tied". In ancestor_alias_tree the user is n0's child n0.n0
+// (weight [4]), so n0 still uses its weight when n0.n0's post-forward releases the alias; in
+// sibling_alias_tree it is n1, after n0's forward. a = 0 gives the same trees without the alias.
+std::vector<std::int64_t> ancestor_alias_tree(std::int64_t a = 1) { return {1, 22, 3072 * a + 12}; }
+std::vector<std::int64_t> sibling_alias_tree(std::int64_t a = 1) { return {2, 21, 3072 * a + 12}; }
+
+struct AliasRun {
+  RunResult result;
+  std::vector<std::vector<TreeModel::ExternalRead>> reads;  // [step] rank 0's alias reads
+  std::vector<std::int64_t> live_after_step;                // [step] rank 0's live bytes
+  bool all_released = true;  // every param NOT_AVAILABLE after every step, on every rank
+};
+
+AliasRun train_alias_tree(std::vector<std::int64_t> code, int world, int stage = 3) {
+  RunSpec spec;
+  spec.world = world;
+  spec.ds_config = {{"zero_optimization", {{"stage", stage},
+                                           {"stage3_param_persistence_threshold", 0},
+                                           {"stage3_prefetch_bucket_size", 0}}}};
+  spec.make_model = [code] { return std::make_unique<TreeModel>(code); };
+  spec.steps = 2;
+  spec.exact.grad_multiple = world;
+  AliasRun out;
+  spec.after_step = [&](int rank, int, Engine& e, double) {
+    for (Parameter* p : e.model().named_parameters()) {
+      if (stage == 3 && p->ds_status != ZeroStatus::not_available) out.all_released = false;
+    }
+    if (rank != 0) return;
+    out.reads.push_back(dynamic_cast<TreeModel&>(e.model()).alias_reads());
+    out.live_after_step.push_back(e.device().live_bytes());
+  };
+  out.result = run_on_sim(spec);
+  return out;
+}
+
+TEST(TreeAliases, TheCodeDecodesAnAliasOfAnEarlierParamThatNamedParametersListsOnce) {
+  TreeModel t(ancestor_alias_tree());
+  EXPECT_EQ(t.num_aliases(), 1);
+  Module& n0 = *t.children()[0];
+  Module& user = *n0.children()[0];
+  ASSERT_EQ(user.params().aliases().size(), 1u);
+  EXPECT_EQ(user.params().aliases()[0].owner, &n0);
+  EXPECT_EQ(user.params().get("tied"), n0.params().get("weight"));
+  EXPECT_EQ(user.params().size(), 1u) << "iteration sees the owned weight only";
+  ASSERT_EQ(t.named_parameters().size(), 2u);
+  EXPECT_EQ(t.named_parameters()[0]->name, "n0.weight");
+  EXPECT_THROW(user.params().add("tied", {1}, DType::f32), UsageError);
+  EXPECT_EQ(TreeModel(ancestor_alias_tree(0)).num_aliases(), 0);
+}
+
+TEST(TreeAliases, Zero3KeepsATiedParamGatheredWhileEitherUserIsActive) {
+  for (int world : {2, 3}) {
+    const AliasRun run = train_alias_tree(ancestor_alias_tree(), world);
+    ASSERT_EQ(run.reads.size(), 2u);
+    for (const auto& reads : run.reads) {
+      ASSERT_EQ(reads.size(), 1u);
+      EXPECT_EQ(reads[0].param, "n0.weight");
+      EXPECT_EQ(reads[0].user, "n0.n0");
+      EXPECT_EQ(reads[0].status_before, ZeroStatus::available) << "gathered by both users";
+      EXPECT_EQ(reads[0].live_read, reads[0].live_before);
+      // n0.n0's post-forward frees only its own weight [4] (padded to the world); n0.weight
+      // stays for n0, which checks it after its children (TreeModel throws otherwise).
+      const std::int64_t padded = (4 + world - 1) / world * world;
+      EXPECT_EQ(reads[0].live_after - reads[0].live_before, -padded * 4) << "world " << world;
+    }
+    EXPECT_TRUE(run.all_released);
+    // Live bytes return to those of the same tree without the alias: shards only.
+    const AliasRun plain = train_alias_tree(ancestor_alias_tree(0), world);
+    EXPECT_EQ(run.live_after_step, plain.live_after_step) << "world " << world;
+  }
+}
+
+TEST(TreeAliases, Zero3GradsEqualTheOracleAndASingleRankRunBitForBit) {
+  for (const auto& code : {ancestor_alias_tree(), sibling_alias_tree()}) {
+    for (int world : {2, 3}) {
+      RunSpec spec;
+      spec.world = world;
+      spec.ds_config = {{"zero_optimization", {{"stage", 3},
+                                               {"stage3_param_persistence_threshold", 0}}}};
+      spec.make_model = [code] { return std::make_unique<TreeModel>(code); };
+      spec.steps = 2;
+      spec.exact.grad_multiple = world;
+      const RunResult got = run_on_sim(spec);
+      const RunResult ref = run_on_sim(single_rank_reference(spec));
+      ASSERT_TRUE(got.ranks_agree) << got.disagreement;
+      for (std::size_t s = 0; s < got.grads.size(); ++s) {
+        const int step = static_cast<int>(s);
+        const auto oracle = prescribed_grad_oracle(spec, 1, got.loss_scales[s], step).value;
+        EXPECT_EQ(first_difference(got.grads[s], oracle, DType::f32), "") << "step " << s;
+        EXPECT_EQ(first_difference(got.grads[s], ref.grads[s], DType::f32), "") << "step " << s;
+        EXPECT_EQ(first_difference(got.params[s], ref.params[s], DType::f32), "") << "step " << s;
+      }
+    }
+  }
+}
+
+TEST(TreeAliases, CopiesRemapTheAliasAndASubtreeCopyWithoutTheOwnerOwnsIt) {
+  TreeModel t(ancestor_alias_tree());
+  Module& n0 = *t.children()[0];
+  Module& user = *n0.children()[0];
+  Parameter* const original = n0.params().get("weight");
+  auto check = [&](const Module& copy, const std::string& what) {
+    const Module& c0 = *copy.children()[0];
+    const Module& cu = *c0.children()[0];
+    ASSERT_EQ(cu.params().aliases().size(), 1u) << what;
+    EXPECT_EQ(cu.params().aliases()[0].param, c0.params().begin()->second.get()) << what;
+    EXPECT_NE(cu.params().aliases()[0].param, original) << what;
+    EXPECT_EQ(cu.params().aliases()[0].owner, &c0) << what;
+  };
+  check(*t.clone(), "clone");
+  check(TreeModel(t), "copy construction");
+  HostDevice dev;
+  Rng rng(1);
+  t.init_params(dev, DType::f32, DataDomain::exact, {}, rng);
+  check(*deserialize_module(serialize_module(t, dev), model_registry(), dev), "round trip");
+  // n0's subtree holds the owner: the alias is remapped inside it.
+  const std::unique_ptr<Module> sub0 = n0.clone();
+  ASSERT_EQ(sub0->children()[0]->params().aliases().size(), 1u);
+  EXPECT_EQ(sub0->children()[0]->params().aliases()[0].owner, sub0.get());
+  // The user's subtree lacks the owner: the copy owns a copy of the tied param.
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> subs;
+  subs.emplace_back("clone", user.clone());
+  subs.emplace_back("round trip",
+                    deserialize_module(serialize_module(user, dev), model_registry(), dev));
+  for (const auto& [what, sub] : subs) {
+    EXPECT_TRUE(sub->params().aliases().empty()) << what;
+    ASSERT_EQ(sub->params().size(), 2u) << what;
+    const Parameter* tied = sub->params().get("tied");
+    ASSERT_NE(tied, nullptr) << what;
+    EXPECT_NE(tied, original) << what;
+    EXPECT_EQ(tied->shape, original->shape) << what;
+    EXPECT_EQ(to_bytes(dev, tied->data), to_bytes(dev, original->data)) << what;
+  }
+  ASSERT_EQ(user.params().aliases().size(), 1u) << "the original is unchanged";
+  EXPECT_EQ(user.params().aliases()[0].param, original);
+  EXPECT_EQ(user.params().aliases()[0].owner, &n0);
+}
+
+TEST(I4, HoldsForTreesWithAliasesAtEveryStage) {
+  for (const auto& code : {ancestor_alias_tree(), sibling_alias_tree()}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int world : {2, 3}) {
+        const I4Case c{world, stage, "tree", code, 5, {}};
+        EXPECT_EQ(i4_violation(c), "") << describe(c);
+      }
+    }
+  }
+}
+
+TEST(I4, KnownBugsB5AndB6StillBreakItWithAliases) {
+  const I4Case b5{2, 3, "tree", ancestor_alias_tree(), 3, {KnownBug::B5_copy_drops_owner}};
+  EXPECT_TRUE(has(i4_violation(b5), "ParamDict owner is null")) << i4_violation(b5);
+  const I4Case b6{3, 3, "tree", sibling_alias_tree(), 3, {KnownBug::B6_fake_param_status}};
+  EXPECT_TRUE(has(i4_violation(b6), "trace: failed")) << i4_violation(b6);
+}
+
 TEST(I4, HoldsForEveryModelKindAtEveryStage) {
   for (const char* kind : {"mlp", "synthetic", "tree"}) {
     for (int stage = 0; stage <= 3; ++stage) {
