@@ -57,4 +57,14 @@ void Model::init_param(Device& dev, Parameter& p, DType dtype, DataDomain domain
   p.data = tensor_from_f64(dev, dtype, p.shape, v, p.name);
 }
 
+void Model::accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
+                                       double loss_scale, std::int64_t ga) {
+  Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp");  // [numel]
+  dev.sum_rows(grad, g, false);
+  dev.div(grad, static_cast<double>(samples));
+  dev.scale(grad, loss_scale);
+  dev.div(grad, static_cast<double>(ga));
+  accumulate_grad(dev, p, grad);
+}
+
 }  // namespace zc

@@ -82,6 +82,11 @@ class Model : public Module {
   // Allocates p on dev and fills it with domain values.
   void init_param(Device& dev, Parameter& p, DType dtype, DataDomain domain, const ExactSpec& ex,
                   Rng& rng, double gaussian_scale);
+  // The gradient of a loss linear in p, L = (1/B) sum_s <g_s, p>, for per-sample gradients g
+  // [B, numel]: sum over samples, / B, * loss_scale, / ga, in that order (the order every exact
+  // test relies on), then accumulated into p with its grad-ready hook (Synthetic, TreeModel).
+  void accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
+                                  double loss_scale, std::int64_t ga);
   DType dtype_ = DType::f32;
 };
 

@@ -74,12 +74,7 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
   for (std::size_t i = shapes_.size(); i-- > 0;) {
     const Tensor& g = held_.at(fmt::format("g{}", i));
     Parameter& p = param(i);
-    Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp");  // [numel]
-    dev.sum_rows(grad, g, false);
-    dev.div(grad, static_cast<double>(held_.samples));
-    dev.scale(grad, loss_scale);
-    dev.div(grad, static_cast<double>(ga));
-    accumulate_grad(dev, p, grad);
+    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
   }
   run_post_backward();
 }

@@ -258,12 +258,7 @@ void TreeModel::node_backward(Device& dev, Module& m, double loss_scale, std::in
   for (auto n = names.rbegin(); n != names.rend(); ++n) {
     Parameter& p = *m.params().get(*n);
     const Tensor& g = held_.at(fmt::format("g{}", p.id));
-    Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp");  // [numel]
-    dev.sum_rows(grad, g, false);
-    dev.div(grad, static_cast<double>(held_.samples));
-    dev.scale(grad, loss_scale);
-    dev.div(grad, static_cast<double>(ga));
-    accumulate_grad(dev, p, grad);
+    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
   }
   m.run_post_backward();
 }

@@ -28,10 +28,6 @@ std::string bits_in(double v, DType dt) {
   }
 }
 
-bool same_bits(double a, double b) {
-  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b) || (std::isnan(a) && std::isnan(b));
-}
-
 std::string error_text(const std::exception& e) { return fmt::format("{}", e.what()); }
 
 // Runs spec on the simulator; an exception becomes the verdict's failure.
@@ -469,13 +465,12 @@ std::string first_divergence(const Scenario& s, int rank, int step, const std::s
   if (a.size() != b.size()) {
     return fmt::format("rank {}, step {}, {}: {} vs {} elements", rank, step, what, a.size(), b.size());
   }
+  const std::optional<std::size_t> at = first_mismatch(a, b);
+  if (!at) return "";
   const DType dt = dtype_of(s);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (same_bits(a[i], b[i])) continue;
-    return fmt::format("rank {}, step {}, {} {}: {} ({}) vs {} ({})", rank, step, what,
-                       element_name(s, static_cast<std::int64_t>(i)), a[i], bits_in(a[i], dt), b[i], bits_in(b[i], dt));
-  }
-  return "";
+  const std::size_t i = *at;
+  return fmt::format("rank {}, step {}, {} {}: {} ({}) vs {} ({})", rank, step, what,
+                     element_name(s, static_cast<std::int64_t>(i)), a[i], bits_in(a[i], dt), b[i], bits_in(b[i], dt));
 }
 
 const std::vector<Invariant>& invariants() {

@@ -269,12 +269,7 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
 std::string element_name(const Scenario& s, std::int64_t flat_index) {
   const RunSpec spec = to_run_spec(s, {}, {});
   const std::unique_ptr<Model> model = spec.make_model();
-  std::int64_t at = 0;
-  for (const Parameter* p : model->named_parameters()) {
-    if (flat_index < at + p->numel()) return fmt::format("{}[{}]", p->name, flat_index - at);
-    at += p->numel();
-  }
-  return fmt::format("element {}", flat_index);
+  return param_element_name(*model, flat_index);
 }
 
 }  // namespace zc::props

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <tuple>
 
 namespace zc::props {
@@ -20,17 +21,34 @@ std::uint64_t batch_stream(int step, int micro, int chunk) {
 
 }  // namespace
 
-std::string first_difference(const std::vector<double>& a, const std::vector<double>& b, DType dtype) {
-  if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
+std::optional<std::size_t> first_mismatch(const std::vector<double>& a, const std::vector<double>& b) {
+  const std::size_t n = std::min(a.size(), b.size());
+  for (std::size_t i = 0; i < n; ++i) {
     if (std::bit_cast<std::uint64_t>(a[i]) != std::bit_cast<std::uint64_t>(b[i]) &&
         !(std::isnan(a[i]) && std::isnan(b[i]))) {
-      return fmt::format("index {}: {} (0x{:016x}) vs {} (0x{:016x}) [{}]", i, a[i],
-                         std::bit_cast<std::uint64_t>(a[i]), b[i], std::bit_cast<std::uint64_t>(b[i]),
-                         dtype_name(dtype));
+      return i;
     }
   }
-  return "";
+  if (a.size() != b.size()) return n;
+  return std::nullopt;
+}
+
+std::string first_difference(const std::vector<double>& a, const std::vector<double>& b, DType dtype) {
+  if (a.size() != b.size()) return fmt::format("sizes differ: {} vs {}", a.size(), b.size());
+  const std::optional<std::size_t> i = first_mismatch(a, b);
+  if (!i) return "";
+  return fmt::format("index {}: {} (0x{:016x}) vs {} (0x{:016x}) [{}]", *i, a[*i],
+                     std::bit_cast<std::uint64_t>(a[*i]), b[*i], std::bit_cast<std::uint64_t>(b[*i]),
+                     dtype_name(dtype));
+}
+
+std::string param_element_name(Model& model, std::int64_t flat_index) {
+  std::int64_t at = 0;
+  for (const Parameter* p : model.named_parameters()) {
+    if (flat_index < at + p->numel()) return fmt::format("{}[{}]", p->name, flat_index - at);
+    at += p->numel();
+  }
+  return fmt::format("element {}", flat_index);
 }
 
 HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int micro, int chunk) {
@@ -194,27 +212,15 @@ RunResult run_on_sim(const RunSpec& spec) {
   for (const RankRecord& r : recs) result.comm.push_back(r.comm);
   // The first element where a rank differs from rank 0, named by its param (MoE experts, which
   // full_params() appends after the model's own params, by index).
-  std::vector<std::pair<std::string, std::int64_t>> names;  // (param name, numel)
-  if (spec.ep_size == 0 && spec.make_model) {
-    const std::unique_ptr<Model> model = spec.make_model();
-    for (const Parameter* p : model->named_parameters()) names.emplace_back(p->name, p->numel());
-  }
-  auto element = [&](std::size_t i) {
-    std::int64_t at = 0;
-    for (const auto& [name, numel] : names) {
-      if (static_cast<std::int64_t>(i) < at + numel) return fmt::format("{}[{}]", name, static_cast<std::int64_t>(i) - at);
-      at += numel;
-    }
-    return fmt::format("element {}", i);
-  };
+  const std::unique_ptr<Model> named = spec.ep_size == 0 && spec.make_model ? spec.make_model() : nullptr;
   auto differ = [&](const std::vector<double>& a, const std::vector<double>& b) -> std::string {
     if (a.size() != b.size()) return fmt::format("{} vs {} elements", b.size(), a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (std::bit_cast<std::uint64_t>(a[i]) == std::bit_cast<std::uint64_t>(b[i]) || (std::isnan(a[i]) && std::isnan(b[i]))) continue;
-      return fmt::format("{}: {} (0x{:016x}) vs rank 0's {} (0x{:016x})", element(i), b[i], std::bit_cast<std::uint64_t>(b[i]), a[i],
-                         std::bit_cast<std::uint64_t>(a[i]));
-    }
-    return "";
+    const std::optional<std::size_t> i = first_mismatch(a, b);
+    if (!i) return "";
+    const auto at = static_cast<std::int64_t>(*i);
+    return fmt::format("{}: {} (0x{:016x}) vs rank 0's {} (0x{:016x})",
+                       named ? param_element_name(*named, at) : fmt::format("element {}", at), b[*i],
+                       std::bit_cast<std::uint64_t>(b[*i]), a[*i], std::bit_cast<std::uint64_t>(a[*i]));
   };
   for (int r = 1; r < W && result.ranks_agree; ++r) {
     const RankRecord& other = recs[static_cast<std::size_t>(r)];

@@ -95,6 +95,11 @@ struct GradOracle {
 };
 GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step);
 
+// The first index where a and b differ bit for bit (NaNs compare equal), or where one ends.
+std::optional<std::size_t> first_mismatch(const std::vector<double>& a, const std::vector<double>& b);
+// "param.name[local index]" for an index into full_params()/full_grads() of `model`.
+std::string param_element_name(Model& model, std::int64_t flat_index);
+
 // "" if a and b are bit-identical, else the first difference (index, both values and bits).
 std::string first_difference(const std::vector<double>& a, const std::vector<double>& b,
                              DType dtype);
