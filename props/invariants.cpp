@@ -28,8 +28,6 @@ std::string bits_in(double v, DType dt) {
   }
 }
 
-std::string error_text(const std::exception& e) { return fmt::format("{}", e.what()); }
-
 // Runs spec on the simulator; an exception becomes the verdict's failure.
 struct Outcome {
   bool ok = true;
@@ -43,7 +41,7 @@ Outcome run(const RunSpec& spec) {
     o.result = run_on_sim(spec);
   } catch (const std::exception& e) {
     o.ok = false;
-    o.error = error_text(e);
+    o.error = e.what();
   }
   return o;
 }
@@ -90,9 +88,9 @@ Verdict check_i1_exact(const Scenario& s, const CheckContext& ctx) {
   const Outcome c = run(to_run_spec(co, ctx.bugs, ctx.hooks));
   Verdict v;
   v.trace_hash = mix64(b.result.sim.trace_hash, c.result.sim.trace_hash);
-  if (!b.ok) v.holds = false, v.failure = "baseline run failed: " + b.error;
-  else if (!c.ok) v.holds = false, v.failure = "coalesced run failed: " + c.error;
-  else v.failure = compare(s, c.result, b.result, exact_steps(s), true, "coalesced", "baseline");
+  v.failure = !b.ok   ? "baseline run failed: " + b.error
+              : !c.ok ? "coalesced run failed: " + c.error
+                      : compare(s, c.result, b.result, exact_steps(s), true, "coalesced", "baseline");
   v.holds = v.failure.empty();
   return v;
 }
