@@ -1,0 +1,313 @@
+// NcclComm: NCCL collectives on a comm stream, ordered against the compute stream with events, and
+// a watchdog in Work::wait() (see nccl_comm.h).
+#include "real/nccl_comm.h"
+
+#include "engine/errors.h"
+#include "real/cuda_check.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <thread>
+
+namespace zc::real {
+
+struct NcclComm::State {
+  ncclComm_t comm = nullptr;
+  cudaStream_t comm_stream = nullptr;
+  cudaStream_t compute = nullptr;  // the CudaDevice's stream
+  Duration timeout{0};
+  int world_rank = 0;
+  std::string aborted;  // why the communicator was aborted; empty while usable
+
+  void abort(const std::string& why) {
+    if (!aborted.empty()) return;
+    aborted = why;
+    (void)ncclCommAbort(comm);  // also ends any of our kernels still waiting on a peer
+  }
+  ~State() {
+    if (comm != nullptr && aborted.empty()) {
+      (void)cudaStreamSynchronize(comm_stream);
+      (void)ncclCommDestroy(comm);
+    }
+    if (comm_stream != nullptr) (void)cudaStreamDestroy(comm_stream);
+  }
+};
+
+namespace {
+
+#define NCCL_CHECK(call, comm)                                                                   \
+  do {                                                                                           \
+    const ncclResult_t zc_nccl_rc_ = (call);                                                     \
+    if (zc_nccl_rc_ != ncclSuccess) throw_nccl_error(#call, __FILE__, __LINE__, zc_nccl_rc_, comm); \
+  } while (0)
+
+[[noreturn]] void throw_nccl_error(const char* call, const char* file, int line, ncclResult_t rc, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  throw BackendError(fmt::format("{} failed at {}:{}: {}{}{}", call, file, line, ncclGetErrorString(rc),
+                                 last && *last ? ": " : "", last ? last : ""));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclComm::State> st, cudaEvent_t done, std::string what, std::vector<Tensor> buffers)
+      : st_(std::move(st)), done_event_(done), what_(std::move(what)), buffers_(std::move(buffers)) {}
+  ~NcclWork() override {
+    // Dropped without wait(): still order the compute stream after the collective before the
+    // buffers it holds are freed on that stream.
+    if (!done_ && st_->aborted.empty()) (void)cudaStreamWaitEvent(st_->compute, done_event_, 0);
+    buffers_.clear();
+    (void)cudaEventDestroy(done_event_);
+  }
+  NcclWork(const NcclWork&) = delete;
+  NcclWork& operator=(const NcclWork&) = delete;
+
+  void wait() override {
+    if (done_) return;
+    if (!st_->aborted.empty()) fail(fmt::format("the communicator was aborted earlier: {}", st_->aborted));
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      const cudaError_t q = cudaEventQuery(done_event_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        abort_and_fail(fmt::format("CUDA error while waiting: {} ({})", cudaGetErrorString(q), cudaGetErrorName(q)));
+      }
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(st_->comm, &async);
+      if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+        const ncclResult_t bad = rc != ncclSuccess ? rc : async;
+        const char* last = ncclGetLastError(st_->comm);
+        abort_and_fail(fmt::format("NCCL asynchronous error: {}{}{}", ncclGetErrorString(bad),
+                                   last && *last ? ": " : "", last ? last : ""));
+      }
+      if (std::chrono::steady_clock::now() - start > st_->timeout) {
+        abort_and_fail(fmt::format("did not complete within {} ms: a peer rank died, hung or skipped this collective",
+                                   st_->timeout.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    CUDA_CHECK(cudaStreamWaitEvent(st_->compute, done_event_, 0));
+    done_ = true;
+    buffers_.clear();
+  }
+  bool is_completed() const override { return done_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    throw RankFailure(st_->world_rank, fmt::format("{} {}", what_, why), nullptr);
+  }
+  [[noreturn]] void abort_and_fail(const std::string& why) {
+    st_->abort(fmt::format("{} {}", what_, why));
+    fail(why + "; the NCCL communicator was aborted (ncclCommAbort)");
+  }
+
+  std::shared_ptr<NcclComm::State> st_;
+  cudaEvent_t done_event_;
+  std::string what_;
+  std::vector<Tensor> buffers_;  // kept alive until the collective is done, as c10d's Work does
+  bool done_ = false;
+};
+
+cudaStream_t new_comm_stream() {
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<NcclComm> NcclComm::create(MpiComm& bootstrap, CudaDevice& dev, Duration timeout, std::string name) {
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+  MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()));
+  CUDA_CHECK(cudaSetDevice(dev.index()));
+  auto st = std::make_shared<State>();
+  st->timeout = timeout;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &st->world_rank));
+  st->compute = static_cast<cudaStream_t>(dev.stream());
+  st->comm_stream = new_comm_stream();
+  NCCL_CHECK(ncclCommInitRank(&st->comm, bootstrap.size(), id, bootstrap.rank()), nullptr);
+  return std::unique_ptr<NcclComm>(new NcclComm(std::move(st), dev, std::move(name)));
+}
+
+NcclComm::NcclComm(std::shared_ptr<State> state, CudaDevice& dev, std::string name)
+    : state_(std::move(state)), dev_(dev), name_(std::move(name)) {
+  NCCL_CHECK(ncclCommUserRank(state_->comm, &rank_), state_->comm);
+  NCCL_CHECK(ncclCommCount(state_->comm, &size_), state_->comm);
+  barrier_buf_ = dev_.alloc(DType::f32, {1}, name_ + ".barrier");
+}
+
+NcclComm::~NcclComm() = default;
+
+void NcclComm::on_this_gpu(const char* op, const Tensor& t) const {
+  if (t.defined() && t.placement() != Placement::cuda) {
+    throw UsageError(fmt::format("{} on NCCL communicator '{}': {} is on {}; NCCL moves GPU memory only, "
+                                 "allocate it on the CudaDevice", op, name_, t.describe(), placement_name(t.placement())));
+  }
+}
+
+template <class Launch>
+WorkPtr NcclComm::issue(std::string what, bool async_op, std::vector<Tensor> buffers, Launch&& launch) {
+  State& s = *state_;
+  const std::string full = fmt::format("rank {}: {} on {} seq {}", s.world_rank, what, name_, seq_++);
+  if (!s.aborted.empty()) {
+    throw UsageError(fmt::format("{}: communicator '{}' was aborted after an earlier failure ({}); "
+                                 "create a new communicator", full, name_, s.aborted));
+  }
+  cudaEvent_t ready = nullptr, done = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ready, s.compute));           // the inputs, as the compute stream leaves them
+  CUDA_CHECK(cudaStreamWaitEvent(s.comm_stream, ready, 0));
+  CUDA_CHECK(cudaEventDestroy(ready));
+  const ncclResult_t rc = launch(s.comm_stream);
+  if (rc != ncclSuccess) {
+    const char* last = ncclGetLastError(s.comm);
+    throw BackendError(fmt::format("{}: NCCL refused the call: {}{}{}", full, ncclGetErrorString(rc),
+                                   last && *last ? ": " : "", last ? last : ""));
+  }
+  CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(done, s.comm_stream));
+  auto work = std::make_shared<NcclWork>(state_, done, full, std::move(buffers));
+  if (!async_op) work->wait();
+  return work;
+}
+
+WorkPtr NcclComm::all_reduce(const Tensor& inout, const AllReduceOptions& opts) {
+  comm_check::defined_same_dtype("all_reduce", inout, inout);
+  on_this_gpu("all_reduce", inout);
+  count(CollectiveKind::all_reduce, inout.nbytes());
+  return issue(fmt::format("all_reduce({} x {})", inout.numel(), dtype_name(inout.dtype())), opts.async_op, {inout},
+               [&](cudaStream_t s) {
+                 if (inout.numel() == 0) return ncclSuccess;
+                 return ncclAllReduce(inout.raw(), inout.raw(), static_cast<std::size_t>(inout.numel()),
+                                      nccl_type(inout.dtype()), nccl_op(opts.op), state_->comm, s);
+               });
+}
+
+WorkPtr NcclComm::reduce_scatter(const Tensor& out, const Tensor& in, const ReduceScatterOptions& opts) {
+  comm_check::reduce_scatter(out, in, size());
+  on_this_gpu("reduce_scatter", out);
+  on_this_gpu("reduce_scatter", in);
+  count(CollectiveKind::reduce_scatter, in.nbytes());
+  // out may be this rank's slice of in: exactly NCCL's in-place form.
+  return issue(fmt::format("reduce_scatter({} -> {} x {})", in.numel(), out.numel(), dtype_name(in.dtype())),
+               opts.async_op, {in, out}, [&](cudaStream_t s) {
+                 if (out.numel() == 0) return ncclSuccess;
+                 return ncclReduceScatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()),
+                                          nccl_type(in.dtype()), nccl_op(opts.op), state_->comm, s);
+               });
+}
+
+WorkPtr NcclComm::all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts) {
+  comm_check::all_gather(out, in, size());
+  on_this_gpu("all_gather", out);
+  on_this_gpu("all_gather", in);
+  count(CollectiveKind::all_gather, out.nbytes());
+  return issue(fmt::format("all_gather({} -> {} x {})", in.numel(), out.numel(), dtype_name(in.dtype())),
+               opts.async_op, {in, out}, [&](cudaStream_t s) {
+                 if (in.numel() == 0) return ncclSuccess;
+                 return ncclAllGather(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()),
+                                      nccl_type(in.dtype()), state_->comm, s);
+               });
+}
+
+WorkPtr NcclComm::reduce(const Tensor& inout, const ReduceOptions& opts) {
+  comm_check::defined_same_dtype("reduce", inout, inout);
+  comm_check::root("reduce", opts.root, size());
+  on_this_gpu("reduce", inout);
+  count(CollectiveKind::reduce, inout.nbytes());
+  // recvbuff is only written on the root: the others' buffers are left unchanged.
+  return issue(fmt::format("reduce({} x {}, root {})", inout.numel(), dtype_name(inout.dtype()), opts.root),
+               opts.async_op, {inout}, [&](cudaStream_t s) {
+                 if (inout.numel() == 0) return ncclSuccess;
+                 return ncclReduce(inout.raw(), inout.raw(), static_cast<std::size_t>(inout.numel()),
+                                   nccl_type(inout.dtype()), nccl_op(opts.op), opts.root, state_->comm, s);
+               });
+}
+
+WorkPtr NcclComm::broadcast(const Tensor& inout, const BroadcastOptions& opts) {
+  comm_check::defined_same_dtype("broadcast", inout, inout);
+  comm_check::root("broadcast", opts.root, size());
+  on_this_gpu("broadcast", inout);
+  count(CollectiveKind::broadcast, inout.nbytes());
+  return issue(fmt::format("broadcast({} x {}, root {})", inout.numel(), dtype_name(inout.dtype()), opts.root),
+               opts.async_op, {inout}, [&](cudaStream_t s) {
+                 if (inout.numel() == 0) return ncclSuccess;
+                 return ncclBroadcast(inout.raw(), inout.raw(), static_cast<std::size_t>(inout.numel()),
+                                      nccl_type(inout.dtype()), opts.root, state_->comm, s);
+               });
+}
+
+WorkPtr NcclComm::all_to_all(const Tensor& out, const Tensor& in, const AllToAllOptions& opts) {
+  comm_check::all_to_all(out, in, size());
+  on_this_gpu("all_to_all", out);
+  on_this_gpu("all_to_all", in);
+  count(CollectiveKind::all_to_all, in.nbytes());
+  return issue(fmt::format("all_to_all({} x {})", in.numel(), dtype_name(in.dtype())), opts.async_op, {in, out},
+               [&](cudaStream_t s) {
+                 const std::int64_t chunk = in.numel() / size_;
+                 if (chunk == 0) return ncclSuccess;
+                 const std::int64_t bytes = chunk * dtype_size(in.dtype());
+                 const auto* src = static_cast<const char*>(in.raw());
+                 auto* dst = static_cast<char*>(out.raw());
+                 // One group: every peer's slice goes out and comes in together (grouped calls).
+                 ncclResult_t rc = ncclGroupStart();
+                 for (int peer = 0; peer < size_ && rc == ncclSuccess; ++peer) {
+                   rc = ncclSend(src + peer * bytes, static_cast<std::size_t>(chunk), nccl_type(in.dtype()), peer,
+                                 state_->comm, s);
+                   if (rc == ncclSuccess) {
+                     rc = ncclRecv(dst + peer * bytes, static_cast<std::size_t>(chunk), nccl_type(in.dtype()), peer,
+                                   state_->comm, s);
+                   }
+                 }
+                 const ncclResult_t end = ncclGroupEnd();
+                 return rc != ncclSuccess ? rc : end;
+               });
+}
+
+void NcclComm::barrier() {
+  count(CollectiveKind::barrier, 0);
+  issue("barrier()", false, {barrier_buf_}, [&](cudaStream_t s) {
+    return ncclAllReduce(barrier_buf_.raw(), barrier_buf_.raw(), 1, ncclFloat32, ncclSum, state_->comm, s);
+  });
+}
+
+std::unique_ptr<Comm> NcclComm::split(int color, int key) {
+  if (color < kNoColor) throw UsageError(fmt::format("split: color {} is negative; use kNoColor", color));
+  if (!state_->aborted.empty()) {
+    throw UsageError(fmt::format("split on communicator '{}', which was aborted ({})", name_, state_->aborted));
+  }
+  count(CollectiveKind::split, 0);
+  ncclComm_t sub = nullptr;
+  NCCL_CHECK(ncclCommSplit(state_->comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr),
+             state_->comm);
+  if (sub == nullptr) return nullptr;
+  auto st = std::make_shared<State>();
+  st->comm = sub;
+  st->timeout = state_->timeout;
+  st->world_rank = state_->world_rank;
+  st->compute = state_->compute;
+  st->comm_stream = new_comm_stream();
+  return std::unique_ptr<NcclComm>(new NcclComm(std::move(st), dev_, fmt::format("{}.c{}", name_, color)));
+}
+
+}  // namespace zc::real

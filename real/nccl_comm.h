@@ -1,0 +1,72 @@
+// NcclComm: Comm over NCCL, one communicator per process and GPU, as nccl-tests and c10d's
+// ProcessGroupNCCL set it up:
+//   - create(): rank 0 makes the ncclUniqueId and broadcasts it over MPI; ncclCommInitRank.
+//   - collectives run on a dedicated comm stream. Before each, the comm stream waits on an event
+//     recorded on the device's compute stream (the inputs are ready); after it, a `done` event is
+//     recorded. Work::wait() blocks the host until `done` (so errors surface at the call that
+//     waits) and then makes the compute stream wait on it: compute after wait() is ordered after
+//     the collective, and buffers freed after wait() are freed after NCCL has finished with them.
+//   - all_to_all is one ncclGroupStart/End of per-peer ncclSend/ncclRecv slices.
+//   - split() is ncclCommSplit; kNoColor gives nullptr, as MPI_Comm_split's MPI_UNDEFINED.
+//   - the watchdog: while waiting, an asynchronous NCCL error (ncclCommGetAsyncError) or a
+//     collective still running past the timeout aborts the communicator (ncclCommAbort) and
+//     raises RankFailure naming the rank, the op and its sequence number. Every later call on the
+//     aborted communicator raises UsageError saying so.
+// Tensors must live on this process's CudaDevice; f16/bf16 use NCCL's own 16-bit reductions
+// (each combine correctly rounded, as the simulator's f32-compute-then-round is for two operands).
+#pragma once
+
+#include "engine/comm.h"
+#include "real/cuda_device.h"
+#include "real/mpi_comm.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace zc::real {
+
+class NcclComm final : public Comm {
+ public:
+  using Duration = std::chrono::milliseconds;
+  // Collective over `bootstrap`: every rank of it calls create() with its own GPU's device.
+  static std::unique_ptr<NcclComm> create(MpiComm& bootstrap, CudaDevice& dev, Duration timeout,
+                                          std::string name = "world");
+  ~NcclComm() override;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+
+  WorkPtr all_reduce(const Tensor& inout, const AllReduceOptions& opts = {}) override;
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in,
+                         const ReduceScatterOptions& opts = {}) override;
+  WorkPtr all_gather(const Tensor& out, const Tensor& in,
+                     const AllGatherOptions& opts = {}) override;
+  WorkPtr reduce(const Tensor& inout, const ReduceOptions& opts = {}) override;
+  WorkPtr broadcast(const Tensor& inout, const BroadcastOptions& opts = {}) override;
+  WorkPtr all_to_all(const Tensor& out, const Tensor& in,
+                     const AllToAllOptions& opts = {}) override;
+  void barrier() override;
+  std::unique_ptr<Comm> split(int color, int key) override;
+
+  // Shared with this communicator's Work objects (which may outlive it).
+  struct State;
+
+ private:
+  NcclComm(std::shared_ptr<State> state, CudaDevice& dev, std::string name);
+  template <class Launch>
+  WorkPtr issue(std::string what, bool async_op, std::vector<Tensor> buffers, Launch&& launch);
+  void on_this_gpu(const char* op, const Tensor& t) const;
+
+  std::shared_ptr<State> state_;
+  CudaDevice& dev_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  std::int64_t seq_ = 0;
+  Tensor barrier_buf_;
+};
+
+}  // namespace zc::real
