@@ -1,0 +1,105 @@
+// PerturbingDevice: a HostDevice that gets one op slightly wrong: after the named op it flips one
+// bit of element 0 of the op's output (the last mantissa bit, or a bit worth about 2^-4 of the value
+// for the exp/log ops, whose conformance bound is wider), or moves a returned value by one ulp. The
+// negative control for the Device conformance table: each op's cases must catch it.
+#pragma once
+
+#include "engine/host_device.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace zc::conformance {
+
+class PerturbingDevice final : public Device {
+ public:
+  explicit PerturbingDevice(std::string op) : op_(std::move(op)) {}
+  Placement placement() const override { return Placement::host; }
+  std::string name() const override { return "host-perturbed:" + op_; }
+  std::int64_t live_bytes() const override { return inner_.live_bytes(); }
+
+  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override { return inner_.alloc(dtype, std::move(shape), std::move(label)); }
+  void copy(const Tensor& dst, const Tensor& src) override { inner_.copy(dst, src); hit("copy", dst); }
+  void fill(const Tensor& t, double value) override { inner_.fill(t, value); hit("fill", t); }
+  void upload(const Tensor& dst, std::span<const std::byte> src) override { inner_.upload(dst, src); hit("upload_download", dst); }
+  void download(std::span<std::byte> dst, const Tensor& src) override { inner_.download(dst, src); }
+  void cast(const Tensor& dst, const Tensor& src) override { inner_.cast(dst, src); hit("cast", dst); }
+  void axpy(const Tensor& y, double alpha, const Tensor& x) override { inner_.axpy(y, alpha, x); hit("axpy", y); }
+  void scale(const Tensor& x, double alpha) override { inner_.scale(x, alpha); hit("scale", x); }
+  void div(const Tensor& x, double divisor) override { inner_.div(x, divisor); hit("div", x); }
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override { inner_.add(out, a, b); hit("add", out); }
+  void mul(const Tensor& out, const Tensor& a, const Tensor& b) override { inner_.mul(out, a, b); hit("mul", out); }
+  double sum_sq(const Tensor& x) override { return nudge("sum_sq", inner_.sum_sq(x)); }
+  double max_abs(const Tensor& x) override { return nudge("max_abs", inner_.max_abs(x)); }
+  bool has_inf_nan(const Tensor& x) override { return inner_.has_inf_nan(x) != (op_ == "has_inf_nan"); }
+  double dot(const Tensor& a, const Tensor& b) override { return nudge("dot", inner_.dot(a, b)); }
+  void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamParams& p) override {
+    inner_.adam_step(param, grad, m, v, p);
+    hit("adam_step", param);
+  }
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SgdParams& p) override {
+    inner_.sgd_step(param, grad, buf, p);
+    hit("sgd_step", param);
+  }
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, bool acc) override {
+    inner_.matmul(out, a, b, ta, tb, acc);
+    hit("matmul", out);
+  }
+  void relu(const Tensor& out, const Tensor& x) override { inner_.relu(out, x); hit("relu", out); }
+  void relu_backward(const Tensor& gi, const Tensor& go, const Tensor& x) override { inner_.relu_backward(gi, go, x); hit("relu_backward", gi); }
+  void add_row_vector(const Tensor& out, const Tensor& row) override { inner_.add_row_vector(out, row); hit("add_row_vector", out); }
+  void sum_rows(const Tensor& out, const Tensor& x, bool acc) override { inner_.sum_rows(out, x, acc); hit("sum_rows", out); }
+  void softmax_xent(const Tensor& dl, const Tensor& loss, const Tensor& logits, const Tensor& labels) override {
+    inner_.softmax_xent(dl, loss, logits, labels);
+    hit("softmax_xent", dl);
+  }
+  std::vector<std::int64_t> argmax_rows(const Tensor& x) override {
+    std::vector<std::int64_t> a = inner_.argmax_rows(x);
+    if (op_ == "argmax_rows" && !a.empty()) a[0] = a[0] == 0 ? 1 : 0;
+    return a;
+  }
+  void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override { inner_.scale_rows(out, x, s); hit("scale_rows", out); }
+  void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override { inner_.row_dot(out, a, c); hit("row_dot", out); }
+  void embedding(const Tensor& out, const Tensor& table, const Tensor& ids) override { inner_.embedding(out, table, ids); hit("embedding", out); }
+  void embedding_backward(const Tensor& dt, const Tensor& dout, const Tensor& ids) override {
+    inner_.embedding_backward(dt, dout, ids);
+    hit("embedding_backward", dt);
+  }
+  void rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override {
+    inner_.rmsnorm(out, rstd, x, w, eps);
+    hit("rmsnorm", out);
+  }
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
+                        const Tensor& rstd) override {
+    inner_.rmsnorm_backward(dx, dw, dout, x, w, rstd);
+    hit("rmsnorm_backward", dx);
+  }
+  void causal_softmax(const Tensor& out, const Tensor& x) override { inner_.causal_softmax(out, x); hit("causal_softmax", out); }
+  void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override {
+    inner_.softmax_backward(dx, dout, p);
+    hit("softmax_backward", dx);
+  }
+  void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b, std::int64_t c,
+                    std::int64_t d) override {
+    inner_.permute_0213(out, x, a, b, c, d);
+    hit("permute_0213", out);
+  }
+
+ private:
+  void hit(const char* op, const Tensor& t) {
+    if (op_ != op || t.numel() == 0) return;
+    const bool wide = op_ == "softmax_xent" || op_ == "causal_softmax";
+    const int bit = wide ? dtype_mantissa_bits(t.dtype()) - 5 : 0;
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, t.raw(), static_cast<std::size_t>(dtype_size(t.dtype())));
+    bits ^= std::uint64_t{1} << bit;
+    std::memcpy(t.raw(), &bits, static_cast<std::size_t>(dtype_size(t.dtype())));
+  }
+  double nudge(const char* op, double v) { return op_ == op ? std::nextafter(v, INFINITY) : v; }
+
+  std::string op_;
+  HostDevice inner_;
+};
+
+}  // namespace zc::conformance
