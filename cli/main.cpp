@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--domain", run.domain, "gaussian | exact")->check(CLI::IsMember({"gaussian", "exact"}));
 
   zc::cli::VerifyRealOptions vr;
-  CLI::App* vr_cmd = app.add_subcommand("verify-real", "Run seeded scenarios on MPI processes (under mpirun) and compare with the simulator");
-  vr_cmd->add_option("--backend", vr.backend, "host (MPI on CPUs) | cuda (not built yet)")->check(CLI::IsMember({"host", "cuda"}));
+  CLI::App* vr_cmd = app.add_subcommand("verify-real", "Run seeded scenarios on MPI processes or GPUs (under mpirun) and compare with the simulator bit for bit");
+  vr_cmd->add_option("--backend", vr.backend, "host (MPI on CPUs) | cuda (one GPU per process, NCCL)")->check(CLI::IsMember({"host", "cuda"}));
   vr_cmd->add_option("--scenarios", vr.scenarios, "Number of seeded scenarios")->check(CLI::Range(1, 10000));
   vr_cmd->add_option("--seed", vr.seed, "Scenario seed");
   vr_cmd->add_option("--out", vr.out, "Report directory (rank 0 writes results.json and report.md)");

@@ -1,10 +1,14 @@
 // The seeded scenario list for real backends.
 #include "props/scenarios.h"
 
+#include "engine/errors.h"
+#include "engine/host_device.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
 
 #include <fmt/format.h>
+
+#include <chrono>
 
 namespace zc::props {
 
@@ -49,6 +53,48 @@ std::vector<NamedSpec> real_backend_scenarios(int world, std::uint64_t seed, int
     out.push_back({desc, std::move(spec)});
   }
   return out;
+}
+
+namespace {
+std::uint64_t hash_values(const std::vector<std::vector<double>>& steps) {
+  std::uint64_t h = 0;
+  for (const auto& v : steps) h = mix64(h, hash_data(v.data(), v.size() * sizeof(double)));
+  return h;
+}
+}  // namespace
+
+BackendOutcome check_on_backend(const NamedSpec& ns, Device& dev, Comm& engine_comm, Comm* host_world) {
+  BackendOutcome o;
+  o.description = ns.description;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rank = engine_comm.rank();
+  const RankRecord got = train_rank(ns.spec, rank, dev, engine_comm, nullptr);
+  const RunResult sim = run_on_sim(ns.spec);
+  for (std::size_t s = 0; s < sim.params.size() && o.sim_mismatch.empty(); ++s) {
+    std::string d = first_difference(got.params[s], sim.params[s], DType::f64);
+    if (d.empty()) d = first_difference(got.grads[s], sim.grads[s], DType::f64);
+    if (d.empty() && rank == 0) d = first_difference(got.masters[s], sim.masters[s], DType::f32);
+    if (!d.empty()) o.sim_mismatch = fmt::format("rank {} step {}: {}", rank, s, d);
+  }
+  // Cross-rank agreement: every rank's hash of its params and grads, min == max over the world.
+  if (host_world == nullptr) {
+    ZC_ASSERT(engine_comm.size() == 1, "a world of {} ranks needs a host communicator to agree over", engine_comm.size());
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return o;
+  }
+  HostDevice host;
+  const std::uint64_t h = mix64(hash_values(got.params), hash_values(got.grads));
+  const std::vector<double> halves{static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu)};
+  const Tensor lo = tensor_from_f64(host, DType::f64, {2}, halves);
+  const Tensor hi = tensor_from_f64(host, DType::f64, {2}, halves);
+  host_world->all_reduce(lo, {.op = ReduceOp::min});
+  host_world->all_reduce(hi, {.op = ReduceOp::max});
+  o.ranks_agree = to_f64(host, lo) == to_f64(host, hi);
+  const Tensor bad = tensor_from_f64(host, DType::f64, {1}, std::vector<double>{o.sim_mismatch.empty() ? 0.0 : 1.0});
+  host_world->all_reduce(bad, {.op = ReduceOp::max});
+  if (o.sim_mismatch.empty() && to_f64(host, bad)[0] != 0.0) o.sim_mismatch = "another rank differs from the simulator";
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return o;
 }
 
 }  // namespace zc::props

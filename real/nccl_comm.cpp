@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstring>
 #include <thread>
 
 namespace zc::real {
@@ -139,13 +140,28 @@ std::unique_ptr<NcclComm> NcclComm::create(MpiComm& bootstrap, CudaDevice& dev, 
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
   MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()));
+  int world_rank = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  return init(&id, bootstrap.size(), bootstrap.rank(), world_rank, dev, timeout, std::move(name));
+}
+
+std::unique_ptr<NcclComm> NcclComm::create_local(CudaDevice& dev, Duration timeout, std::string name) {
+  ncclUniqueId id{};
+  NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+  return init(&id, 1, 0, 0, dev, timeout, std::move(name));
+}
+
+std::unique_ptr<NcclComm> NcclComm::init(const void* unique_id, int nranks, int rank, int world_rank, CudaDevice& dev,
+                                         Duration timeout, std::string name) {
   CUDA_CHECK(cudaSetDevice(dev.index()));
   auto st = std::make_shared<State>();
   st->timeout = timeout;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &st->world_rank));
+  st->world_rank = world_rank;
   st->compute = static_cast<cudaStream_t>(dev.stream());
   st->comm_stream = new_comm_stream();
-  NCCL_CHECK(ncclCommInitRank(&st->comm, bootstrap.size(), id, bootstrap.rank()), nullptr);
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id, sizeof id);
+  NCCL_CHECK(ncclCommInitRank(&st->comm, nranks, id, rank), nullptr);
   return std::unique_ptr<NcclComm>(new NcclComm(std::move(st), dev, std::move(name)));
 }
 

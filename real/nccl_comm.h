@@ -32,6 +32,8 @@ class NcclComm final : public Comm {
   // Collective over `bootstrap`: every rank of it calls create() with its own GPU's device.
   static std::unique_ptr<NcclComm> create(MpiComm& bootstrap, CudaDevice& dev, Duration timeout,
                                           std::string name = "world");
+  // A one-rank communicator with no MPI at all: a single process on one GPU (world 1).
+  static std::unique_ptr<NcclComm> create_local(CudaDevice& dev, Duration timeout, std::string name = "world");
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -57,6 +59,8 @@ class NcclComm final : public Comm {
 
  private:
   NcclComm(std::shared_ptr<State> state, CudaDevice& dev, std::string name);
+  static std::unique_ptr<NcclComm> init(const void* unique_id, int nranks, int rank, int world_rank,
+                                        CudaDevice& dev, Duration timeout, std::string name);
   template <class Launch>
   WorkPtr issue(std::string what, bool async_op, std::vector<Tensor> buffers, Launch&& launch);
   void on_this_gpu(const char* op, const Tensor& t) const;

@@ -362,8 +362,9 @@ std::string bits_hex(const std::byte* p, DType t) {
 
 }  // namespace
 
-std::string run_device_case(Device& ref, Device& dut, const DeviceCase& c) {
+std::string run_device_case(Device& ref, Device& dut, const DeviceCase& c, double* worst) {
   const Result a = run(ref, c), b = run(dut, c);
+  if (worst) *worst = 0;
   if (a.error.empty() != b.error.empty()) {
     return fmt::format("{}: {} raised \"{}\", {} raised \"{}\"", c.name(), ref.name(), a.error, dut.name(), b.error);
   }
@@ -384,6 +385,7 @@ std::string run_device_case(Device& ref, Device& dut, const DeviceCase& c) {
       if (std::memcmp(px, py, esz) == 0) continue;
       const double vx = load_as_f64(x.bytes.data(), x.dtype, i), vy = load_as_f64(y.bytes.data(), y.dtype, i);
       if (std::isnan(vx) && std::isnan(vy)) continue;
+      if (worst) *worst = std::max(*worst, std::fabs(vx - vy) / (u * std::max(1.0, std::fabs(vx))));
       if (factor > 0) {
         const double bound = factor * u * std::max(1.0, std::fabs(vx)) + (is_16bit(x.dtype) ? ulp_of(x.dtype, vx) : 0.0);
         if (std::fabs(vx - vy) <= bound) continue;
