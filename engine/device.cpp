@@ -1,12 +1,20 @@
-// Host-side conveniences over any Device: read and write values through upload/download only.
+// Host-side conveniences over any Device: read and write values through upload/download; a host
+// tensor beside a GPU device (the CPU side of ZeRO-Offload) is read and written in place.
 #include "engine/device.h"
 
 #include "engine/errors.h"
+
+#include <cstring>
 
 namespace zc {
 
 std::vector<std::byte> to_bytes(Device& dev, const Tensor& t) {
   std::vector<std::byte> out(static_cast<std::size_t>(t.nbytes()));
+  if (t.defined() && t.placement() == Placement::host && dev.placement() != Placement::host) {
+    // A CPU-side tensor (ZeRO-Offload's master weights, say) read beside a GPU device: host memory.
+    if (!out.empty()) std::memcpy(out.data(), t.raw(), out.size());
+    return out;
+  }
   dev.download(out, t);
   return out;
 }
@@ -28,6 +36,10 @@ void write_f64(Device& dev, const Tensor& t, std::span<const double> values) {
   std::vector<std::byte> bytes(static_cast<std::size_t>(t.nbytes()));
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     store_from_f64(bytes.data(), t.dtype(), i, values[static_cast<std::size_t>(i)]);
+  }
+  if (t.placement() == Placement::host && dev.placement() != Placement::host) {
+    if (!bytes.empty()) std::memcpy(t.raw(), bytes.data(), bytes.size());  // a CPU-side tensor
+    return;
   }
   dev.upload(t, bytes);
 }

@@ -125,6 +125,13 @@ std::int64_t row_len(const char* op, const Tensor& matrix, const Tensor& row) {
 
 using namespace device_check;
 
+// A stand-in for a GPU moves data between itself and the CPU side with cast and copy, as
+// CudaDevice does; every other op takes its own placement only.
+void HostDevice::on_or_cpu(const char* op, const Tensor& t) const {
+  if (placement_ != Placement::host && t.defined() && t.placement() == Placement::host) return;
+  on(op, t, placement_);
+}
+
 Tensor HostDevice::alloc(DType dtype, Shape shape, std::string label) {
   const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
   auto storage = std::make_shared<Storage>();
@@ -138,16 +145,16 @@ Tensor HostDevice::alloc(DType dtype, Shape shape, std::string label) {
     std::free(ptr);
   });
   storage->bytes = bytes;
-  storage->placement = Placement::host;
+  storage->placement = placement_;
   storage->id = next_storage_id_++;
   storage->name = std::move(label);
   counters_.bytes_allocated += bytes;
-  return Tensor(dtype, std::move(shape), Placement::host, std::move(storage));
+  return Tensor(dtype, std::move(shape), placement_, std::move(storage));
 }
 
 void HostDevice::copy(const Tensor& dst, const Tensor& src) {
-  on("copy", dst, Placement::host);
-  on("copy", src, Placement::host);
+  on_or_cpu("copy", dst);
+  on_or_cpu("copy", src);
   same_numel("copy", dst, src);
   same_dtype("copy", dst, src);
   std::memmove(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()));
@@ -155,13 +162,13 @@ void HostDevice::copy(const Tensor& dst, const Tensor& src) {
 }
 
 void HostDevice::fill(const Tensor& t, double value) {
-  on("fill", t, Placement::host);
+  on("fill", t, placement_);
   for (std::int64_t i = 0; i < t.numel(); ++i) store_from_f64(t.raw(), t.dtype(), i, value);
   count(counters_, 0, 0, t.nbytes());
 }
 
 void HostDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
-  on("upload", dst, Placement::host);
+  on("upload", dst, placement_);
   if (static_cast<std::int64_t>(src.size()) != dst.nbytes()) {
     throw UsageError(fmt::format("upload: {} bytes into {} of {} bytes", src.size(),
                                  dst.describe(), dst.nbytes()));
@@ -171,7 +178,7 @@ void HostDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
 }
 
 void HostDevice::download(std::span<std::byte> dst, const Tensor& src) {
-  on("download", src, Placement::host);
+  on("download", src, placement_);
   if (static_cast<std::int64_t>(dst.size()) != src.nbytes()) {
     throw UsageError(fmt::format("download: {} of {} bytes into {} bytes", src.describe(),
                                  src.nbytes(), dst.size()));
@@ -181,8 +188,8 @@ void HostDevice::download(std::span<std::byte> dst, const Tensor& src) {
 }
 
 void HostDevice::cast(const Tensor& dst, const Tensor& src) {
-  on("cast", dst, Placement::host);
-  on("cast", src, Placement::host);
+  on_or_cpu("cast", dst);
+  on_or_cpu("cast", src);
   same_numel("cast", dst, src);
   with_compute({&dst, &src}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < dst.numel(); ++i) st<T>(dst, i, ld<T>(src, i));
@@ -191,8 +198,8 @@ void HostDevice::cast(const Tensor& dst, const Tensor& src) {
 }
 
 void HostDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
-  on("axpy", y, Placement::host);
-  on("axpy", x, Placement::host);
+  on("axpy", y, placement_);
+  on("axpy", x, placement_);
   same_numel("axpy", y, x);
   with_compute({&y, &x}, [&]<class T>(T) {
     const T a = static_cast<T>(alpha);
@@ -202,7 +209,7 @@ void HostDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
 }
 
 void HostDevice::scale(const Tensor& x, double alpha) {
-  on("scale", x, Placement::host);
+  on("scale", x, placement_);
   with_compute({&x}, [&]<class T>(T) {
     const T a = static_cast<T>(alpha);
     for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(x, i, a * ld<T>(x, i));
@@ -211,7 +218,7 @@ void HostDevice::scale(const Tensor& x, double alpha) {
 }
 
 void HostDevice::div(const Tensor& x, double divisor) {
-  on("div", x, Placement::host);
+  on("div", x, placement_);
   with_compute({&x}, [&]<class T>(T) {
     const T d = static_cast<T>(divisor);
     for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(x, i, ld<T>(x, i) / d);
@@ -220,9 +227,9 @@ void HostDevice::div(const Tensor& x, double divisor) {
 }
 
 void HostDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
-  on("add", out, Placement::host);
-  on("add", a, Placement::host);
-  on("add", b, Placement::host);
+  on("add", out, placement_);
+  on("add", a, placement_);
+  on("add", b, placement_);
   same_numel("add", out, a);
   same_numel("add", out, b);
   with_compute({&out, &a, &b}, [&]<class T>(T) {
@@ -232,9 +239,9 @@ void HostDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void HostDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
-  on("mul", out, Placement::host);
-  on("mul", a, Placement::host);
-  on("mul", b, Placement::host);
+  on("mul", out, placement_);
+  on("mul", a, placement_);
+  on("mul", b, placement_);
   same_numel("mul", out, a);
   same_numel("mul", out, b);
   with_compute({&out, &a, &b}, [&]<class T>(T) {
@@ -260,7 +267,7 @@ double canonical_sum(std::int64_t n, Term term) {
 }
 
 double HostDevice::sum_sq(const Tensor& x) {
-  on("sum_sq", x, Placement::host);
+  on("sum_sq", x, placement_);
   count(counters_, 2 * x.numel(), x.nbytes(), 0);
   return canonical_sum(x.numel(), [&](std::int64_t i) {
     const double v = load_as_f64(x.raw(), x.dtype(), i);
@@ -269,8 +276,8 @@ double HostDevice::sum_sq(const Tensor& x) {
 }
 
 double HostDevice::dot(const Tensor& a, const Tensor& b) {
-  on("dot", a, Placement::host);
-  on("dot", b, Placement::host);
+  on("dot", a, placement_);
+  on("dot", b, placement_);
   same_numel("dot", a, b);
   count(counters_, 2 * a.numel(), a.nbytes() + b.nbytes(), 0);
   return canonical_sum(a.numel(), [&](std::int64_t i) {
@@ -279,7 +286,7 @@ double HostDevice::dot(const Tensor& a, const Tensor& b) {
 }
 
 double HostDevice::max_abs(const Tensor& x) {
-  on("max_abs", x, Placement::host);
+  on("max_abs", x, placement_);
   double m = 0.0;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     const double v = std::fabs(load_as_f64(x.raw(), x.dtype(), i));
@@ -294,7 +301,7 @@ double HostDevice::max_abs(const Tensor& x) {
 }
 
 bool HostDevice::has_inf_nan(const Tensor& x) {
-  on("has_inf_nan", x, Placement::host);
+  on("has_inf_nan", x, placement_);
   bool found = false;
   for (std::int64_t i = 0; i < x.numel() && !found; ++i) {
     found = !std::isfinite(load_as_f64(x.raw(), x.dtype(), i));
@@ -305,7 +312,7 @@ bool HostDevice::has_inf_nan(const Tensor& x) {
 
 void HostDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                            const Tensor& exp_avg_sq, const AdamParams& p) {
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) on("adam_step", *t, Placement::host);
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) on("adam_step", *t, placement_);
   f32_state("adam_step", param);
   f32_state("adam_step", exp_avg);
   f32_state("adam_step", exp_avg_sq);
@@ -338,13 +345,13 @@ void HostDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
 
 void HostDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                           const SgdParams& p) {
-  on("sgd_step", param, Placement::host);
-  on("sgd_step", grad, Placement::host);
+  on("sgd_step", param, placement_);
+  on("sgd_step", grad, placement_);
   f32_state("sgd_step", param);
   same_numel("sgd_step", param, grad);
   const bool use_momentum = p.momentum != 0.0;
   if (use_momentum) {
-    on("sgd_step", momentum_buf, Placement::host);
+    on("sgd_step", momentum_buf, placement_);
     f32_state("sgd_step", momentum_buf);
     same_numel("sgd_step", param, momentum_buf);
   }
@@ -366,9 +373,9 @@ void HostDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
 
 void HostDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
                         bool trans_b, bool accumulate) {
-  on("matmul", out, Placement::host);
-  on("matmul", a, Placement::host);
-  on("matmul", b, Placement::host);
+  on("matmul", out, placement_);
+  on("matmul", a, placement_);
+  on("matmul", b, placement_);
   const MatmulDims d = matmul_dims(out, a, b, trans_a, trans_b);
   const std::int64_t lda = a.dim(1), ldb = b.dim(1);
   with_compute({&out, &a, &b}, [&]<class T>(T) {
@@ -389,8 +396,8 @@ void HostDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, boo
 }
 
 void HostDevice::relu(const Tensor& out, const Tensor& x) {
-  on("relu", out, Placement::host);
-  on("relu", x, Placement::host);
+  on("relu", out, placement_);
+  on("relu", x, placement_);
   same_numel("relu", out, x);
   with_compute({&out, &x}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < x.numel(); ++i) {
@@ -402,7 +409,7 @@ void HostDevice::relu(const Tensor& out, const Tensor& x) {
 }
 
 void HostDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) {
-  for (const Tensor* t : {&grad_in, &grad_out, &x}) on("relu_backward", *t, Placement::host);
+  for (const Tensor* t : {&grad_in, &grad_out, &x}) on("relu_backward", *t, placement_);
   same_numel("relu_backward", grad_in, grad_out);
   same_numel("relu_backward", grad_in, x);
   with_compute({&grad_in, &grad_out, &x}, [&]<class T>(T) {
@@ -414,8 +421,8 @@ void HostDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, co
 }
 
 void HostDevice::add_row_vector(const Tensor& out, const Tensor& row) {
-  on("add_row_vector", out, Placement::host);
-  on("add_row_vector", row, Placement::host);
+  on("add_row_vector", out, placement_);
+  on("add_row_vector", row, placement_);
   const std::int64_t n = row_len("add_row_vector", out, row);
   with_compute({&out, &row}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(out, i) + ld<T>(row, i % n));
@@ -424,8 +431,8 @@ void HostDevice::add_row_vector(const Tensor& out, const Tensor& row) {
 }
 
 void HostDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
-  on("sum_rows", out, Placement::host);
-  on("sum_rows", x, Placement::host);
+  on("sum_rows", out, placement_);
+  on("sum_rows", x, placement_);
   const std::int64_t n = row_len("sum_rows", x, out);
   with_compute({&out, &x}, [&]<class T>(T) {
     for (std::int64_t j = 0; j < n; ++j) {
@@ -439,7 +446,7 @@ void HostDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
 
 void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                               const Tensor& labels) {
-  for (const Tensor* t : {&dlogits, &row_loss, &logits, &labels}) on("softmax_xent", *t, Placement::host);
+  for (const Tensor* t : {&dlogits, &row_loss, &logits, &labels}) on("softmax_xent", *t, placement_);
   same_numel("softmax_xent", dlogits, logits);
   if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
     throw UsageError(fmt::format("softmax_xent: logits {} need labels and row_loss of [{}]",
@@ -477,7 +484,7 @@ std::int64_t rows_of(const char* op, const Tensor& x) {
 }  // namespace
 
 std::vector<std::int64_t> HostDevice::argmax_rows(const Tensor& x) {
-  on("argmax_rows", x, Placement::host);
+  on("argmax_rows", x, placement_);
   const std::int64_t rows = rows_of("argmax_rows", x), cols = x.dim(1);
   std::vector<std::int64_t> out(static_cast<std::size_t>(rows), 0);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -495,7 +502,7 @@ std::vector<std::int64_t> HostDevice::argmax_rows(const Tensor& x) {
 }
 
 void HostDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
-  for (const Tensor* t : {&out, &x, &s}) on("scale_rows", *t, Placement::host);
+  for (const Tensor* t : {&out, &x, &s}) on("scale_rows", *t, placement_);
   same_numel("scale_rows", out, x);
   const std::int64_t rows = rows_of("scale_rows", x), cols = x.dim(1);
   if (s.numel() != rows) throw UsageError(fmt::format("scale_rows: {} scales for {} rows", s.numel(), rows));
@@ -506,7 +513,7 @@ void HostDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s)
 }
 
 void HostDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
-  for (const Tensor* t : {&out, &a, &c}) on("row_dot", *t, Placement::host);
+  for (const Tensor* t : {&out, &a, &c}) on("row_dot", *t, placement_);
   same_numel("row_dot", a, c);
   const std::int64_t rows = rows_of("row_dot", a), cols = a.dim(1);
   if (out.numel() != rows) throw UsageError(fmt::format("row_dot: output of {} for {} rows", out.numel(), rows));
@@ -530,7 +537,7 @@ std::int64_t token_id(const char* op, const Tensor& ids, std::int64_t n, std::in
 }  // namespace
 
 void HostDevice::embedding(const Tensor& out, const Tensor& table, const Tensor& ids) {
-  for (const Tensor* t : {&out, &table, &ids}) on("embedding", *t, Placement::host);
+  for (const Tensor* t : {&out, &table, &ids}) on("embedding", *t, placement_);
   const std::int64_t vocab = rows_of("embedding", table), dim = table.dim(1), n = ids.numel();
   if (out.numel() != n * dim)
     throw UsageError(fmt::format("embedding: out {} for {} ids of dim {}", out.describe(), n, dim));
@@ -544,7 +551,7 @@ void HostDevice::embedding(const Tensor& out, const Tensor& table, const Tensor&
 }
 
 void HostDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
-  for (const Tensor* t : {&dtable, &dout, &ids}) on("embedding_backward", *t, Placement::host);
+  for (const Tensor* t : {&dtable, &dout, &ids}) on("embedding_backward", *t, placement_);
   const std::int64_t vocab = rows_of("embedding_backward", dtable), dim = dtable.dim(1),
                      n = ids.numel();
   if (dout.numel() != n * dim)
@@ -564,7 +571,7 @@ void HostDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, co
 
 void HostDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
                          double eps) {
-  for (const Tensor* t : {&out, &rstd, &x, &w}) on("rmsnorm", *t, Placement::host);
+  for (const Tensor* t : {&out, &rstd, &x, &w}) on("rmsnorm", *t, placement_);
   same_numel("rmsnorm", out, x);
   const std::int64_t rows = rows_of("rmsnorm", x), dim = row_len("rmsnorm", x, w);
   if (rstd.numel() != rows)
@@ -587,7 +594,7 @@ void HostDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x,
 void HostDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
                                   const Tensor& x, const Tensor& w, const Tensor& rstd) {
   for (const Tensor* t : {&dx, &dw, &dout, &x, &w, &rstd})
-    on("rmsnorm_backward", *t, Placement::host);
+    on("rmsnorm_backward", *t, placement_);
   same_numel("rmsnorm_backward", dx, x);
   same_numel("rmsnorm_backward", dout, x);
   same_numel("rmsnorm_backward", dw, w);
@@ -616,7 +623,7 @@ void HostDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
 }
 
 void HostDevice::causal_softmax(const Tensor& out, const Tensor& x) {
-  for (const Tensor* t : {&out, &x}) on("causal_softmax", *t, Placement::host);
+  for (const Tensor* t : {&out, &x}) on("causal_softmax", *t, placement_);
   same_numel("causal_softmax", out, x);
   const std::int64_t rows = rows_of("causal_softmax", x), cols = x.dim(1);
   with_compute({&out, &x}, [&]<class T>(T) {
@@ -635,7 +642,7 @@ void HostDevice::causal_softmax(const Tensor& out, const Tensor& x) {
 }
 
 void HostDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) {
-  for (const Tensor* t : {&dx, &dout, &p}) on("softmax_backward", *t, Placement::host);
+  for (const Tensor* t : {&dx, &dout, &p}) on("softmax_backward", *t, placement_);
   same_numel("softmax_backward", dx, p);
   same_numel("softmax_backward", dout, p);
   const std::int64_t rows = rows_of("softmax_backward", p), cols = p.dim(1);
@@ -654,7 +661,7 @@ void HostDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Te
 
 void HostDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                               std::int64_t c, std::int64_t d) {
-  for (const Tensor* t : {&out, &x}) on("permute_0213", *t, Placement::host);
+  for (const Tensor* t : {&out, &x}) on("permute_0213", *t, placement_);
   same_numel("permute_0213", out, x);
   if (a * b * c * d != x.numel()) {
     throw UsageError(

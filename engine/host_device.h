@@ -8,8 +8,10 @@ namespace zc {
 
 class HostDevice final : public Device {
  public:
-  Placement placement() const override { return Placement::host; }
-  std::string name() const override { return "host"; }
+  // `tag` other than host makes this a stand-in for a GPU (Note [Emulated placement]).
+  explicit HostDevice(Placement tag = Placement::host) : placement_(tag) {}
+  Placement placement() const override { return placement_; }
+  std::string name() const override { return placement_ == Placement::host ? "host" : "host-as-" + std::string(placement_name(placement_)); }
 
   Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -57,8 +59,17 @@ class HostDevice final : public Device {
                     std::int64_t c, std::int64_t d) override;
 
  private:
+  void on_or_cpu(const char* op, const Tensor& t) const;
+  Placement placement_ = Placement::host;
   std::uint64_t next_storage_id_ = 0;
 };
+
+// Note [Emulated placement]
+// HostDevice(Placement::cuda) computes in host memory exactly as HostDevice does, but tags its
+// tensors `cuda` and, like CudaDevice, takes only its own tensors in every op except cast and copy,
+// which also move data to and from host tensors (the CPU side of ZeRO-Offload). Running the engine
+// on it shows, without a GPU, that the engine never hands a CPU tensor to a GPU op or to NCCL; the
+// results are HostDevice's bits.
 
 class MetaDevice final : public Device {
  public:

@@ -158,7 +158,11 @@ bool Zero3Optimizer::step() {
   where.scale(grad32, 1.0 / combined);
   base_->step(master_, grad32);
   if (cfg_.zero.offload_param == OffloadDevice::cpu) {
-    cpu_->cpu().cast(fp16_partition_, master_);
+    if (offload_opt) {
+      cpu_->cpu().cast(fp16_partition_, master_);  // both on the CPU
+    } else {
+      cpu_->to_cpu(fp16_partition_, master_);  // updated on the device, params kept on the CPU
+    }
   } else if (offload_opt) {
     cpu_->to_device(fp16_partition_, master_);
   } else {

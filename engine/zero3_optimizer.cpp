@@ -51,10 +51,12 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   }
   Device& opt_dev = offload_opt ? cpu_->cpu() : dev_;
   master_ = opt_dev.alloc(DType::f32, {pn}, "fp32_partitioned_groups_flat");
-  if (offload_opt && !offload_par) {
-    cpu_->to_cpu(master_, fp16_partition_);
-  } else {
+  if (offload_opt == offload_par) {  // both on the CPU, or both on the device
     (offload_par ? cpu_->cpu() : dev_).cast(master_, fp16_partition_);
+  } else if (offload_opt) {
+    cpu_->to_cpu(master_, fp16_partition_);
+  } else {  // params on the CPU, optimizer on the device: a real transfer up
+    cpu_->to_device(master_, fp16_partition_);
   }
   base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer");
   grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions");

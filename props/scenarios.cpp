@@ -27,12 +27,14 @@ std::vector<NamedSpec> real_backend_scenarios(int world, std::uint64_t seed, int
     const bool coalesce = stage > 0 && ga == 1 && rng.chance(0.5) &&
                           !(stage == 1 && dtype == DType::bf16);  // keep clear of the BF16 wrapper
     const bool simple = rng.chance(0.5);
+    const bool offload_param = stage == 3 && rng.chance(0.3);  // ZeRO-Infinity's param offload to the CPU
     RunSpec spec;
     spec.ds_config = {{"gradient_accumulation_steps", ga},
                       {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
                       {"zero_optimization", {{"stage", stage}, {"contiguous_gradients", contiguous},
                                              {"overlap_comm", overlap}, {"reduce_bucket_size", bucket}}}};
     if (offload) spec.ds_config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    if (offload_param) spec.ds_config["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
     if (dtype == DType::f16) spec.ds_config["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
     if (dtype == DType::bf16) spec.ds_config["bf16"] = {{"enabled", true}};
     if (simple) {
@@ -47,8 +49,9 @@ std::vector<NamedSpec> real_backend_scenarios(int world, std::uint64_t seed, int
     spec.exact.grad_multiple = static_cast<std::int64_t>(world) * ga;
     spec.seed = seed + static_cast<std::uint64_t>(k);
     const std::string desc = fmt::format(
-        "{} stage {} {} contiguous {} overlap {} offload {} bucket {} GA {} N {}{}",
+        "{} stage {} {} contiguous {} overlap {} offload {}{} bucket {} GA {} N {}{}",
         simple ? "simple(6,1)" : "synthetic", stage, dtype_name(dtype), contiguous, overlap, offload,
+        offload_param ? " offload_param" : "",
         bucket, ga, n, coalesce ? " coalesced" : "");
     out.push_back({desc, std::move(spec)});
   }

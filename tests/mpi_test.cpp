@@ -6,6 +6,7 @@
 #include "engine/host_device.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
+#include "props/scenarios.h"
 #include "props/training_run.h"
 #include "real/mpi_comm.h"
 #include "tests/conformance/comm_conformance.h"
@@ -70,6 +71,69 @@ TEST(MpiTraining, RealProcessesMatchTheSimulatorBitForBit) {
       }
     }
   }
+}
+
+// A Comm that refuses every buffer not tagged `cuda`, as NcclComm does (it moves GPU memory only).
+class GpuOnlyComm final : public Comm {
+ public:
+  explicit GpuOnlyComm(Comm& inner, std::unique_ptr<Comm> owned = nullptr) : inner_(inner), owned_(std::move(owned)) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string name() const override { return "gpu-only:" + inner_.name(); }
+  WorkPtr all_reduce(const Tensor& t, const AllReduceOptions& o = {}) override { return inner_.all_reduce(gpu("all_reduce", t), o); }
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, const ReduceScatterOptions& o = {}) override {
+    return inner_.reduce_scatter(gpu("reduce_scatter", out), gpu("reduce_scatter", in), o);
+  }
+  WorkPtr all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& o = {}) override {
+    return inner_.all_gather(gpu("all_gather", out), gpu("all_gather", in), o);
+  }
+  WorkPtr reduce(const Tensor& t, const ReduceOptions& o = {}) override { return inner_.reduce(gpu("reduce", t), o); }
+  WorkPtr broadcast(const Tensor& t, const BroadcastOptions& o = {}) override { return inner_.broadcast(gpu("broadcast", t), o); }
+  WorkPtr all_to_all(const Tensor& out, const Tensor& in, const AllToAllOptions& o = {}) override {
+    return inner_.all_to_all(gpu("all_to_all", out), gpu("all_to_all", in), o);
+  }
+  void barrier() override { inner_.barrier(); }
+  std::unique_ptr<Comm> split(int color, int key) override {
+    std::unique_ptr<Comm> sub = inner_.split(color, key);
+    if (!sub) return nullptr;
+    Comm& ref = *sub;
+    return std::make_unique<GpuOnlyComm>(ref, std::move(sub));
+  }
+
+ private:
+  static const Tensor& gpu(const char* op, const Tensor& t) {
+    if (t.placement() != Placement::cuda) {
+      throw UsageError(fmt::format("{}: {} is on {}; a GPU communicator takes GPU tensors only", op, t.describe(),
+                                   placement_name(t.placement())));
+    }
+    return t;
+  }
+  Comm& inner_;
+  std::unique_ptr<Comm> owned_;
+};
+
+// The GPU backend rehearsed on CPUs (Note [Emulated placement]): the engine on HostDevice tagged
+// `cuda`, its collectives through a communicator that takes GPU tensors only, CPU offload moving
+// data through cast. Every verify-real scenario still matches the simulator bit for bit.
+TEST(MpiTraining, EmulatedGpuRunKeepsCpuAndGpuTensorsApart) {
+  int offload = 0, offload_param = 0;
+  for (const props::NamedSpec& ns : props::real_backend_scenarios(world().size(), 7, 24)) {
+    HostDevice gpu(Placement::cuda);
+    GpuOnlyComm comm(world());
+    const props::BackendOutcome o = props::check_on_backend(ns, gpu, comm, &world());
+    EXPECT_EQ(o.sim_mismatch, "") << ns.description;
+    EXPECT_TRUE(o.ranks_agree) << ns.description;
+    offload += ns.description.find("offload true") != std::string::npos;
+    offload_param += ns.description.find("offload_param") != std::string::npos;
+  }
+  EXPECT_GT(offload, 0);
+  EXPECT_GT(offload_param, 0);
+}
+
+TEST(MpiTraining, GpuOnlyCommRefusesACpuTensor) {
+  HostDevice cpu;
+  GpuOnlyComm comm(world());
+  EXPECT_THROW(comm.all_reduce(cpu.alloc(DType::f32, {2})), UsageError);
 }
 
 // Failure scenarios, selected by ZC_MPI_FAULT; each must end the job, never hang.
