@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -28,8 +29,19 @@ struct NcclComm::State {
   }
   ~State() {
     if (comm != nullptr && aborted.empty()) {
-      (void)cudaStreamSynchronize(comm_stream);
-      (void)ncclCommDestroy(comm);
+      // Let issued collectives finish, but never wait forever: one whose peer died (and that
+      // nobody waited for) would hang the stream, so past the timeout the communicator is aborted.
+      const auto start = std::chrono::steady_clock::now();
+      cudaError_t q;
+      while ((q = cudaStreamQuery(comm_stream)) == cudaErrorNotReady &&
+             std::chrono::steady_clock::now() - start < timeout) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (q == cudaSuccess) {
+        (void)ncclCommDestroy(comm);
+      } else {
+        (void)ncclCommAbort(comm);
+      }
     }
     if (comm_stream != nullptr) (void)cudaStreamDestroy(comm_stream);
   }
