@@ -222,5 +222,34 @@ TEST(MetaDevice, KeepsShapesMovesNoDataAndCounts) {
   EXPECT_EQ(meta.sum_sq(out), 0.0);
 }
 
+
+// Note [Emulated placement]: a HostDevice standing in for a GPU takes only its own tensors, except
+// that cast and copy move data to and from CPU tensors, as CudaDevice does.
+TEST(EmulatedPlacement, OpsRefuseCpuTensorsButTransfersCrossOver) {
+  HostDevice gpu(Placement::cuda);
+  HostDevice cpu;
+  EXPECT_EQ(gpu.name(), "host-as-cuda");
+  const Tensor g = tensor_from_f64(gpu, DType::bf16, {3}, std::vector<double>{1.5, -2.0, 3.0});
+  EXPECT_EQ(g.placement(), Placement::cuda);
+  const Tensor c = tensor_from_f64(cpu, DType::f32, {3}, std::vector<double>{0.25, 0.5, 1.0});
+  try {
+    gpu.axpy(g, 1.0, c);
+    ADD_FAILURE() << "axpy took a CPU tensor";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("is on host, this device is cuda"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cpu.axpy(c, 1.0, g), UsageError);  // and the CPU side refuses the GPU's
+  const Tensor up = gpu.alloc(DType::bf16, {3});
+  gpu.cast(up, c);  // CPU f32 -> GPU bf16
+  EXPECT_EQ(to_f64(gpu, up), (std::vector<double>{0.25, 0.5, 1.0}));
+  const Tensor down = cpu.alloc(DType::f32, {3});
+  gpu.cast(down, g);  // GPU bf16 -> CPU f32
+  EXPECT_EQ(to_f64(gpu, down), (std::vector<double>{1.5, -2.0, 3.0}));  // a CPU tensor read beside the GPU
+  const Tensor copied = gpu.alloc(DType::f32, {3});
+  gpu.copy(copied, c);
+  EXPECT_EQ(to_f64(gpu, copied), (std::vector<double>{0.25, 0.5, 1.0}));
+  EXPECT_THROW(cpu.cast(down, g), UsageError);  // a plain host device takes host tensors only
+}
+
 }  // namespace
 }  // namespace zc
