@@ -67,22 +67,37 @@ void defined_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
   }
 }
 
-void reduce_scatter(const Tensor& out, const Tensor& in, int size) {
+// The one overlap a collective allows between its buffers: the small one is exactly this rank's
+// slice of the big one (NCCL's in-place form). Any other overlap is undefined behaviour in NCCL and
+// MPI, so every backend refuses it.
+void in_place_form(std::string_view op, const Tensor& small, const Tensor& big, int rank) {
+  if (!small.overlaps(big)) return;
+  if (small.storage() == big.storage() && small.byte_begin() == big.byte_begin() + rank * small.nbytes() &&
+      small.nbytes() * (big.numel() / std::max<std::int64_t>(small.numel(), 1)) == big.nbytes()) {
+    return;
+  }
+  throw UsageError(fmt::format("{}: {} overlaps {} but is not rank {}'s slice of it (the only in-place form); "
+                               "use separate buffers", op, small.describe(), big.describe(), rank));
+}
+
+void reduce_scatter(const Tensor& out, const Tensor& in, int size, int rank) {
   defined_same_dtype("reduce_scatter", out, in);
   if (in.numel() != out.numel() * size) {
     throw UsageError(fmt::format(
         "reduce_scatter: input has {} elements, expected world ({}) x output ({}) = {}",
         in.numel(), size, out.numel(), out.numel() * size));
   }
+  in_place_form("reduce_scatter", out, in, rank);
 }
 
-void all_gather(const Tensor& out, const Tensor& in, int size) {
+void all_gather(const Tensor& out, const Tensor& in, int size, int rank) {
   defined_same_dtype("all_gather", out, in);
   if (out.numel() != in.numel() * size) {
     throw UsageError(fmt::format(
         "all_gather: output has {} elements, expected world ({}) x input ({}) = {}",
         out.numel(), size, in.numel(), in.numel() * size));
   }
+  in_place_form("all_gather", in, out, rank);
 }
 
 void all_to_all(const Tensor& out, const Tensor& in, int size) {
@@ -91,6 +106,10 @@ void all_to_all(const Tensor& out, const Tensor& in, int size) {
     throw UsageError(fmt::format(
         "all_to_all: input ({}) and output ({}) must have equal sizes divisible by world ({})",
         in.numel(), out.numel(), size));
+  }
+  if (in.numel() > 0 && out.overlaps(in)) {
+    throw UsageError(fmt::format("all_to_all: output {} overlaps input {}; all_to_all has no in-place form, "
+                                 "use separate buffers", out.describe(), in.describe()));
   }
 }
 

@@ -118,8 +118,10 @@ class Comm {
 // Argument checks shared by every backend; throw UsageError naming the call and what to fix.
 namespace comm_check {
 void defined_same_dtype(std::string_view op, const Tensor& a, const Tensor& b);
-void reduce_scatter(const Tensor& out, const Tensor& in, int size);
-void all_gather(const Tensor& out, const Tensor& in, int size);
+// `rank`: the caller's rank in the group, for the in-place form (out, resp. in, is exactly this
+// rank's slice of the other buffer); any other overlap of the two is refused.
+void reduce_scatter(const Tensor& out, const Tensor& in, int size, int rank);
+void all_gather(const Tensor& out, const Tensor& in, int size, int rank);
 void all_to_all(const Tensor& out, const Tensor& in, int size);
 void root(std::string_view op, int root, int size);
 }  // namespace comm_check

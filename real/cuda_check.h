@@ -11,6 +11,7 @@ namespace zc::real {
 
 [[noreturn]] inline void throw_cuda_error(const char* call, const char* file, int line,
                                           cudaError_t rc) {
+  (void)cudaGetLastError();  // a non-sticky error stays as the last error: the next launch must not see it
   throw BackendError(fmt::format("{} failed at {}:{}: {} ({})", call, file, line,
                                  cudaGetErrorString(rc), cudaGetErrorName(rc)));
 }

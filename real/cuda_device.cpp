@@ -156,6 +156,10 @@ void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
   on_either("copy", src);
   same_numel("copy", dst, src);
   same_dtype("copy", dst, src);
+  if (dst.placement() == Placement::host && src.placement() == Placement::host) {
+    throw UsageError(fmt::format("copy: {} and {} are both host tensors; use the host device", dst.describe(),
+                                 src.describe()));
+  }
   if (src.nbytes() == 0) return;
   const cudaMemcpyKind kind = kind_of(dst, src);
   if (kind == cudaMemcpyDeviceToDevice && dst.overlaps(src)) {  // memmove semantics, as the host
@@ -213,6 +217,7 @@ void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
     const Tensor staged = cpu.alloc(src.dtype(), src.shape(), "d2h staging");
     download({static_cast<std::byte*>(staged.raw()), static_cast<std::size_t>(staged.nbytes())}, src);
     cpu.cast(dst, staged);
+    count(counters_, 0, src.nbytes(), dst.nbytes());
     return;
   }
   Tensor from = src;

@@ -136,7 +136,7 @@ WorkPtr MpiComm::all_reduce(const Tensor& inout, const AllReduceOptions& opts) {
 }
 
 WorkPtr MpiComm::reduce_scatter(const Tensor& out, const Tensor& in, const ReduceScatterOptions& opts) {
-  comm_check::reduce_scatter(out, in, size());
+  comm_check::reduce_scatter(out, in, size(), rank());
   count(CollectiveKind::reduce_scatter, in.nbytes());
   // NCCL's in-place form (out is this rank's slice of in) needs a separate receive buffer in MPI.
   auto tmp = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(out.nbytes()));
@@ -149,7 +149,7 @@ WorkPtr MpiComm::reduce_scatter(const Tensor& out, const Tensor& in, const Reduc
 }
 
 WorkPtr MpiComm::all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts) {
-  comm_check::all_gather(out, in, size());
+  comm_check::all_gather(out, in, size(), rank());
   count(CollectiveKind::all_gather, out.nbytes());
   const bool in_place = in.storage() == out.storage() && in.byte_begin() == out.byte_begin() + rank_ * in.nbytes();
   MPI_Request req;

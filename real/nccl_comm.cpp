@@ -9,25 +9,86 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 namespace zc::real {
 
+// Note [NCCL watchdog]
+// Two ways a collective can hang, two guards, one timeout:
+//   - on the GPU: the kernel waits for a peer that never comes. Work::wait() polls the `done`
+//     event and ncclCommGetAsyncError; past the timeout it aborts.
+//   - on the host: NCCL connects peers lazily, on the first use of each algorithm and each
+//     send/recv pair, and that setup blocks the calling thread until the peer answers (so does
+//     ncclCommSplit). The watchdog thread sees an NCCL call that has not returned within the
+//     timeout and calls ncclCommAbort from its own thread, which makes the blocked call return
+//     (NCCL's sockets poll the abort flag); issue() then raises RankFailure.
+// ncclCommInitRank itself is not covered (there is no communicator to abort yet): a peer that
+// never reaches create() leaves the others in MPI_Bcast or in init.
 struct NcclComm::State {
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
   cudaStream_t compute = nullptr;  // the CudaDevice's stream
   Duration timeout{0};
   int world_rank = 0;
-  std::string aborted;  // why the communicator was aborted; empty while usable
 
+  std::mutex mu;                   // guards the fields below
+  std::string aborted;             // why the communicator was aborted; empty while usable
+  std::string blocking_op;         // the NCCL call the host is inside, "" when none
+  std::chrono::steady_clock::time_point blocking_since;
+  bool stop = false;
+  std::condition_variable wake;
+  std::thread watchdog;
+
+  std::string aborted_reason() {
+    std::lock_guard<std::mutex> lock(mu);
+    return aborted;
+  }
+  // The first caller aborts; later calls only return. After the abort, NCCL's kernels leave the
+  // comm stream, so it is drained before any buffer of theirs can be freed.
   void abort(const std::string& why) {
-    if (!aborted.empty()) return;
-    aborted = why;
-    (void)ncclCommAbort(comm);  // also ends any of our kernels still waiting on a peer
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!aborted.empty()) return;
+      aborted = why;
+    }
+    (void)ncclCommAbort(comm);
+    (void)cudaStreamSynchronize(comm_stream);
+    (void)cudaGetLastError();
+  }
+  void enter(const std::string& op) {
+    std::lock_guard<std::mutex> lock(mu);
+    blocking_op = op;
+    blocking_since = std::chrono::steady_clock::now();
+  }
+  void leave() {
+    std::lock_guard<std::mutex> lock(mu);
+    blocking_op.clear();
+  }
+  void start_watchdog() {
+    watchdog = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!stop) {
+        wake.wait_for(lock, std::chrono::milliseconds(50));
+        if (stop || blocking_op.empty() || !aborted.empty()) continue;
+        if (std::chrono::steady_clock::now() - blocking_since <= timeout) continue;
+        const std::string why = fmt::format("{} did not complete within {} ms (blocked in NCCL on the host): a peer "
+                                            "rank died, hung or never made this call", blocking_op, timeout.count());
+        lock.unlock();
+        abort(why);
+        lock.lock();
+      }
+    });
   }
   ~State() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    wake.notify_all();
+    if (watchdog.joinable()) watchdog.join();
     if (comm != nullptr && aborted.empty()) {
       // Let issued collectives finish, but never wait forever: one whose peer died (and that
       // nobody waited for) would hang the stream, so past the timeout the communicator is aborted.
@@ -37,6 +98,7 @@ struct NcclComm::State {
              std::chrono::steady_clock::now() - start < timeout) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
+      (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the thread's last error
       if (q == cudaSuccess) {
         (void)ncclCommDestroy(comm);
       } else {
@@ -87,7 +149,7 @@ class NcclWork final : public Work {
   ~NcclWork() override {
     // Dropped without wait(): still order the compute stream after the collective before the
     // buffers it holds are freed on that stream.
-    if (!done_ && st_->aborted.empty()) (void)cudaStreamWaitEvent(st_->compute, done_event_, 0);
+    if (!done_ && st_->aborted_reason().empty()) (void)cudaStreamWaitEvent(st_->compute, done_event_, 0);
     buffers_.clear();
     (void)cudaEventDestroy(done_event_);
   }
@@ -96,11 +158,16 @@ class NcclWork final : public Work {
 
   void wait() override {
     if (done_) return;
-    if (!st_->aborted.empty()) fail(fmt::format("the communicator was aborted earlier: {}", st_->aborted));
+    if (const std::string why = st_->aborted_reason(); !why.empty()) {
+      fail(fmt::format("the communicator was aborted earlier: {}", why));
+    }
     const auto start = std::chrono::steady_clock::now();
     while (true) {
       const cudaError_t q = cudaEventQuery(done_event_);
       if (q == cudaSuccess) break;
+      // cudaEventQuery records cudaErrorNotReady as this thread's last error: clear it, or the
+      // next kernel launch's cudaGetLastError() would report it.
+      (void)cudaGetLastError();
       if (q != cudaErrorNotReady) {
         abort_and_fail(fmt::format("CUDA error while waiting: {} ({})", cudaGetErrorString(q), cudaGetErrorName(q)));
       }
@@ -179,6 +246,7 @@ std::unique_ptr<NcclComm> NcclComm::init(const void* unique_id, int nranks, int 
 
 NcclComm::NcclComm(std::shared_ptr<State> state, CudaDevice& dev, std::string name)
     : state_(std::move(state)), dev_(dev), name_(std::move(name)) {
+  state_->start_watchdog();
   NCCL_CHECK(ncclCommUserRank(state_->comm, &rank_), state_->comm);
   NCCL_CHECK(ncclCommCount(state_->comm, &size_), state_->comm);
   barrier_buf_ = dev_.alloc(DType::f32, {1}, name_ + ".barrier");
@@ -197,16 +265,21 @@ template <class Launch>
 WorkPtr NcclComm::issue(std::string what, bool async_op, std::vector<Tensor> buffers, Launch&& launch) {
   State& s = *state_;
   const std::string full = fmt::format("rank {}: {} on {} seq {}", s.world_rank, what, name_, seq_++);
-  if (!s.aborted.empty()) {
+  if (const std::string why = s.aborted_reason(); !why.empty()) {
     throw UsageError(fmt::format("{}: communicator '{}' was aborted after an earlier failure ({}); "
-                                 "create a new communicator", full, name_, s.aborted));
+                                 "create a new communicator", full, name_, why));
   }
   cudaEvent_t ready = nullptr, done = nullptr;
   CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(ready, s.compute));           // the inputs, as the compute stream leaves them
   CUDA_CHECK(cudaStreamWaitEvent(s.comm_stream, ready, 0));
   CUDA_CHECK(cudaEventDestroy(ready));
+  s.enter(full);  // Note [NCCL watchdog]: the call may block the host while NCCL connects peers
   const ncclResult_t rc = launch(s.comm_stream);
+  s.leave();
+  if (const std::string why = s.aborted_reason(); !why.empty()) {
+    throw RankFailure(s.world_rank, fmt::format("{}; the NCCL communicator was aborted (ncclCommAbort)", why), nullptr);
+  }
   if (rc != ncclSuccess) {
     const char* last = ncclGetLastError(s.comm);
     throw BackendError(fmt::format("{}: NCCL refused the call: {}{}{}", full, ncclGetErrorString(rc),
@@ -232,7 +305,7 @@ WorkPtr NcclComm::all_reduce(const Tensor& inout, const AllReduceOptions& opts) 
 }
 
 WorkPtr NcclComm::reduce_scatter(const Tensor& out, const Tensor& in, const ReduceScatterOptions& opts) {
-  comm_check::reduce_scatter(out, in, size());
+  comm_check::reduce_scatter(out, in, size(), rank());
   on_this_gpu("reduce_scatter", out);
   on_this_gpu("reduce_scatter", in);
   count(CollectiveKind::reduce_scatter, in.nbytes());
@@ -246,7 +319,7 @@ WorkPtr NcclComm::reduce_scatter(const Tensor& out, const Tensor& in, const Redu
 }
 
 WorkPtr NcclComm::all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts) {
-  comm_check::all_gather(out, in, size());
+  comm_check::all_gather(out, in, size(), rank());
   on_this_gpu("all_gather", out);
   on_this_gpu("all_gather", in);
   count(CollectiveKind::all_gather, out.nbytes());
@@ -321,13 +394,19 @@ void NcclComm::barrier() {
 
 std::unique_ptr<Comm> NcclComm::split(int color, int key) {
   if (color < kNoColor) throw UsageError(fmt::format("split: color {} is negative; use kNoColor", color));
-  if (!state_->aborted.empty()) {
-    throw UsageError(fmt::format("split on communicator '{}', which was aborted ({})", name_, state_->aborted));
+  if (const std::string why = state_->aborted_reason(); !why.empty()) {
+    throw UsageError(fmt::format("split on communicator '{}', which was aborted ({})", name_, why));
   }
   count(CollectiveKind::split, 0);
   ncclComm_t sub = nullptr;
-  NCCL_CHECK(ncclCommSplit(state_->comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr),
-             state_->comm);
+  const std::string what = fmt::format("rank {}: split(color {}, key {}) of {}", state_->world_rank, color, key, name_);
+  state_->enter(what);
+  const ncclResult_t rc = ncclCommSplit(state_->comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr);
+  state_->leave();
+  if (const std::string why = state_->aborted_reason(); !why.empty()) {
+    throw RankFailure(state_->world_rank, fmt::format("{}; the NCCL communicator was aborted (ncclCommAbort)", why), nullptr);
+  }
+  NCCL_CHECK(rc, state_->comm);
   if (sub == nullptr) return nullptr;
   auto st = std::make_shared<State>();
   st->comm = sub;

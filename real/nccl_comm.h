@@ -8,10 +8,11 @@
 //     the collective, and buffers freed after wait() are freed after NCCL has finished with them.
 //   - all_to_all is one ncclGroupStart/End of per-peer ncclSend/ncclRecv slices.
 //   - split() is ncclCommSplit; kNoColor gives nullptr, as MPI_Comm_split's MPI_UNDEFINED.
-//   - the watchdog: while waiting, an asynchronous NCCL error (ncclCommGetAsyncError) or a
-//     collective still running past the timeout aborts the communicator (ncclCommAbort) and
-//     raises RankFailure naming the rank, the op and its sequence number. Every later call on the
-//     aborted communicator raises UsageError saying so.
+//   - the watchdog (Note [NCCL watchdog] in nccl_comm.cpp): an asynchronous NCCL error, a
+//     collective still running on the GPU past the timeout, or an NCCL call blocking the host past
+//     it (lazy peer connection, split) aborts the communicator (ncclCommAbort) and raises
+//     RankFailure naming the rank, the op and its sequence number. Every later call on the
+//     aborted communicator raises UsageError saying so. Not covered: ncclCommInitRank itself.
 // Tensors must live on this process's CudaDevice; f16/bf16 use NCCL's own 16-bit reductions
 // (each combine correctly rounded, as the simulator's f32-compute-then-round is for two operands).
 #pragma once

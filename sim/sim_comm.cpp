@@ -24,13 +24,13 @@ WorkPtr SimComm::all_reduce(const Tensor& inout, const AllReduceOptions& opts) {
 
 WorkPtr SimComm::reduce_scatter(const Tensor& out, const Tensor& in,
                                 const ReduceScatterOptions& opts) {
-  comm_check::reduce_scatter(out, in, size());
+  comm_check::reduce_scatter(out, in, size(), rank());
   CallSig sig{CollectiveKind::reduce_scatter, in.dtype(), in.numel(), out.numel(), opts.op, 0};
   return cluster_.issue(*this, sig, in, out, opts.async_op);
 }
 
 WorkPtr SimComm::all_gather(const Tensor& out, const Tensor& in, const AllGatherOptions& opts) {
-  comm_check::all_gather(out, in, size());
+  comm_check::all_gather(out, in, size(), rank());
   CallSig sig{CollectiveKind::all_gather, in.dtype(), in.numel(), out.numel(), ReduceOp::sum, 0};
   return cluster_.issue(*this, sig, in, out, opts.async_op);
 }

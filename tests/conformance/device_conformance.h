@@ -8,16 +8,19 @@
 // subnormals, values that overflow 16-bit types: conversions and the finite checks).
 //
 // Bounds. Every op is bit for bit in every domain except the two that call exp/log, whose GPU
-// versions are not correctly rounded (CUDA's expf <= 2 ulp, logf <= 1 ulp; exp/log in f64 <= 1
-// ulp): softmax_xent and causal_softmax (in every domain: exp of an integer is not exact either)
-// must agree within
-//   |dut - ref| <= (8 + 2 * cols) * u * max(1, |ref|) + ulp_out(ref)
-// where u = 2^-24 (f32 compute) or 2^-53 (f64) and ulp_out is one unit in the last place of a
-// 16-bit output (0 for f32/f64 outputs). The factor: each exp differs by <= 2.5 u between the two
-// libraries, the denominator's sum of `cols` such terms by <= (2.5 + cols) u relative, the quotient
-// adds both, and the log of the denominator <= 1.5 u more; 8 + 2 * cols covers the sum with room
-// for the (identical) roundings of the arithmetic around them. NaN compares equal to NaN (payloads
-// are not specified across libraries); every other value by bits.
+// versions are not correctly rounded (CUDA's expf <= 2 ulp and logf <= 1 ulp, exp and log in f64
+// <= 1 ulp; glibc's are within about half an ulp): softmax_xent and causal_softmax (in every
+// domain: exp of an integer is not exact either) must agree within
+//   |dut - ref| <= (12 + 2 * cols) * u * s + ulp_out(ref)
+// where u = 2^-24 (f32 compute) or 2^-53 (f64), s = |ref| for probabilities and s = max(1, |ref|)
+// where the output cancels (the row loss, and p - 1 in the label column of dlogits), and ulp_out
+// is one unit in the last place of a 16-bit output (0 for f32/f64 outputs). Where it comes from:
+// two libraries' exp of one argument differ by <= 2.5 ulp, which is <= 5u relative (an f32 ulp is
+// at most 2u of the value); the denominator, a sum of `cols` such terms in the same order, by
+// <= 5u + (cols - 1)u; a probability e / denom by the sum of both plus a rounding, <= (10 + cols)u;
+// the loss log(denom) - (x - max) by <= (5 + cols)u + 3u |log denom| absolute. (12 + 2 cols) covers
+// each. NaN compares equal to NaN (payloads are not specified across libraries); every other
+// value by bits.
 #pragma once
 
 #include "engine/device.h"
