@@ -427,6 +427,28 @@ TEST(SimMisuse, BadBufferSizesNameTheCallAndTheFix) {
   }, {"broadcast: root 2 is outside the group of 2 ranks"});
 }
 
+// Overlapping buffers are refused on every backend (NCCL and MPI leave them undefined), except the
+// in-place form: the small buffer is exactly this rank's slice of the big one.
+TEST(SimMisuse, OverlappingBuffersOtherThanTheInPlaceFormAreRefused) {
+  expect_error<RankFailure>(SimCluster(2, 1), [](RankContext& ctx) {
+    Tensor in = ctx.device.alloc(DType::f32, {8}, "rs_buf");
+    ctx.world.reduce_scatter(in.narrow(1, 4), in);  // shifted by one element
+  }, {"reduce_scatter: rs_buf[1:5] f32 overlaps rs_buf[0:8] f32 but is not rank", "use separate buffers"});
+  expect_error<RankFailure>(SimCluster(2, 1), [](RankContext& ctx) {
+    Tensor out = ctx.device.alloc(DType::f32, {8}, "ag_buf");
+    ctx.world.all_gather(out, out.narrow(ctx.rank == 0 ? 4 : 0, 4));  // the other rank's slice
+  }, {"all_gather: ag_buf", "is not rank"});
+  expect_error<RankFailure>(SimCluster(2, 1), [](RankContext& ctx) {
+    Tensor t = ctx.device.alloc(DType::f32, {8}, "a2a_buf");
+    ctx.world.all_to_all(t, t);
+  }, {"all_to_all: output a2a_buf[0:8] f32 overlaps input a2a_buf[0:8] f32; all_to_all has no in-place form"});
+  SimCluster(2, 1).run([](RankContext& ctx) {  // the in-place forms still work
+    Tensor in = ctx.device.alloc(DType::f32, {8});
+    ctx.world.reduce_scatter(in.narrow(ctx.rank * 4, 4), in);
+    ctx.world.all_gather(in, in.narrow(ctx.rank * 4, 4));
+  });
+}
+
 TEST(SimStats, CountCallsAndBytesPerOp) {
   SimCluster(2, 1).run([](RankContext& ctx) {
     Tensor g = ctx.device.alloc(DType::bf16, {10});
