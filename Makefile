@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps configure build test run bench bench-mpi clean
+.PHONY: deps configure build test run bench bench-mpi gpu-check clean
 
 deps:
 	@bash scripts/deps.sh
@@ -25,6 +25,10 @@ bench: build
 
 bench-mpi: build
 	@mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 4 ./$(BUILD)/bench/zc_mpi_bench
+
+# On a GPU machine: build, gpu tests, verify-real --backend cuda, GPU benchmarks, a short table.
+gpu-check:
+	@bash scripts/gpu-check.sh
 
 clean:
 	@rm -rf build
