@@ -48,7 +48,9 @@ if [ -n "$prebuilt" ]; then
     [ -x "$bin/$b" ] || { echo "gpu-check: --prebuilt $prebuilt has no $b" >&2; exit 2; }
   done
   zerocheck="$bin/zerocheck"; tests="$bin/zc_gpu_tests"; bench="$bin/zc_gpu_bench"
-  # A bundle from scripts/gpu-bundle.sh carries its libraries beside bin/.
+  # A bundle from scripts/gpu-bundle.sh: bin/ holds wrappers (they set the library path and pick
+  # the loader); the real binaries are in real/, which is what ldd must look at.
+  [ -d "$bin/../real" ] && elf="$bin/../real/zc_gpu_tests"
   [ -d "$bin/../lib" ] && export LD_LIBRARY_PATH="$(cd "$bin/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   step deps 300 bash scripts/deps.sh || { echo "gpu-check: Debian packages missing and not installable; build elsewhere and use --prebuilt" >&2; exit 2; }
@@ -59,7 +61,7 @@ fi
 
 # NCCL: the one the binaries were linked against, else any libnccl.so.2 on this machine (a pip
 # wheel's, say), found once.
-if ldd "$tests" | grep -q 'libnccl.so.2 => not found'; then
+if ldd "${elf:-$tests}" 2>/dev/null | grep -q 'libnccl.so.2 => not found'; then
   nccl=$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
   [ -n "$nccl" ] && export LD_LIBRARY_PATH="$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "gpu-check: NCCL from ${nccl:-nowhere (not found)}"
