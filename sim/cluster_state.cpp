@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 namespace zc::sim {
@@ -64,6 +65,69 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
     ranks_.push_back(std::move(rs));
   }
   runnable_pos_.assign(static_cast<std::size_t>(world_size), -1);
+  for (const Fault& f : options.faults) {
+    if (f.kind == FaultKind::slow_rank) rank_state(f.rank).slowdown *= f.slowdown;  // checked by SimCluster
+  }
+}
+
+void check_faults(const std::vector<Fault>& faults, int world_size) {
+  for (const Fault& f : faults) {
+    if (f.rank < 0 || f.rank >= world_size) {
+      throw UsageError(fmt::format("SimOptions::faults: {} names a rank outside the world of {}", f.str(), world_size));
+    }
+    if (f.at < 0) throw UsageError(fmt::format("SimOptions::faults: {} has a negative collective index", f.str()));
+    if (f.kind == FaultKind::slow_rank && !(f.slowdown >= 1.0)) {
+      throw UsageError(fmt::format("SimOptions::faults: {} needs slowdown >= 1", f.str()));
+    }
+    if ((f.kind == FaultKind::bit_flip && f.bit < 0) || f.element < 0) {
+      throw UsageError(fmt::format("SimOptions::faults: {} needs a non-negative element and bit", f.str()));
+    }
+  }
+}
+
+std::string_view fault_kind_name(FaultKind k) {
+  switch (k) {
+    case FaultKind::slow_rank: return "slow_rank";
+    case FaultKind::crash: return "crash";
+    case FaultKind::bit_flip: return "bit_flip";
+    case FaultKind::nan: return "nan";
+    case FaultKind::drop: return "drop";
+    case FaultKind::reorder: return "reorder";
+  }
+  return "?";
+}
+
+std::string Fault::str() const {
+  switch (kind) {
+    case FaultKind::slow_rank: return fmt::format("slow_rank on rank {} (x{:g})", rank, slowdown);
+    case FaultKind::bit_flip:
+      return fmt::format("bit_flip on rank {} at collective #{} (element {}, bit {})", rank, at, element, bit);
+    case FaultKind::nan: return fmt::format("nan on rank {} at collective #{} (element {})", rank, at, element);
+    default: return fmt::format("{} on rank {} at collective #{}", fault_kind_name(kind), rank, at);
+  }
+}
+
+// The fault that hits `rank`'s collective number `index` (slow ranks hit no collective).
+const Fault* ClusterState::fault_at(int rank, std::int64_t index) const {
+  for (const Fault& f : options_.faults) {
+    if (f.kind != FaultKind::slow_rank && f.rank == rank && f.at == index) return &f;
+  }
+  return nullptr;
+}
+
+void ClusterState::corrupt(const Fault& f, Member& m, const CallSig& sig, RankState& rs) {
+  if (m.input.empty()) return;  // nothing contributed (count 0, barrier)
+  const std::int64_t esz = dtype_size(sig.dtype);
+  const std::int64_t n = static_cast<std::int64_t>(m.input.size()) / esz;
+  const std::int64_t e = f.element % n;
+  std::byte* p = m.input.data() + e * esz;
+  if (f.kind == FaultKind::nan) {
+    store_from_f32(m.input.data(), sig.dtype, e, std::numeric_limits<float>::quiet_NaN());
+  } else {
+    const int bit = f.bit % static_cast<int>(8 * esz);
+    p[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+  }
+  rs.trace.record("fault", fmt::format("{}: element {} of {}", f.str(), e, sig.str()));
 }
 
 ClusterState::~ClusterState() { destroy_fibers(); }
@@ -224,7 +288,7 @@ void ClusterState::before_device_op(int rank, const char* op) {
 
 void ClusterState::on_device_op(int rank, std::int64_t flops, std::int64_t bytes) noexcept {
   RankState& rs = rank_state(rank);
-  rs.now_us += options_.cost.compute_us(flops, bytes);
+  rs.now_us += options_.cost.compute_us(flops, bytes) * rs.slowdown;
   rs.trace.set_time(rs.now_us);
 }
 

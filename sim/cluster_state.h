@@ -18,6 +18,9 @@
 
 namespace zc::sim {
 
+// Throws UsageError naming the first fault that cannot apply to a world of this size.
+void check_faults(const std::vector<Fault>& faults, int world_size);
+
 class SimWork;
 class SimComm;
 class SimDevice;
@@ -86,6 +89,9 @@ struct RankState {
   std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
   double now_us = 0.0;
   std::int64_t device_ops_since_yield = 0;
+  std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
+  double slowdown = 1.0;         // FaultKind::slow_rank
+  std::map<const Group*, std::int64_t> swapped_seq;  // FaultKind::reorder: the seq the next call takes
   explicit RankState(std::size_t max_events) : trace(max_events) {}
 };
 
@@ -124,6 +130,8 @@ class ClusterState {
   void remove_runnable(int rank);
   void destroy_fibers() noexcept;
   void drain(RankState& rs);
+  const Fault* fault_at(int rank, std::int64_t index) const;
+  void corrupt(const Fault& f, Member& m, const CallSig& sig, RankState& rs);
   [[noreturn]] void throw_mismatch(const Rendezvous& rv) const;
   [[noreturn]] void throw_deadlock() const;
   [[noreturn]] void abort_with(int rank);

@@ -26,8 +26,16 @@ std::string error_kind(const std::exception& e) {
   if (dynamic_cast<const UsageError*>(&e)) return "UsageError";
   if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
   if (dynamic_cast<const RankFailure*>(&e)) return "RankFailure";
+  if (dynamic_cast<const InjectedCrash*>(&e)) return "InjectedCrash";
   return "exception";
 }
+
+// The Work of a collective a fault dropped: complete, nothing to wait for.
+class DroppedWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() const override { return true; }
+};
 
 }  // namespace
 
@@ -45,7 +53,33 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in,
   if (out.defined()) check_write(r, op, out);
 
   Group* group = comm.group().get();
-  const std::int64_t seq = comm.next_seq();
+  const Fault* fault = fault_at(r, rs.collectives++);  // Note [Injected faults]
+  if (fault != nullptr) {
+    if (sig.kind == CollectiveKind::split && fault->kind != FaultKind::crash) {
+      throw UsageError(fmt::format("{} hits a split(), which cannot be dropped, reordered or corrupted; "
+                                   "choose another collective index", fault->str()));
+    }
+    if (fault->kind == FaultKind::crash) {
+      throw InjectedCrash(fmt::format("injected fault: {} ({} on {})", fault->str(), sig.str(), group->name));
+    }
+    if (fault->kind == FaultKind::drop) {
+      rs.trace.record("fault", fmt::format("{}: {} on {} never issued", fault->str(), sig.str(), group->name));
+      yield(r);
+      return std::make_shared<DroppedWork>();
+    }
+  }
+  std::int64_t seq;
+  if (auto swapped = rs.swapped_seq.find(group); swapped != rs.swapped_seq.end()) {
+    seq = swapped->second;  // the earlier call of a reordered pair took our number
+    rs.swapped_seq.erase(swapped);
+  } else if (fault != nullptr && fault->kind == FaultKind::reorder) {
+    const std::int64_t mine = comm.next_seq();
+    seq = comm.next_seq();  // the next call's number; the next call gets ours
+    rs.swapped_seq[group] = mine;
+    rs.trace.record("fault", fmt::format("{}: {} takes seq {} on {}", fault->str(), sig.str(), seq, group->name));
+  } else {
+    seq = comm.next_seq();
+  }
   std::shared_ptr<Rendezvous>& slot = group->open[seq];
   if (!slot) {
     slot = std::make_shared<Rendezvous>();
@@ -65,6 +99,9 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in,
   if (in.defined() && in.nbytes() > 0) {  // inputs are read at issue
     m.input.resize(static_cast<std::size_t>(in.nbytes()));
     std::memcpy(m.input.data(), in.raw(), m.input.size());
+  }
+  if (fault != nullptr && (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan)) {
+    corrupt(*fault, m, sig, rs);
   }
   if (rv->arrived++ == 0) rv->first_sig = sig;
   if (!(rv->first_sig == sig)) throw_mismatch(*rv);

@@ -6,6 +6,7 @@
 
 #include "engine/comm.h"
 #include "engine/device.h"
+#include "engine/errors.h"
 #include "engine/rng.h"
 #include "engine/trace.h"
 #include "sim/cost_model.h"
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace zc::sim {
@@ -27,6 +29,41 @@ struct SimLimits {
   std::size_t max_trace_events_kept = 1 << 16;  // per rank; the hash covers all of them
 };
 
+// Note [Injected faults]
+// SimOptions::faults breaks one rank on purpose, deterministically. `at` counts the rank's
+// collectives from 0 over every group (barrier and split included), in issue order.
+//   slow_rank  its compute is charged `slowdown` times the cost model's time (simulated time only:
+//              no result may change);
+//   crash      it throws InjectedCrash instead of issuing collective `at` (the run ends with
+//              RankFailure naming it);
+//   bit_flip   bit `bit` (mod the dtype's width) of element `element` (mod the count) of the
+//              input it contributes to collective `at` is flipped (a corrupted gradient on the wire);
+//   nan        that element is NaN instead;
+//   drop       collective `at` is never issued: its Work is returned completed and its buffers
+//              are untouched; the rank's later collectives meet its peers' earlier ones;
+//   reorder    collectives `at` and the next one on the same group swap sequence numbers (the rank
+//              issues them in the other order than its peers).
+// A drop or reorder ends in CollectiveMismatch or Deadlock when the calls differ, and silently
+// swaps data when they are alike (only the numbers can tell). Splits cannot be dropped, reordered
+// or corrupted (UsageError).
+enum class FaultKind : std::uint8_t { slow_rank, crash, bit_flip, nan, drop, reorder };
+std::string_view fault_kind_name(FaultKind k);
+
+struct Fault {
+  FaultKind kind = FaultKind::slow_rank;
+  int rank = 0;
+  std::int64_t at = 0;
+  double slowdown = 4.0;
+  std::int64_t element = 0;
+  int bit = 0;
+  std::string str() const;  // "bit_flip on rank 2 at collective #5 (element 3, bit 30)"
+};
+
+// A rank crashed on purpose (FaultKind::crash).
+class InjectedCrash : public ZcError {
+  using ZcError::ZcError;
+};
+
 struct SimOptions {
   ReductionOrder order = ReductionOrder::linear;
   // At each scheduler step, the chance that one ready async collective completes early (its
@@ -35,6 +72,7 @@ struct SimOptions {
   std::size_t fiber_stack_bytes = 256 * 1024;
   SimLimits limits;
   CostModel cost;
+  std::vector<Fault> faults;  // Note [Injected faults]
 };
 
 // What a rank's function receives: its environment, handed in (TigerBeetle style).

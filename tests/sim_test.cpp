@@ -465,3 +465,112 @@ TEST(SimStats, CountCallsAndBytesPerOp) {
 
 }  // namespace
 }  // namespace zc::sim
+
+namespace zc::sim {
+namespace {
+
+// ---- injected faults (Note [Injected faults]) ------------------------------------------------
+
+SimOptions with_fault(Fault f) {
+  SimOptions o;
+  o.faults.push_back(f);
+  return o;
+}
+
+// Two all_reduces of 4 elements per rank (values rank + 1, then 10 * (rank + 1)); each rank keeps
+// both results.
+struct TwoReduces {
+  std::vector<std::vector<double>> first, second;
+  explicit TwoReduces(int world) : first(static_cast<std::size_t>(world)), second(static_cast<std::size_t>(world)) {}
+  Body body(bool async_first = false, std::int64_t second_numel = 4) {
+    return [this, async_first, second_numel](RankContext& ctx) {
+      Tensor a = filled(ctx, 4, ctx.rank + 1.0, "a");
+      Tensor b = filled(ctx, second_numel, 10.0 * (ctx.rank + 1), "b");
+      WorkPtr w = ctx.world.all_reduce(a, {.async_op = async_first});
+      ctx.world.all_reduce(b);
+      w->wait();
+      first[static_cast<std::size_t>(ctx.rank)] = to_f64(ctx.device, a);
+      second[static_cast<std::size_t>(ctx.rank)] = to_f64(ctx.device, b);
+    };
+  }
+};
+
+TEST(SimFaults, ASlowRankChangesOnlyTheTime) {
+  TwoReduces clean(4), slow(4);
+  const SimResult base = SimCluster(4, 3).run(clean.body());
+  const SimResult r = SimCluster(4, 3, with_fault({FaultKind::slow_rank, 2, 0, 8.0})).run(slow.body());
+  EXPECT_EQ(slow.first, clean.first);
+  EXPECT_EQ(slow.second, clean.second);
+  EXPECT_GT(r.rank_time_us[2], base.rank_time_us[2]);
+  EXPECT_GT(r.makespan_us, base.makespan_us);  // everyone waits for the slow rank at the collectives
+}
+
+TEST(SimFaults, AnInjectedCrashEndsTheRunNamingTheRankAndCollective) {
+  TwoReduces t(3);
+  expect_error<RankFailure>(SimCluster(3, 1, with_fault({FaultKind::crash, 1, 1})), t.body(),
+                            {"rank 1 failed", "InjectedCrash", "crash on rank 1 at collective #1",
+                             "all_reduce(4 -> 4 x f32, sum) on world"});
+}
+
+TEST(SimFaults, ABitFlipCorruptsEveryRanksResultAlike) {
+  TwoReduces t(4);
+  // Bit 23 of f32 element 2 is the exponent's lowest bit: rank 3's 4.0 becomes 2.0 on the wire.
+  SimCluster(4, 5, with_fault({FaultKind::bit_flip, 3, 0, 1.0, 2, 23})).run(t.body());
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(t.first[static_cast<std::size_t>(r)], (std::vector<double>{10, 10, 8, 10})) << "rank " << r;
+    EXPECT_EQ(t.second[static_cast<std::size_t>(r)], (std::vector<double>{100, 100, 100, 100})) << "rank " << r;
+  }
+}
+
+TEST(SimFaults, ANanInOneRanksGradientReachesEveryRank) {
+  TwoReduces t(2);
+  SimCluster(2, 5, with_fault({FaultKind::nan, 0, 1, 1.0, 5})).run(t.body());  // element 5 mod 4 = 1
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(std::isnan(t.second[static_cast<std::size_t>(r)][1])) << "rank " << r;
+    EXPECT_EQ(t.second[static_cast<std::size_t>(r)][0], 30.0);
+  }
+}
+
+TEST(SimFaults, ADroppedCollectiveEndsInADeadlockOrMismatchNamingTheRanks) {
+  TwoReduces alike(2), differ(2);
+  // Alike calls: rank 1's second all_reduce meets rank 0's first, then rank 0 waits for a peer
+  // that has finished.
+  expect_error<Deadlock>(SimCluster(2, 1, with_fault({FaultKind::drop, 1, 0})), alike.body(),
+                         {"rank 0", "rank 1", "finished"});
+  // Different calls: the shifted sequence numbers meet a different op at once.
+  expect_error<CollectiveMismatch>(SimCluster(2, 1, with_fault({FaultKind::drop, 1, 0})),
+                                   differ.body(false, 6), {"all_reduce(4 -> 4 x f32, sum)", "all_reduce(6 -> 6 x f32, sum)"});
+}
+
+TEST(SimFaults, AReorderedPairIsAMismatchOrASilentSwap) {
+  TwoReduces differ(2), alike(2);
+  expect_error<CollectiveMismatch>(SimCluster(2, 1, with_fault({FaultKind::reorder, 0, 0})),
+                                   differ.body(true, 6), {"all_reduce(4 -> 4 x f32, sum)", "all_reduce(6 -> 6 x f32, sum)"});
+  // Alike shapes: the data are swapped on the wire, and only the numbers show it.
+  SimCluster(2, 1, with_fault({FaultKind::reorder, 0, 0})).run(alike.body(true));
+  // Rank 0 issued a (1s) at seq 1 and b (10s) at seq 0; rank 1 a (2s) at 0 and b (20s) at 1.
+  EXPECT_EQ(alike.first[0], (std::vector<double>{21, 21, 21, 21}));   // rank 0's a met rank 1's b
+  EXPECT_EQ(alike.second[0], (std::vector<double>{12, 12, 12, 12}));  // rank 0's b met rank 1's a
+  EXPECT_EQ(alike.first[1], (std::vector<double>{12, 12, 12, 12}));
+  EXPECT_EQ(alike.second[1], (std::vector<double>{21, 21, 21, 21}));
+}
+
+TEST(SimFaults, BadFaultsAreRefusedWithTheReason) {
+  EXPECT_THROW(SimCluster(2, 1, with_fault({FaultKind::crash, 5, 0})), UsageError);
+  EXPECT_THROW(SimCluster(2, 1, with_fault({FaultKind::slow_rank, 0, 0, 0.5})), UsageError);
+  EXPECT_THROW(SimCluster(2, 1, with_fault({FaultKind::drop, 0, -1})), UsageError);
+  expect_error<RankFailure>(SimCluster(2, 1, with_fault({FaultKind::drop, 0, 0})),
+                            [](RankContext& ctx) { ctx.world.split(0, ctx.rank); }, {"cannot be dropped"});
+}
+
+TEST(SimFaults, FaultedRunsAreDeterministic) {
+  const SimOptions o = with_fault({FaultKind::bit_flip, 1, 1, 1.0, 0, 3});
+  TwoReduces a(3), b(3);
+  const SimResult ra = SimCluster(3, 9, o).run(a.body(true));
+  const SimResult rb = SimCluster(3, 9, o).run(b.body(true));
+  EXPECT_EQ(ra.trace_hash, rb.trace_hash);
+  EXPECT_EQ(a.second, b.second);
+}
+
+}  // namespace
+}  // namespace zc::sim
