@@ -94,7 +94,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "sched_seed", s.sched_seed);
   read(j, "fault", s.fault);
   read(j, "commands", s.commands);
-  check_one_of("fault", s.fault, {"", "crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync", "stale-backward"});
+  check_one_of("fault", s.fault, {"", "crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync", "stale-backward",
+                                  "dropped-collective", "slow-rank"});
   check_one_of("dtype", s.dtype, {"f32", "f16", "bf16"});
   check_one_of("grad_accum_dtype", s.grad_accum_dtype, {"", "f32"});
   check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
@@ -258,7 +259,13 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
   spec.seed = s.seed;
   spec.sched_seed = s.sched_seed;
   spec.bugs = bugs;
-  if (!s.fault.empty()) spec.after_step = fault_injector(s);
+  if (s.fault == "dropped-collective") {
+    spec.sim.faults.push_back({sim::FaultKind::drop, s.world - 1, 0});
+  } else if (s.fault == "slow-rank") {
+    spec.sim.faults.push_back({sim::FaultKind::slow_rank, s.world - 1, 0, 8.0});
+  } else if (!s.fault.empty()) {
+    spec.after_step = fault_injector(s);
+  }
   if (!s.passes.empty()) {
     spec.compile = CompileConfig{s.deepcompile, s.passes};
     spec.make_loader = hooks.make_loader;

@@ -47,6 +47,9 @@ struct Scenario {
   //   step-in-coalesce     step() inside coalesce_grad_reduction()
   //   coalesce-in-no-sync  coalesce_grad_reduction() inside no_sync()
   //   stale-backward       backward() of an older forward's loss
+  // or a simulator fault (Note [Injected faults]) on the last rank from the start:
+  //   dropped-collective   its first collective is never issued
+  //   slow-rank            its compute is charged 8x the cost model's time
   std::string fault;
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).
   std::vector<std::string> commands;

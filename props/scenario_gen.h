@@ -115,7 +115,7 @@ inline rc::Gen<Scenario> gen_scenario(const GenDomain& d) {
   if (d.mlp) models.push_back("mlp");
   if (d.tree) models.push_back("tree");
   const std::vector<std::string> faults = {"crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync",
-                                           "stale-backward"};
+                                           "stale-backward", "dropped-collective", "slow-rank"};
   // RapidCheck scales inRange and element by its size (small early cases); these draw uniformly
   // from the whole range every time, and still shrink toward the first value.
   auto uniform = [](auto g) { return gen::resize(100, std::move(g)); };

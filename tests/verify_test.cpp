@@ -151,3 +151,29 @@ TEST(Proofs, TheExactDomainLemmaFailsPastTheMantissa) {
 
 }  // namespace
 }  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+// The simulator's own faults in the failure-modes invariant: a dropped collective ends in a named
+// Deadlock or CollectiveMismatch (never a hang), a slow rank changes no bit and takes longer (the
+// sim-level tests in sim_test.cpp show each fault's own effect).
+TEST(FailureModes, SimulatorFaultsGiveTheirPredictedOutcome) {
+  const Invariant& inv = *find_invariant("failure-modes-clear-errors");
+  Scenario s;
+  s.world = 3;
+  s.stage = 2;
+  s.n = 2;
+  s.steps = 2;
+  for (const char* fault : {"dropped-collective", "slow-rank"}) {
+    s.fault = fault;
+    const Verdict v = inv.check(s, CheckContext{{}, hooks()});
+    EXPECT_TRUE(v.holds) << fault << ": " << v.failure;
+  }
+  s.world = 1;  // nothing to mismatch with: a dropped collective at world 1 changes nothing
+  s.fault = "dropped-collective";
+  EXPECT_TRUE(inv.check(s, CheckContext{{}, hooks()}).holds);
+}
+
+}  // namespace
+}  // namespace zc::props
