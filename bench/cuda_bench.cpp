@@ -65,16 +65,14 @@ int main(int argc, char** argv) {
   if (mpi) MPI_Init(&argc, &argv);
   int rc = 0;
   try {
-    std::string why;
-    const int gpus = zc::real::cuda_device_count(&why);
-    if (gpus == 0) {
-      fmt::print("zc_gpu_bench: skipped: no usable GPU: {}\n", why);
+    if (const std::string why = zc::real::gpu_unavailable(env); !why.empty()) {
+      fmt::print("zc_gpu_bench: skipped: {}\n", why);
     } else {
       std::unique_ptr<zc::real::MpiComm> host;
       if (mpi) host = std::make_unique<zc::real::MpiComm>(MPI_COMM_WORLD, false, "host", std::chrono::minutes(2));
-      CudaDevice dev(env.local_rank % gpus);
-      auto nccl = mpi ? zc::real::NcclComm::create(*host, dev, std::chrono::minutes(2))
-                      : zc::real::NcclComm::create_local(dev, std::chrono::minutes(2));
+      zc::real::GpuRank gpu = zc::real::open_gpu_rank(env, host.get(), std::chrono::minutes(2));
+      CudaDevice& dev = *gpu.dev;
+      zc::real::NcclComm* nccl = gpu.comm.get();
       const bool root = nccl->rank() == 0;
       std::string md = fmt::format("## GPU benchmarks: {}, {} rank(s), {} elements per tensor, {} reps\n\n",
                                    dev.name(), nccl->size(), numel, reps);

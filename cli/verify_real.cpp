@@ -68,17 +68,15 @@ Backend make_backend(const VerifyRealOptions& opts, const real::LaunchEnv& env, 
     return b;
   }
 #ifdef ZC_HAVE_CUDA
-  std::string why;
-  const int gpus = real::cuda_device_count(&why);
-  if (gpus == 0) {
-    throw BackendError(fmt::format("--backend cuda: rank {} has no usable GPU ({}); run on a GPU machine "
-                                   "or use --backend host", env.rank, why));
+  real::GpuRank gpu;
+  try {
+    gpu = real::open_gpu_rank(env, world, std::chrono::milliseconds(opts.timeout_s * 1000));
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("--backend cuda: {}; run on a GPU machine or use --backend host", e.what()));
   }
-  auto cuda = std::make_unique<real::CudaDevice>(env.local_rank % gpus);
-  const auto timeout = std::chrono::milliseconds(opts.timeout_s * 1000);
-  b.nccl = world ? real::NcclComm::create(*world, *cuda, timeout) : real::NcclComm::create_local(*cuda, timeout);
-  b.engine = b.nccl.get();
-  b.dev = std::move(cuda);
+  b.engine = gpu.comm.get();
+  b.nccl = std::move(gpu.comm);  // declared after dev: destroyed first
+  b.dev = std::move(gpu.dev);
   return b;
 #else
   (void)env;

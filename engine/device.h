@@ -144,6 +144,13 @@ class Device {
   virtual std::int64_t live_bytes() const { return *live_bytes_; }
 
  protected:
+  // One kernel launched, with its FLOPs and bytes (every backend counts alike).
+  void count_kernel(std::int64_t flops, std::int64_t read, std::int64_t written) {
+    counters_.kernels += 1;
+    counters_.flops += flops;
+    counters_.bytes_read += read;
+    counters_.bytes_written += written;
+  }
   DeviceCounters counters_;
   std::shared_ptr<std::int64_t> live_bytes_ = std::make_shared<std::int64_t>(0);
 };

@@ -59,13 +59,6 @@ double tree_sum(std::vector<double>& leaves) {
   return leaves[0];
 }
 
-void count(DeviceCounters& c, std::int64_t flops, std::int64_t read, std::int64_t written) {
-  c.kernels += 1;
-  c.flops += flops;
-  c.bytes_read += read;
-  c.bytes_written += written;
-}
-
 }  // namespace
 
 namespace device_check {
@@ -121,6 +114,11 @@ std::int64_t row_len(const char* op, const Tensor& matrix, const Tensor& row) {
   return matrix.dim(1);
 }
 
+std::int64_t rows(const char* op, const Tensor& matrix) {
+  if (matrix.ndim() != 2) throw UsageError(fmt::format("{}: {} must be 2-D", op, matrix.describe()));
+  return matrix.dim(0);
+}
+
 }  // namespace device_check
 
 using namespace device_check;
@@ -158,13 +156,13 @@ void HostDevice::copy(const Tensor& dst, const Tensor& src) {
   same_numel("copy", dst, src);
   same_dtype("copy", dst, src);
   std::memmove(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()));
-  count(counters_, 0, src.nbytes(), dst.nbytes());
+  count_kernel(0, src.nbytes(), dst.nbytes());
 }
 
 void HostDevice::fill(const Tensor& t, double value) {
   on("fill", t, placement_);
   for (std::int64_t i = 0; i < t.numel(); ++i) store_from_f64(t.raw(), t.dtype(), i, value);
-  count(counters_, 0, 0, t.nbytes());
+  count_kernel(0, 0, t.nbytes());
 }
 
 void HostDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
@@ -174,7 +172,7 @@ void HostDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
                                  dst.describe(), dst.nbytes()));
   }
   std::memcpy(dst.raw(), src.data(), src.size());
-  count(counters_, 0, 0, dst.nbytes());
+  count_kernel(0, 0, dst.nbytes());
 }
 
 void HostDevice::download(std::span<std::byte> dst, const Tensor& src) {
@@ -184,7 +182,7 @@ void HostDevice::download(std::span<std::byte> dst, const Tensor& src) {
                                  src.nbytes(), dst.size()));
   }
   std::memcpy(dst.data(), src.raw(), dst.size());
-  count(counters_, 0, src.nbytes(), 0);
+  count_kernel(0, src.nbytes(), 0);
 }
 
 void HostDevice::cast(const Tensor& dst, const Tensor& src) {
@@ -194,7 +192,7 @@ void HostDevice::cast(const Tensor& dst, const Tensor& src) {
   with_compute({&dst, &src}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < dst.numel(); ++i) st<T>(dst, i, ld<T>(src, i));
   });
-  count(counters_, 0, src.nbytes(), dst.nbytes());
+  count_kernel(0, src.nbytes(), dst.nbytes());
 }
 
 void HostDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
@@ -205,7 +203,7 @@ void HostDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
     const T a = static_cast<T>(alpha);
     for (std::int64_t i = 0; i < y.numel(); ++i) st<T>(y, i, ld<T>(y, i) + a * ld<T>(x, i));
   });
-  count(counters_, 2 * y.numel(), x.nbytes() + y.nbytes(), y.nbytes());
+  count_kernel(2 * y.numel(), x.nbytes() + y.nbytes(), y.nbytes());
 }
 
 void HostDevice::scale(const Tensor& x, double alpha) {
@@ -214,7 +212,7 @@ void HostDevice::scale(const Tensor& x, double alpha) {
     const T a = static_cast<T>(alpha);
     for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(x, i, a * ld<T>(x, i));
   });
-  count(counters_, x.numel(), x.nbytes(), x.nbytes());
+  count_kernel(x.numel(), x.nbytes(), x.nbytes());
 }
 
 void HostDevice::div(const Tensor& x, double divisor) {
@@ -223,7 +221,7 @@ void HostDevice::div(const Tensor& x, double divisor) {
     const T d = static_cast<T>(divisor);
     for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(x, i, ld<T>(x, i) / d);
   });
-  count(counters_, x.numel(), x.nbytes(), x.nbytes());
+  count_kernel(x.numel(), x.nbytes(), x.nbytes());
 }
 
 void HostDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -235,7 +233,7 @@ void HostDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   with_compute({&out, &a, &b}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(a, i) + ld<T>(b, i));
   });
-  count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+  count_kernel(out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
 }
 
 void HostDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -247,7 +245,7 @@ void HostDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
   with_compute({&out, &a, &b}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(a, i) * ld<T>(b, i));
   });
-  count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+  count_kernel(out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
 }
 
 // Note [Canonical reduction order] for sum_i term(i), terms computed in f64.
@@ -268,7 +266,7 @@ double canonical_sum(std::int64_t n, Term term) {
 
 double HostDevice::sum_sq(const Tensor& x) {
   on("sum_sq", x, placement_);
-  count(counters_, 2 * x.numel(), x.nbytes(), 0);
+  count_kernel(2 * x.numel(), x.nbytes(), 0);
   return canonical_sum(x.numel(), [&](std::int64_t i) {
     const double v = load_as_f64(x.raw(), x.dtype(), i);
     return v * v;
@@ -279,7 +277,7 @@ double HostDevice::dot(const Tensor& a, const Tensor& b) {
   on("dot", a, placement_);
   on("dot", b, placement_);
   same_numel("dot", a, b);
-  count(counters_, 2 * a.numel(), a.nbytes() + b.nbytes(), 0);
+  count_kernel(2 * a.numel(), a.nbytes() + b.nbytes(), 0);
   return canonical_sum(a.numel(), [&](std::int64_t i) {
     return load_as_f64(a.raw(), a.dtype(), i) * load_as_f64(b.raw(), b.dtype(), i);
   });
@@ -296,7 +294,7 @@ double HostDevice::max_abs(const Tensor& x) {
     }
     m = std::max(m, v);
   }
-  count(counters_, x.numel(), x.nbytes(), 0);
+  count_kernel(x.numel(), x.nbytes(), 0);
   return m;
 }
 
@@ -306,7 +304,7 @@ bool HostDevice::has_inf_nan(const Tensor& x) {
   for (std::int64_t i = 0; i < x.numel() && !found; ++i) {
     found = !std::isfinite(load_as_f64(x.raw(), x.dtype(), i));
   }
-  count(counters_, x.numel(), x.nbytes(), 0);
+  count_kernel(x.numel(), x.nbytes(), 0);
   return found;
 }
 
@@ -340,7 +338,7 @@ void HostDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
     if (p.adamw && wd != 0.0f) update = update + wd * pw[i];
     pw[i] = pw[i] - lr * update;
   }
-  count(counters_, 16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
+  count_kernel(16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
 }
 
 void HostDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
@@ -368,7 +366,7 @@ void HostDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
     }
     pw[i] = pw[i] - lr * g;
   }
-  count(counters_, 6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
+  count_kernel(6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
 }
 
 void HostDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
@@ -392,7 +390,7 @@ void HostDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, boo
       }
     }
   });
-  count(counters_, 2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
+  count_kernel(2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
 }
 
 void HostDevice::relu(const Tensor& out, const Tensor& x) {
@@ -405,7 +403,7 @@ void HostDevice::relu(const Tensor& out, const Tensor& x) {
       st<T>(out, i, v > T(0) ? v : T(0));
     }
   });
-  count(counters_, x.numel(), x.nbytes(), out.nbytes());
+  count_kernel(x.numel(), x.nbytes(), out.nbytes());
 }
 
 void HostDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) {
@@ -417,7 +415,7 @@ void HostDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, co
       st<T>(grad_in, i, ld<T>(x, i) > T(0) ? ld<T>(grad_out, i) : T(0));
     }
   });
-  count(counters_, x.numel(), x.nbytes() + grad_out.nbytes(), grad_in.nbytes());
+  count_kernel(x.numel(), x.nbytes() + grad_out.nbytes(), grad_in.nbytes());
 }
 
 void HostDevice::add_row_vector(const Tensor& out, const Tensor& row) {
@@ -427,7 +425,7 @@ void HostDevice::add_row_vector(const Tensor& out, const Tensor& row) {
   with_compute({&out, &row}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < out.numel(); ++i) st<T>(out, i, ld<T>(out, i) + ld<T>(row, i % n));
   });
-  count(counters_, out.numel(), out.nbytes() + row.nbytes(), out.nbytes());
+  count_kernel(out.numel(), out.nbytes() + row.nbytes(), out.nbytes());
 }
 
 void HostDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
@@ -441,7 +439,7 @@ void HostDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
       st<T>(out, j, accumulate ? ld<T>(out, j) + acc : acc);
     }
   });
-  count(counters_, x.numel(), x.nbytes(), out.nbytes());
+  count_kernel(x.numel(), x.nbytes(), out.nbytes());
 }
 
 void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
@@ -473,19 +471,12 @@ void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
       st<T>(row_loss, r, log_denom - (ld<T>(logits, r * cols + label) - mx));
     }
   });
-  count(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
+  count_kernel(5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
-
-namespace {
-std::int64_t rows_of(const char* op, const Tensor& x) {
-  if (x.ndim() != 2) throw UsageError(fmt::format("{}: {} must be 2-D", op, x.describe()));
-  return x.dim(0);
-}
-}  // namespace
 
 std::vector<std::int64_t> HostDevice::argmax_rows(const Tensor& x) {
   on("argmax_rows", x, placement_);
-  const std::int64_t rows = rows_of("argmax_rows", x), cols = x.dim(1);
+  const std::int64_t rows = device_check::rows("argmax_rows", x), cols = x.dim(1);
   std::vector<std::int64_t> out(static_cast<std::size_t>(rows), 0);
   for (std::int64_t r = 0; r < rows; ++r) {
     double best = load_as_f64(x.raw(), x.dtype(), r * cols);
@@ -497,25 +488,25 @@ std::vector<std::int64_t> HostDevice::argmax_rows(const Tensor& x) {
       }
     }
   }
-  count(counters_, x.numel(), x.nbytes(), 0);
+  count_kernel(x.numel(), x.nbytes(), 0);
   return out;
 }
 
 void HostDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
   for (const Tensor* t : {&out, &x, &s}) on("scale_rows", *t, placement_);
   same_numel("scale_rows", out, x);
-  const std::int64_t rows = rows_of("scale_rows", x), cols = x.dim(1);
+  const std::int64_t rows = device_check::rows("scale_rows", x), cols = x.dim(1);
   if (s.numel() != rows) throw UsageError(fmt::format("scale_rows: {} scales for {} rows", s.numel(), rows));
   with_compute({&out, &x, &s}, [&]<class T>(T) {
     for (std::int64_t i = 0; i < x.numel(); ++i) st<T>(out, i, ld<T>(s, i / cols) * ld<T>(x, i));
   });
-  count(counters_, x.numel(), x.nbytes() + s.nbytes(), out.nbytes());
+  count_kernel(x.numel(), x.nbytes() + s.nbytes(), out.nbytes());
 }
 
 void HostDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
   for (const Tensor* t : {&out, &a, &c}) on("row_dot", *t, placement_);
   same_numel("row_dot", a, c);
-  const std::int64_t rows = rows_of("row_dot", a), cols = a.dim(1);
+  const std::int64_t rows = device_check::rows("row_dot", a), cols = a.dim(1);
   if (out.numel() != rows) throw UsageError(fmt::format("row_dot: output of {} for {} rows", out.numel(), rows));
   with_compute({&out, &a, &c}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -524,7 +515,7 @@ void HostDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
       st<T>(out, r, acc);
     }
   });
-  count(counters_, 2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
+  count_kernel(2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
 }
 
 namespace {
@@ -538,7 +529,7 @@ std::int64_t token_id(const char* op, const Tensor& ids, std::int64_t n, std::in
 
 void HostDevice::embedding(const Tensor& out, const Tensor& table, const Tensor& ids) {
   for (const Tensor* t : {&out, &table, &ids}) on("embedding", *t, placement_);
-  const std::int64_t vocab = rows_of("embedding", table), dim = table.dim(1), n = ids.numel();
+  const std::int64_t vocab = device_check::rows("embedding", table), dim = table.dim(1), n = ids.numel();
   if (out.numel() != n * dim)
     throw UsageError(fmt::format("embedding: out {} for {} ids of dim {}", out.describe(), n, dim));
   with_compute({&out, &table}, [&]<class T>(T) {
@@ -547,12 +538,12 @@ void HostDevice::embedding(const Tensor& out, const Tensor& table, const Tensor&
       for (std::int64_t j = 0; j < dim; ++j) st<T>(out, i * dim + j, ld<T>(table, id * dim + j));
     }
   });
-  count(counters_, 0, out.nbytes() + ids.nbytes(), out.nbytes());
+  count_kernel(0, out.nbytes() + ids.nbytes(), out.nbytes());
 }
 
 void HostDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
   for (const Tensor* t : {&dtable, &dout, &ids}) on("embedding_backward", *t, placement_);
-  const std::int64_t vocab = rows_of("embedding_backward", dtable), dim = dtable.dim(1),
+  const std::int64_t vocab = device_check::rows("embedding_backward", dtable), dim = dtable.dim(1),
                      n = ids.numel();
   if (dout.numel() != n * dim)
     throw UsageError(
@@ -566,14 +557,14 @@ void HostDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, co
       }
     }
   });
-  count(counters_, dout.numel(), dout.nbytes() + ids.nbytes(), dtable.nbytes());
+  count_kernel(dout.numel(), dout.nbytes() + ids.nbytes(), dtable.nbytes());
 }
 
 void HostDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
                          double eps) {
   for (const Tensor* t : {&out, &rstd, &x, &w}) on("rmsnorm", *t, placement_);
   same_numel("rmsnorm", out, x);
-  const std::int64_t rows = rows_of("rmsnorm", x), dim = row_len("rmsnorm", x, w);
+  const std::int64_t rows = device_check::rows("rmsnorm", x), dim = row_len("rmsnorm", x, w);
   if (rstd.numel() != rows)
     throw UsageError(fmt::format("rmsnorm: rstd {} for {} rows", rstd.describe(), rows));
   with_compute({&out, &rstd, &x, &w}, [&]<class T>(T) {
@@ -588,7 +579,7 @@ void HostDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x,
         st<T>(out, r * dim + j, (ld<T>(x, r * dim + j) * inv) * ld<T>(w, j));
     }
   });
-  count(counters_, 4 * x.numel(), x.nbytes() + w.nbytes(), out.nbytes() + rstd.nbytes());
+  count_kernel(4 * x.numel(), x.nbytes() + w.nbytes(), out.nbytes() + rstd.nbytes());
 }
 
 void HostDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
@@ -598,7 +589,7 @@ void HostDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
   same_numel("rmsnorm_backward", dx, x);
   same_numel("rmsnorm_backward", dout, x);
   same_numel("rmsnorm_backward", dw, w);
-  const std::int64_t rows = rows_of("rmsnorm_backward", x), dim = row_len("rmsnorm_backward", x, w);
+  const std::int64_t rows = device_check::rows("rmsnorm_backward", x), dim = row_len("rmsnorm_backward", x, w);
   with_compute({&dx, &dw, &dout, &x, &w, &rstd}, [&]<class T>(T) {
     for (std::int64_t j = 0; j < dim; ++j) {
       T acc = 0;
@@ -618,14 +609,14 @@ void HostDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
       }
     }
   });
-  count(counters_, 8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(),
+  count_kernel(8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(),
         dx.nbytes() + dw.nbytes());
 }
 
 void HostDevice::causal_softmax(const Tensor& out, const Tensor& x) {
   for (const Tensor* t : {&out, &x}) on("causal_softmax", *t, placement_);
   same_numel("causal_softmax", out, x);
-  const std::int64_t rows = rows_of("causal_softmax", x), cols = x.dim(1);
+  const std::int64_t rows = device_check::rows("causal_softmax", x), cols = x.dim(1);
   with_compute({&out, &x}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t seen = r % cols + 1;  // keys 0..i
@@ -638,14 +629,14 @@ void HostDevice::causal_softmax(const Tensor& out, const Tensor& x) {
       }
     }
   });
-  count(counters_, 4 * x.numel(), x.nbytes(), out.nbytes());
+  count_kernel(4 * x.numel(), x.nbytes(), out.nbytes());
 }
 
 void HostDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) {
   for (const Tensor* t : {&dx, &dout, &p}) on("softmax_backward", *t, placement_);
   same_numel("softmax_backward", dx, p);
   same_numel("softmax_backward", dout, p);
-  const std::int64_t rows = rows_of("softmax_backward", p), cols = p.dim(1);
+  const std::int64_t rows = device_check::rows("softmax_backward", p), cols = p.dim(1);
   with_compute({&dx, &dout, &p}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
       T s = 0;
@@ -656,7 +647,7 @@ void HostDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Te
       }
     }
   });
-  count(counters_, 4 * p.numel(), p.nbytes() + dout.nbytes(), dx.nbytes());
+  count_kernel(4 * p.numel(), p.nbytes() + dout.nbytes(), dx.nbytes());
 }
 
 void HostDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
@@ -679,7 +670,7 @@ void HostDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a
       }
     }
   }
-  count(counters_, 0, x.nbytes(), out.nbytes());
+  count_kernel(0, x.nbytes(), out.nbytes());
 }
 
 }  // namespace zc

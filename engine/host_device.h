@@ -134,6 +134,7 @@ struct MatmulDims {
 MatmulDims matmul_dims(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
                        bool trans_b);
 std::int64_t row_len(const char* op, const Tensor& matrix, const Tensor& row);
+std::int64_t rows(const char* op, const Tensor& matrix);  // dim 0 of a 2-D tensor
 }  // namespace device_check
 
 }  // namespace zc

@@ -51,18 +51,6 @@ bool any_f64(const Ts&... ts) {
   return ((ts.dtype() == DType::f64) || ...);
 }
 
-void count(DeviceCounters& c, std::int64_t flops, std::int64_t read, std::int64_t written) {
-  c.kernels += 1;
-  c.flops += flops;
-  c.bytes_read += read;
-  c.bytes_written += written;
-}
-
-std::int64_t rows_of(const char* op, const Tensor& x) {
-  if (x.ndim() != 2) throw UsageError(fmt::format("{}: {} must be 2-D", op, x.describe()));
-  return x.dim(0);
-}
-
 // A device buffer for internal use (reduction partials, argmax output), freed on the stream.
 struct Scratch {
   cudaStream_t stream;
@@ -170,13 +158,13 @@ void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
     CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()), kind, st_->stream));
   }
   if (kind != cudaMemcpyDeviceToDevice) synchronize();  // host memory is pageable: finish before returning
-  count(counters_, 0, src.nbytes(), dst.nbytes());
+  count_kernel(0, src.nbytes(), dst.nbytes());
 }
 
 void CudaDevice::fill(const Tensor& t, double value) {
   on("fill", t, Placement::cuda);
   CUDA_CHECK(kernels::fill(st_->stream, vw(t), value, t.numel()));
-  count(counters_, 0, 0, t.nbytes());
+  count_kernel(0, 0, t.nbytes());
 }
 
 void CudaDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
@@ -188,7 +176,7 @@ void CudaDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
     CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.data(), src.size(), cudaMemcpyHostToDevice, st_->stream));
     synchronize();  // the caller's span may go away on return
   }
-  count(counters_, 0, 0, dst.nbytes());
+  count_kernel(0, 0, dst.nbytes());
 }
 
 void CudaDevice::download(std::span<std::byte> dst, const Tensor& src) {
@@ -200,7 +188,7 @@ void CudaDevice::download(std::span<std::byte> dst, const Tensor& src) {
     CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.raw(), dst.size(), cudaMemcpyDeviceToHost, st_->stream));
   }
   synchronize();
-  count(counters_, 0, src.nbytes(), 0);
+  count_kernel(0, src.nbytes(), 0);
 }
 
 void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
@@ -217,7 +205,7 @@ void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
     const Tensor staged = cpu.alloc(src.dtype(), src.shape(), "d2h staging");
     download({static_cast<std::byte*>(staged.raw()), static_cast<std::size_t>(staged.nbytes())}, src);
     cpu.cast(dst, staged);
-    count(counters_, 0, src.nbytes(), dst.nbytes());
+    count_kernel(0, src.nbytes(), dst.nbytes());
     return;
   }
   Tensor from = src;
@@ -226,7 +214,7 @@ void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
     upload(from, {static_cast<const std::byte*>(src.raw()), static_cast<std::size_t>(src.nbytes())});
   }
   CUDA_CHECK(kernels::cast(st_->stream, any_f64(dst, from), vw(dst), vw(from), dst.numel()));
-  count(counters_, 0, src.nbytes(), dst.nbytes());
+  count_kernel(0, src.nbytes(), dst.nbytes());
 }
 
 void CudaDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
@@ -234,19 +222,19 @@ void CudaDevice::axpy(const Tensor& y, double alpha, const Tensor& x) {
   on("axpy", x, Placement::cuda);
   same_numel("axpy", y, x);
   CUDA_CHECK(kernels::axpy(st_->stream, any_f64(y, x), vw(y), alpha, vw(x), y.numel()));
-  count(counters_, 2 * y.numel(), x.nbytes() + y.nbytes(), y.nbytes());
+  count_kernel(2 * y.numel(), x.nbytes() + y.nbytes(), y.nbytes());
 }
 
 void CudaDevice::scale(const Tensor& x, double alpha) {
   on("scale", x, Placement::cuda);
   CUDA_CHECK(kernels::scale(st_->stream, any_f64(x), vw(x), alpha, x.numel()));
-  count(counters_, x.numel(), x.nbytes(), x.nbytes());
+  count_kernel(x.numel(), x.nbytes(), x.nbytes());
 }
 
 void CudaDevice::div(const Tensor& x, double divisor) {
   on("div", x, Placement::cuda);
   CUDA_CHECK(kernels::div(st_->stream, any_f64(x), vw(x), divisor, x.numel()));
-  count(counters_, x.numel(), x.nbytes(), x.nbytes());
+  count_kernel(x.numel(), x.nbytes(), x.nbytes());
 }
 
 void CudaDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -254,7 +242,7 @@ void CudaDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   same_numel("add", out, a);
   same_numel("add", out, b);
   CUDA_CHECK(kernels::add(st_->stream, any_f64(out, a, b), vw(out), vw(a), vw(b), out.numel()));
-  count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+  count_kernel(out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
 }
 
 void CudaDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -262,7 +250,7 @@ void CudaDevice::mul(const Tensor& out, const Tensor& a, const Tensor& b) {
   same_numel("mul", out, a);
   same_numel("mul", out, b);
   CUDA_CHECK(kernels::mul(st_->stream, any_f64(out, a, b), vw(out), vw(a), vw(b), out.numel()));
-  count(counters_, out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
+  count_kernel(out.numel(), a.nbytes() + b.nbytes(), out.nbytes());
 }
 
 // kind 0: sum of squares, 1: dot(x, *y), 2: max |x| (NaN if any NaN), 3: any non-finite (0/1).
@@ -282,7 +270,7 @@ double CudaDevice::reduce(const Tensor& x, const Tensor* y, int kind) {
 
 double CudaDevice::sum_sq(const Tensor& x) {
   on("sum_sq", x, Placement::cuda);
-  count(counters_, 2 * x.numel(), x.nbytes(), 0);
+  count_kernel(2 * x.numel(), x.nbytes(), 0);
   return reduce(x, nullptr, 0);
 }
 
@@ -290,20 +278,20 @@ double CudaDevice::dot(const Tensor& a, const Tensor& b) {
   on("dot", a, Placement::cuda);
   on("dot", b, Placement::cuda);
   same_numel("dot", a, b);
-  count(counters_, 2 * a.numel(), a.nbytes() + b.nbytes(), 0);
+  count_kernel(2 * a.numel(), a.nbytes() + b.nbytes(), 0);
   return reduce(a, &b, 1);
 }
 
 double CudaDevice::max_abs(const Tensor& x) {
   on("max_abs", x, Placement::cuda);
-  count(counters_, x.numel(), x.nbytes(), 0);
+  count_kernel(x.numel(), x.nbytes(), 0);
   const double m = reduce(x, nullptr, 2);
   return std::isnan(m) ? std::numeric_limits<double>::quiet_NaN() : m;
 }
 
 bool CudaDevice::has_inf_nan(const Tensor& x) {
   on("has_inf_nan", x, Placement::cuda);
-  count(counters_, x.numel(), x.nbytes(), 0);
+  count_kernel(x.numel(), x.nbytes(), 0);
   return reduce(x, nullptr, 3) != 0.0;
 }
 
@@ -330,7 +318,7 @@ void CudaDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
                                p.adamw};
   CUDA_CHECK(kernels::adam(st_->stream, static_cast<float*>(param.raw()), vw(grad), static_cast<float*>(exp_avg.raw()),
                   static_cast<float*>(exp_avg_sq.raw()), a, param.numel()));
-  count(counters_, 16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
+  count_kernel(16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
 }
 
 void CudaDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
@@ -350,7 +338,7 @@ void CudaDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
                               use_momentum, p.first_step, p.nesterov};
   CUDA_CHECK(kernels::sgd(st_->stream, static_cast<float*>(param.raw()), vw(grad),
                  use_momentum ? static_cast<float*>(momentum_buf.raw()) : nullptr, a, param.numel()));
-  count(counters_, 6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
+  count_kernel(6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
 }
 
 void CudaDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
@@ -362,7 +350,7 @@ void CudaDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, boo
   }
   CUDA_CHECK(kernels::matmul(st_->stream, any_f64(out, a, b), vw(out), vw(a), vw(b), trans_a, trans_b, accumulate,
                              d.m, d.n, d.k, a.dim(1), b.dim(1)));
-  count(counters_, 2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
+  count_kernel(2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
 }
 
 void CudaDevice::relu(const Tensor& out, const Tensor& x) {
@@ -370,7 +358,7 @@ void CudaDevice::relu(const Tensor& out, const Tensor& x) {
   on("relu", x, Placement::cuda);
   same_numel("relu", out, x);
   CUDA_CHECK(kernels::relu(st_->stream, any_f64(out, x), vw(out), vw(x), x.numel()));
-  count(counters_, x.numel(), x.nbytes(), out.nbytes());
+  count_kernel(x.numel(), x.nbytes(), out.nbytes());
 }
 
 void CudaDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) {
@@ -378,7 +366,7 @@ void CudaDevice::relu_backward(const Tensor& grad_in, const Tensor& grad_out, co
   same_numel("relu_backward", grad_in, grad_out);
   same_numel("relu_backward", grad_in, x);
   CUDA_CHECK(kernels::relu_backward(st_->stream, any_f64(grad_in, grad_out, x), vw(grad_in), vw(grad_out), vw(x), x.numel()));
-  count(counters_, x.numel(), x.nbytes() + grad_out.nbytes(), grad_in.nbytes());
+  count_kernel(x.numel(), x.nbytes() + grad_out.nbytes(), grad_in.nbytes());
 }
 
 void CudaDevice::add_row_vector(const Tensor& out, const Tensor& row) {
@@ -386,7 +374,7 @@ void CudaDevice::add_row_vector(const Tensor& out, const Tensor& row) {
   on("add_row_vector", row, Placement::cuda);
   const std::int64_t n = device_check::row_len("add_row_vector", out, row);
   CUDA_CHECK(kernels::add_row_vector(st_->stream, any_f64(out, row), vw(out), vw(row), out.numel(), n));
-  count(counters_, out.numel(), out.nbytes() + row.nbytes(), out.nbytes());
+  count_kernel(out.numel(), out.nbytes() + row.nbytes(), out.nbytes());
 }
 
 void CudaDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
@@ -394,19 +382,19 @@ void CudaDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
   on("sum_rows", x, Placement::cuda);
   const std::int64_t n = device_check::row_len("sum_rows", x, out);
   CUDA_CHECK(kernels::sum_rows(st_->stream, any_f64(out, x), vw(out), vw(x), x.dim(0), n, accumulate));
-  count(counters_, x.numel(), x.nbytes(), out.nbytes());
+  count_kernel(x.numel(), x.nbytes(), out.nbytes());
 }
 
 // Labels and token ids are data the kernels index with; they are checked on the host first (one
 // small download), so a bad id is a UsageError naming the row, as on the host, not a fault.
 void CudaDevice::check_ids(const char* op, const Tensor& ids, std::int64_t limit) {
+  // Labels are read as f32 (HostDevice's softmax_xent), token ids as f64 (its embedding ops).
+  const bool labels = std::string_view(op) == "softmax_xent";
   const std::vector<double> v = to_f64(*this, ids);
   for (std::size_t n = 0; n < v.size(); ++n) {
-    const auto id = op == std::string_view("softmax_xent") ? static_cast<std::int64_t>(static_cast<float>(v[n]))
-                                                          : static_cast<std::int64_t>(v[n]);
+    const auto id = static_cast<std::int64_t>(labels ? static_cast<double>(static_cast<float>(v[n])) : v[n]);
     if (id < 0 || id >= limit) {
-      throw UsageError(fmt::format("{}: {} {} of row {} outside [0, {})", op,
-                                   op == std::string_view("softmax_xent") ? "label" : "id", id, n, limit));
+      throw UsageError(fmt::format("{}: {} {} of row {} outside [0, {})", op, labels ? "label" : "id", id, n, limit));
     }
   }
 }
@@ -423,12 +411,12 @@ void CudaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   check_ids("softmax_xent", labels, cols);
   CUDA_CHECK(kernels::softmax_xent(st_->stream, any_f64(dlogits, row_loss, logits), vw(dlogits), vw(row_loss), vw(logits),
               vw(labels), rows, cols));
-  count(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
+  count_kernel(5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 
 std::vector<std::int64_t> CudaDevice::argmax_rows(const Tensor& x) {
   on("argmax_rows", x, Placement::cuda);
-  const std::int64_t rows = rows_of("argmax_rows", x), cols = x.dim(1);
+  const std::int64_t rows = device_check::rows("argmax_rows", x), cols = x.dim(1);
   std::vector<std::int64_t> out(static_cast<std::size_t>(rows), 0);
   if (rows > 0 && cols > 0) {
     Scratch buf(st_->stream, out.size() * sizeof(std::int64_t));
@@ -436,56 +424,56 @@ std::vector<std::int64_t> CudaDevice::argmax_rows(const Tensor& x) {
     CUDA_CHECK(cudaMemcpyAsync(out.data(), buf.p, out.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost, st_->stream));
     synchronize();
   }
-  count(counters_, x.numel(), x.nbytes(), 0);
+  count_kernel(x.numel(), x.nbytes(), 0);
   return out;
 }
 
 void CudaDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
   for (const Tensor* t : {&out, &x, &s}) on("scale_rows", *t, Placement::cuda);
   same_numel("scale_rows", out, x);
-  const std::int64_t rows = rows_of("scale_rows", x), cols = x.dim(1);
+  const std::int64_t rows = device_check::rows("scale_rows", x), cols = x.dim(1);
   if (s.numel() != rows) throw UsageError(fmt::format("scale_rows: {} scales for {} rows", s.numel(), rows));
   CUDA_CHECK(kernels::scale_rows(st_->stream, any_f64(out, x, s), vw(out), vw(x), vw(s), x.numel(), cols));
-  count(counters_, x.numel(), x.nbytes() + s.nbytes(), out.nbytes());
+  count_kernel(x.numel(), x.nbytes() + s.nbytes(), out.nbytes());
 }
 
 void CudaDevice::row_dot(const Tensor& out, const Tensor& a, const Tensor& c) {
   for (const Tensor* t : {&out, &a, &c}) on("row_dot", *t, Placement::cuda);
   same_numel("row_dot", a, c);
-  const std::int64_t rows = rows_of("row_dot", a), cols = a.dim(1);
+  const std::int64_t rows = device_check::rows("row_dot", a), cols = a.dim(1);
   if (out.numel() != rows) throw UsageError(fmt::format("row_dot: output of {} for {} rows", out.numel(), rows));
   CUDA_CHECK(kernels::row_dot(st_->stream, any_f64(out, a, c), vw(out), vw(a), vw(c), rows, cols));
-  count(counters_, 2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
+  count_kernel(2 * a.numel(), a.nbytes() + c.nbytes(), out.nbytes());
 }
 
 void CudaDevice::embedding(const Tensor& out, const Tensor& table, const Tensor& ids) {
   for (const Tensor* t : {&out, &table, &ids}) on("embedding", *t, Placement::cuda);
-  const std::int64_t vocab = rows_of("embedding", table), dim = table.dim(1), n = ids.numel();
+  const std::int64_t vocab = device_check::rows("embedding", table), dim = table.dim(1), n = ids.numel();
   if (out.numel() != n * dim)
     throw UsageError(fmt::format("embedding: out {} for {} ids of dim {}", out.describe(), n, dim));
   check_ids("embedding", ids, vocab);
   CUDA_CHECK(kernels::embedding(st_->stream, any_f64(out, table), vw(out), vw(table), vw(ids), n, dim));
-  count(counters_, 0, out.nbytes() + ids.nbytes(), out.nbytes());
+  count_kernel(0, out.nbytes() + ids.nbytes(), out.nbytes());
 }
 
 void CudaDevice::embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
   for (const Tensor* t : {&dtable, &dout, &ids}) on("embedding_backward", *t, Placement::cuda);
-  const std::int64_t vocab = rows_of("embedding_backward", dtable), dim = dtable.dim(1), n = ids.numel();
+  const std::int64_t vocab = device_check::rows("embedding_backward", dtable), dim = dtable.dim(1), n = ids.numel();
   if (dout.numel() != n * dim)
     throw UsageError(fmt::format("embedding_backward: dout {} for {} ids of dim {}", dout.describe(), n, dim));
   check_ids("embedding_backward", ids, vocab);
   CUDA_CHECK(kernels::embedding_backward(st_->stream, any_f64(dtable, dout), vw(dtable), vw(dout), vw(ids), n, dim,
               dtable.numel()));
-  count(counters_, dout.numel(), dout.nbytes() + ids.nbytes(), dtable.nbytes());
+  count_kernel(dout.numel(), dout.nbytes() + ids.nbytes(), dtable.nbytes());
 }
 
 void CudaDevice::rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
   for (const Tensor* t : {&out, &rstd, &x, &w}) on("rmsnorm", *t, Placement::cuda);
   same_numel("rmsnorm", out, x);
-  const std::int64_t rows = rows_of("rmsnorm", x), dim = device_check::row_len("rmsnorm", x, w);
+  const std::int64_t rows = device_check::rows("rmsnorm", x), dim = device_check::row_len("rmsnorm", x, w);
   if (rstd.numel() != rows) throw UsageError(fmt::format("rmsnorm: rstd {} for {} rows", rstd.describe(), rows));
   CUDA_CHECK(kernels::rmsnorm(st_->stream, any_f64(out, rstd, x, w), vw(out), vw(rstd), vw(x), vw(w), eps, rows, dim));
-  count(counters_, 4 * x.numel(), x.nbytes() + w.nbytes(), out.nbytes() + rstd.nbytes());
+  count_kernel(4 * x.numel(), x.nbytes() + w.nbytes(), out.nbytes() + rstd.nbytes());
 }
 
 void CudaDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
@@ -494,27 +482,27 @@ void CudaDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
   same_numel("rmsnorm_backward", dx, x);
   same_numel("rmsnorm_backward", dout, x);
   same_numel("rmsnorm_backward", dw, w);
-  const std::int64_t rows = rows_of("rmsnorm_backward", x), dim = device_check::row_len("rmsnorm_backward", x, w);
+  const std::int64_t rows = device_check::rows("rmsnorm_backward", x), dim = device_check::row_len("rmsnorm_backward", x, w);
   CUDA_CHECK(kernels::rmsnorm_backward(st_->stream, any_f64(dx, dw, dout, x, w, rstd), vw(dx), vw(dw), vw(dout), vw(x),
               vw(w), vw(rstd), rows, dim));
-  count(counters_, 8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(), dx.nbytes() + dw.nbytes());
+  count_kernel(8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(), dx.nbytes() + dw.nbytes());
 }
 
 void CudaDevice::causal_softmax(const Tensor& out, const Tensor& x) {
   for (const Tensor* t : {&out, &x}) on("causal_softmax", *t, Placement::cuda);
   same_numel("causal_softmax", out, x);
-  const std::int64_t rows = rows_of("causal_softmax", x), cols = x.dim(1);
+  const std::int64_t rows = device_check::rows("causal_softmax", x), cols = x.dim(1);
   CUDA_CHECK(kernels::causal_softmax(st_->stream, any_f64(out, x), vw(out), vw(x), rows, cols));
-  count(counters_, 4 * x.numel(), x.nbytes(), out.nbytes());
+  count_kernel(4 * x.numel(), x.nbytes(), out.nbytes());
 }
 
 void CudaDevice::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) {
   for (const Tensor* t : {&dx, &dout, &p}) on("softmax_backward", *t, Placement::cuda);
   same_numel("softmax_backward", dx, p);
   same_numel("softmax_backward", dout, p);
-  const std::int64_t rows = rows_of("softmax_backward", p), cols = p.dim(1);
+  const std::int64_t rows = device_check::rows("softmax_backward", p), cols = p.dim(1);
   CUDA_CHECK(kernels::softmax_backward(st_->stream, any_f64(dx, dout, p), vw(dx), vw(dout), vw(p), rows, cols));
-  count(counters_, 4 * p.numel(), p.nbytes() + dout.nbytes(), dx.nbytes());
+  count_kernel(4 * p.numel(), p.nbytes() + dout.nbytes(), dx.nbytes());
 }
 
 void CudaDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b, std::int64_t c,
@@ -526,7 +514,7 @@ void CudaDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a
   }
   same_dtype("permute_0213", out, x);
   CUDA_CHECK(kernels::permute_0213(st_->stream, out.raw(), x.raw(), dtype_size(x.dtype()), a, b, c, d));
-  count(counters_, 0, x.nbytes(), out.nbytes());
+  count_kernel(0, x.nbytes(), out.nbytes());
 }
 
 }  // namespace zc::real

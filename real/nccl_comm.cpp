@@ -417,4 +417,23 @@ std::unique_ptr<Comm> NcclComm::split(int color, int key) {
   return std::unique_ptr<NcclComm>(new NcclComm(std::move(st), dev_, fmt::format("{}.c{}", name_, color)));
 }
 
+std::string gpu_unavailable(const LaunchEnv& env) {
+  std::string why;
+  const int gpus = cuda_device_count(&why);
+  if (gpus == 0) return fmt::format("rank {} has no usable GPU ({})", env.rank, why);
+  if (env.local_rank >= gpus) {
+    return fmt::format("rank {} has no usable GPU: it is local rank {} on a machine with {} GPU(s), and NCCL "
+                       "needs one GPU per rank", env.rank, env.local_rank, gpus);
+  }
+  return "";
+}
+
+GpuRank open_gpu_rank(const LaunchEnv& env, MpiComm* bootstrap, NcclComm::Duration timeout) {
+  if (const std::string why = gpu_unavailable(env); !why.empty()) throw BackendError(why);
+  GpuRank g;
+  g.dev = std::make_unique<CudaDevice>(env.local_rank);
+  g.comm = bootstrap ? NcclComm::create(*bootstrap, *g.dev, timeout) : NcclComm::create_local(*g.dev, timeout);
+  return g;
+}
+
 }  // namespace zc::real

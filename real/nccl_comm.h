@@ -18,6 +18,7 @@
 #pragma once
 
 #include "engine/comm.h"
+#include "real/bootstrap.h"
 #include "real/cuda_device.h"
 #include "real/mpi_comm.h"
 
@@ -73,5 +74,17 @@ class NcclComm final : public Comm {
   std::int64_t seq_ = 0;
   Tensor barrier_buf_;
 };
+
+// Why this process cannot have a GPU of its own, "" when it can: no driver or device, or more
+// ranks on this machine than GPUs (NCCL needs one GPU per rank).
+std::string gpu_unavailable(const LaunchEnv& env);
+
+// This process's GPU (its local rank's) and NCCL communicator, over `bootstrap` (MPI) or, when
+// null, a one-rank communicator without MPI. Throws BackendError with gpu_unavailable's reason.
+struct GpuRank {
+  std::unique_ptr<CudaDevice> dev;
+  std::unique_ptr<NcclComm> comm;  // destroyed before dev
+};
+GpuRank open_gpu_rank(const LaunchEnv& env, MpiComm* bootstrap, NcclComm::Duration timeout);
 
 }  // namespace zc::real

@@ -80,7 +80,7 @@ step gpu-tests 240 "${launch[@]}" "$tests"
 grep -q "every test skips" "$out/gpu-tests.log" && { rows+=("| (gpu-tests) | SKIPPED: $(grep -m1 'every test skips' "$out/gpu-tests.log") | |"); status=1; }
 step verify-real 180 "${launch[@]}" "$zerocheck" verify-real --backend cuda --scenarios 12 --seed 7 --out "$out/verify-real"
 step bench 120 "${launch[@]}" "$bench" --reps 20
-grep -q "skipped: no usable GPU" "$out/bench.log" && { rows+=("| (bench) | SKIPPED: no usable GPU | |"); status=1; }
+grep -q "zc_gpu_bench: skipped" "$out/bench.log" && { rows+=("| (bench) | SKIPPED: no usable GPU | |"); status=1; }
 
 echo
 echo "## zerocheck gpu-check: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), ${gpus:-0} GPU(s), $(( $(date +%s) - start )) s"

@@ -32,7 +32,6 @@ using namespace std::chrono_literals;
 struct GpuWorld {
   std::string skip;  // why every test skips; empty when a GPU is there
   bool mpi = false;
-  int gpus = 0;
   std::unique_ptr<MpiComm> host;  // null without MPI
   std::unique_ptr<CudaDevice> dev;
   std::unique_ptr<NcclComm> nccl;
@@ -242,17 +241,11 @@ int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     world.host = std::make_unique<zc::real::MpiComm>(MPI_COMM_WORLD, false, "host", std::chrono::minutes(2));
   }
-  std::string why;
-  world.gpus = zc::real::cuda_device_count(&why);
-  if (world.gpus == 0) {
-    world.skip = fmt::format("no usable GPU: {}", why);
-  } else if (env.world > world.gpus) {
-    world.skip = fmt::format("no usable GPU for every rank: {} ranks on {} GPUs (NCCL needs one GPU per rank)",
-                             env.world, world.gpus);
-  } else {
-    world.dev = std::make_unique<zc::real::CudaDevice>(env.local_rank % world.gpus);
-    world.nccl = world.mpi ? zc::real::NcclComm::create(*world.host, *world.dev, std::chrono::minutes(2))
-                           : zc::real::NcclComm::create_local(*world.dev, std::chrono::minutes(2));
+  world.skip = zc::real::gpu_unavailable(env);
+  if (world.skip.empty()) {
+    zc::real::GpuRank gpu = zc::real::open_gpu_rank(env, world.host.get(), std::chrono::minutes(2));
+    world.dev = std::move(gpu.dev);
+    world.nccl = std::move(gpu.comm);
   }
   if (!world.skip.empty()) fmt::print("zc_gpu_tests: every test skips: {}\n", world.skip);
   const int rc = RUN_ALL_TESTS();
