@@ -1,0 +1,39 @@
+"""What a DeepSpeed worker keeps between scenarios, and its reset (called before every scenario).
+
+A scenario must give the same record in a fresh worker and in a reused one (a test checks it).
+Process-global state in DeepSpeed 0.19.8 that one deepspeed.initialize leaves for the next
+(paths are the installed package's, deepspeed/...):
+- runtime/zero/partition_parameters.py: Init.param_id (every ZeRO-3 param's ds_id; stage3.py sorts
+  ipg buckets by it), Init.num_persisted_parameters and num_persisted_elements (counted against
+  model_persistence_threshold);
+- ops/adam/cpu_adam.py: DeepSpeedCPUAdam.optimizer_id (the C++ optimizer registry's key);
+- compile/util.py: dc_handle (the DeepCompile handle);
+- utils/groups.py: cached expert / model-parallel groups (none are created by the twins, reset anyway);
+- torch's RNG (the twins draw nothing, but DeepSpeed may).
+"""
+import gc
+
+import torch
+
+
+def reset_process_state():
+    from deepspeed.runtime.zero import partition_parameters as pp
+    pp.Init.param_id = 0
+    pp.Init.num_persisted_parameters = 0
+    pp.Init.num_persisted_elements = 0
+    try:
+        from deepspeed.ops.adam.cpu_adam import DeepSpeedCPUAdam
+        DeepSpeedCPUAdam.optimizer_id = 0
+    except ImportError:
+        pass
+    try:
+        import deepspeed.compile.util as dc_util
+        dc_util.dc_handle = None
+    except ImportError:
+        pass
+    from deepspeed.utils import groups
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_ALL_TO_ALL_GROUP"):
+        getattr(groups, name).clear()
+    torch.manual_seed(0)
+    gc.collect()

@@ -1,0 +1,226 @@
+"""The torch twin of a zerocheck model and the scenario's call sequence on a DeepSpeed engine.
+
+Twins (the same params, in the same order, with the same names as zerocheck's model):
+- synthetic: params p0, p1, ... of the given shapes; loss = sum_i <p_i, mean over samples of g_i>,
+  so autograd gives exactly the prescribed gradient (models/synthetic.h).
+- mlp: Linear layers layers.0, layers.1, ... (weight [out, in], bias [out]), ReLU between layers
+  when enabled, linear loss sum(c * out) / B (models/mlp.h).
+Initial weights and every global batch come from zerocheck's files, already rounded to the model
+dtype, so every conversion here is exact.
+
+The record (record.py) holds, per step s: grads/s (every param's full gradient at the boundary,
+before step, in param order), params/s (the 16-bit or fp32 model params after step), masters/s
+(the full fp32 master params after step), loss_scale/s, skipped/s (engine.skipped_steps),
+msid/s (micro_step_id at the coalesce flush, when coalescing), opt/<key>/s (optimizer state), and
+comm/<kind> (calls, bytes) over the whole run, getters excluded.
+"""
+import json
+import os
+
+import torch
+
+import deepspeed
+import deepspeed.comm as dist
+from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
+
+import record
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+class SyntheticTwin(torch.nn.Module):
+    def __init__(self, shapes):
+        super().__init__()
+        for i, shape in enumerate(shapes):
+            self.register_parameter(f"p{i}", torch.nn.Parameter(torch.zeros(shape)))
+        self.count = len(shapes)
+
+    def forward(self, **batch):
+        loss = None
+        for i in range(self.count):
+            g = batch[f"g{i}"]  # [B, numel]
+            mean = g.sum(0) / g.shape[0]
+            term = (getattr(self, f"p{i}").flatten() * mean).sum()
+            loss = term if loss is None else loss + term
+        return loss
+
+
+class MlpTwin(torch.nn.Module):
+    def __init__(self, dims, relu):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(dims[i], dims[i + 1]) for i in range(len(dims) - 1))
+        self.relu = relu
+
+    def forward(self, x, c):
+        h = x
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if self.relu and i + 1 < len(self.layers):
+                h = torch.relu(h)
+        return (c * h).sum() / x.shape[0]
+
+
+def build_twin(spec):
+    m = spec["model"]
+    if m["kind"] == "synthetic":
+        model = SyntheticTwin([tuple(s) for s in m["shapes"]])
+    elif m["kind"] == "mlp":
+        model = MlpTwin(m["dims"], m["relu"])
+    else:
+        raise ValueError(f"the twin has no model kind {m['kind']!r}")
+    names = [n for n, _ in model.named_parameters()]
+    want = [p["name"] for p in spec["params"]]
+    if names != want:
+        raise ValueError(f"twin params {names} differ from zerocheck's {want}")
+    return model
+
+
+def load_init(model, spec, directory):
+    values = record.read_f64(os.path.join(directory, "init.f64"))
+    at = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(torch.tensor(values[at:at + n], dtype=torch.float64).reshape(p.shape))
+            at += n
+    if at != len(values):
+        raise ValueError(f"init.f64 has {len(values)} values, the params {at}")
+
+
+def load_batches(spec, directory, rank, dtype):
+    """{(s, m, c): {name: tensor [B, ...]}} for this rank's slice of every global batch."""
+    values = record.read_f64(os.path.join(directory, "batches.f64"))
+    W, B = spec["world"], spec["micro_batch"]
+    out, at = {}, 0
+    for s in range(spec["steps"]):
+        for m in range(spec["ga"]):
+            for c in range(spec["n"]):
+                arrays = {}
+                for a in spec["batch_arrays"]:
+                    row = a["row"]
+                    full = torch.tensor(values[at:at + W * B * row], dtype=torch.float64).reshape(W * B, row)
+                    at += W * B * row
+                    arrays[a["name"]] = full[rank * B:(rank + 1) * B].to(dtype)
+                out[(s, m, c)] = arrays
+    if at != len(values):
+        raise ValueError(f"batches.f64 has {len(values)} values, the scenario reads {at}")
+    return out
+
+
+def gathered(engine, params, stage):
+    """The full model params (16-bit or fp32) on every rank; ZeRO-3 gathers them."""
+    if stage == 3:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return [p.detach().clone() for p in params]
+    return [p.detach().clone() for p in params]
+
+
+def full_grads(engine, params, stage):
+    if stage == 0:
+        # No ZeRO optimizer: the reduced gradient is each param's .grad.
+        return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    out = []
+    for p in params:
+        g = safe_get_full_grad(p)
+        out.append(torch.zeros_like(p) if g is None else g.detach().clone())
+    return out
+
+
+def full_masters(params, stage):
+    if stage == 0:
+        return [p.detach().float().clone() for p in params]
+    return [safe_get_full_fp32_param(p).detach().clone() for p in params]
+
+
+def flat(tensors):
+    return torch.cat([t.detach().double().flatten() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def loss_scale_of(engine):
+    opt = engine.optimizer
+    for attr in ("cur_scale", "loss_scale"):
+        v = getattr(opt, attr, None)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if torch.is_tensor(v):
+            return float(v.item())
+    return 1.0
+
+
+def watch_flush(engine, stage, msids):
+    """Records micro_step_id at each coalesce flush as zerocheck does (engine.cpp
+    flush_coalesced_reduction): stage 3 as the flush starts, stages 1/2 after setup_buckets."""
+    if stage == 3:
+        inner = engine._flush_coalesced_reduction_zero3
+
+        def flush3(optimizer):
+            msids.append(float(optimizer.micro_step_id))
+            return inner(optimizer)
+        engine._flush_coalesced_reduction_zero3 = flush3
+    else:
+        inner = engine._flush_coalesced_reduction_zero12
+
+        def flush12(optimizer):
+            result = inner(optimizer)
+            msids.append(float(optimizer.micro_step_id))
+            return result
+        engine._flush_coalesced_reduction_zero12 = flush12
+
+
+def run_scenario(directory, counter):
+    with open(os.path.join(directory, "input.json")) as f:
+        spec = json.load(f)
+    rank = dist.get_rank()
+    if dist.get_world_size() != spec["world"]:
+        raise ValueError(f"scenario world {spec['world']} sent to a pool of {dist.get_world_size()}")
+    dtype = DTYPES[spec["dtype"]]
+    stage = spec["ds_config"].get("zero_optimization", {}).get("stage", 0)
+    model = build_twin(spec)
+    load_init(model, spec, directory)
+    batches = load_batches(spec, directory, rank, dtype)
+    counter.reset()
+    counter.counting = True
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=spec["ds_config"])
+    params = list(engine.module.parameters())
+    if params[0].dtype != dtype:
+        raise ValueError(f"DeepSpeed holds the model in {params[0].dtype}, the scenario says {dtype}")
+    entries, msids = [], []
+    if spec["coalesce"]:
+        watch_flush(engine, stage, msids)
+    ga, n = spec["ga"], spec["n"]
+    for s in range(spec["steps"]):
+        for m in range(ga):
+            def chunks():
+                for c in range(n):
+                    if spec["explicit_boundary"] and not spec["coalesce"]:
+                        engine.set_gradient_accumulation_boundary(m + 1 == ga and c + 1 == n)
+                    loss = engine(**batches[(s, m, c)])
+                    engine.backward(loss)
+            if spec["coalesce"]:
+                with engine.coalesce_grad_reduction():
+                    chunks()
+            else:
+                chunks()
+            if m + 1 == ga:
+                counter.counting = False
+                entries.append((f"grads/{s}", flat(full_grads(engine, params, stage))))
+                entries.append((f"loss_scale/{s}", [loss_scale_of(engine)]))
+                counter.counting = True
+            engine.step()
+        counter.counting = False
+        entries.append((f"params/{s}", flat(gathered(engine, params, stage))))
+        entries.append((f"masters/{s}", flat(full_masters(params, stage))))
+        entries.append((f"skipped/{s}", [float(engine.skipped_steps)]))
+        for key in spec.get("optimizer_state_keys", []):
+            if stage > 0:
+                states = [safe_get_full_optimizer_state(p, key) for p in params]
+                if all(t is not None for t in states):
+                    entries.append((f"opt/{key}/{s}", flat(states)))
+        counter.counting = True
+    counter.counting = False
+    if msids:
+        entries.append(("msid", msids))
+    entries.extend(counter.entries())
+    engine.destroy()
+    return entries

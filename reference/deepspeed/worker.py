@@ -1,0 +1,84 @@
+"""One rank of the DeepSpeed reference: runs zerocheck Scenarios on real DeepSpeed (CPU, gloo).
+
+zerocheck (props/reference_pool.cpp) starts W of these per world size, one per rank, with RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT, DS_ACCELERATOR=cpu, an empty
+CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS=1, and keeps them for many scenarios (importing DeepSpeed
+costs seconds). The protocol is one JSON object a line: on stdin {"cmd": "run", "dir": D} (or
+"quit"; "crash" and "hang" exist for the pool's own tests), on the protocol pipe (the original
+stdout; everything DeepSpeed prints goes to stderr) {"ok": true, "seconds": s} or
+{"ok": false, "error": "..."}.
+
+A scenario directory holds what zerocheck wrote (input.json, init.f64, batches.f64: the twin never
+re-implements zerocheck's RNG) and receives rank{R}.rec, this rank's record (record.py's format).
+The model is a torch twin of the zerocheck model (twin.py). Between scenarios the state DeepSpeed
+keeps in a process is reset (reset_process_state), so a scenario gives the same record in a fresh
+pool and in a reused one (a test checks it).
+"""
+import os
+import sys
+
+# The protocol pipe is the original stdout; DeepSpeed's logger and prints go to stderr.
+_proto = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+import datetime  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as ds_comm  # noqa: E402
+
+import record  # noqa: E402
+import twin  # noqa: E402
+from comm_counter import CommCounter  # noqa: E402
+from state_reset import reset_process_state  # noqa: E402
+
+
+def reply(obj):
+    _proto.write(json.dumps(obj) + "\n")
+    _proto.flush()
+
+
+def main():
+    torch.set_num_threads(1)
+    timeout_s = float(os.environ.get("ZC_DS_TIMEOUT_S", "60"))
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    counter = CommCounter(ds_comm)
+    reply({"ready": True, "rank": ds_comm.get_rank(), "world": ds_comm.get_world_size(),
+           "deepspeed": deepspeed.__version__, "torch": torch.__version__})
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        msg = json.loads(line)
+        cmd = msg.get("cmd")
+        if cmd == "quit":
+            break
+        if cmd == "crash":
+            os._exit(3)
+        if cmd == "hang":
+            while True:
+                time.sleep(3600)
+        if cmd != "run":
+            reply({"ok": False, "error": f"unknown command {cmd!r}"})
+            continue
+        t0 = time.monotonic()
+        try:
+            reset_process_state()
+            rec = twin.run_scenario(msg["dir"], counter)
+            record.write(os.path.join(msg["dir"], f"rank{ds_comm.get_rank()}.rec"), rec)
+            reply({"ok": True, "seconds": time.monotonic() - t0})
+        except Exception as e:  # the scenario failed on DeepSpeed: say so, keep serving
+            traceback.print_exc()
+            reply({"ok": False, "error": f"{type(e).__name__}: {e}".replace("\n", " ")[:2000]})
+        finally:
+            counter.counting = False
+    ds_comm.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
