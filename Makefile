@@ -3,10 +3,14 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps configure build test run bench bench-mpi gpu-check clean
+.PHONY: deps ds-env configure build test run bench bench-mpi gpu-check clean
 
 deps:
 	@bash scripts/deps.sh
+
+# The DeepSpeed reference's Python environment (outside the checkout, reused; label deepspeed needs it).
+ds-env:
+	@bash scripts/ds-env.sh
 
 configure: deps
 	@cmake --preset $(PRESET) >/dev/null
@@ -14,7 +18,7 @@ configure: deps
 build: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS)
 
-test: build
+test: build ds-env
 	@ctest --preset $(PRESET) -j $(JOBS)
 
 run: build

@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
   verify_cmd->add_option("--only", verify.only, "Only these invariants (and bug hunts through them)");
   verify_cmd->add_option("--bugs", verify.bugs, "Only hunt these known bugs (B1 ...)");
   verify_cmd->add_flag("--no-proofs", verify.no_proofs, "Skip the Z3 proofs");
+  verify_cmd->add_option("--against", verify.against, "deepspeed: also compare generated scenarios with DeepSpeed 0.19.8 "
+                         "(CPU, gloo; the environment scripts/ds-env.sh makes); --only deepspeed runs that alone")
+      ->check(CLI::IsMember({"deepspeed"}));
+  verify_cmd->add_option("--deepspeed-cases", verify.deepspeed_cases, "Scenarios the DeepSpeed comparison draws")
+      ->check(CLI::Range(1, 1000000));
 
   zc::cli::ReplayOptions replay;
   CLI::App* replay_cmd = app.add_subcommand("replay", "Rerun a saved counterexample exactly: verdict, trace hash, first divergence");

@@ -3,6 +3,7 @@
 #include "cli/verify.h"
 
 #include "engine/errors.h"
+#include "props/reference.h"
 #include "props/verify.h"
 #include "real/deepcompile_loader.h"
 #include "reports/writers.h"
@@ -13,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -69,6 +71,18 @@ void write_timeline(const sim::SimResult& r, const std::string& path) {
   if (!out) throw UsageError(fmt::format("cannot write the timeline to {}", path));
 }
 
+void print_reference_summary(const nlohmann::json& r) {
+  fmt::print("\nDeepSpeed {} reference: {} scenarios, {} bit for bit, {} in listed divergence classes, {} refused by both{}\n",
+             r.value("deepspeed", "?"), r.value("cases", 0), r.value("matched", 0), r.value("listed", 0),
+             r.value("refused_by_both", 0), r.value("holds", false) ? "" : ": FAILS");
+  if (r.contains("error")) fmt::print("    {}\n", r.value("error", ""));
+  if (r.contains("failure")) fmt::print("    {}\n    saved: {}\n", r.value("failure", ""), r.value("scenario_file", ""));
+  for (const nlohmann::json& c : r.value("classes", nlohmann::json::array())) {
+    fmt::print("  class {:<34} {:>4} cases  witness {}\n", c.value("id", ""), c.value("cases", 0),
+               c.value("witness_diverges", false) ? "diverges" : "DOES NOT DIVERGE: " + c.value("witness_detail", ""));
+  }
+}
+
 }  // namespace
 
 int run_verify_cli(const VerifyCliOptions& o) {
@@ -80,6 +94,19 @@ int run_verify_cli(const VerifyCliOptions& o) {
   opts.only = o.only;
   opts.bugs = o.bugs;
   opts.proofs = !o.no_proofs;
+  const auto ds_only = std::find(opts.only.begin(), opts.only.end(), "deepspeed");
+  if (ds_only != opts.only.end()) {
+    if (o.against != "deepspeed") throw ConfigError("--only deepspeed needs --against deepspeed");
+    opts.only.erase(ds_only);
+    if (opts.only.empty()) {  // the reference alone
+      opts.engine_items = false;
+      opts.proofs = false;
+    }
+  }
+  if (o.against == "deepspeed") {
+    opts.deepspeed_cases = o.deepspeed_cases;
+    props::reference_env();  // a missing environment is an error now, not after the other items
+  }
   opts.hooks = real_hooks();
   opts.progress = draw_progress;
   opts.started = fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)));
@@ -101,6 +128,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   for (const props::ProofResult& p : report.proofs) proofs_ok += p.ok();
   fmt::print("\nproofs: {}/{} as expected; determinism: {} reruns, {} mismatches\n", proofs_ok, report.proofs.size(),
              report.determinism.runs, report.determinism.mismatches);
+  if (!report.reference.is_null()) print_reference_summary(report.reference);
   for (const std::string& e : report.errors) fmt::print("error: {}\n", e);
   fmt::print("{} in {:.1f} s; report: {}/report.html\n", report.passed() ? "PASS" : "FAIL", report.seconds, opts.out.string());
   return report.passed() ? 0 : 1;
@@ -109,13 +137,23 @@ int run_verify_cli(const VerifyCliOptions& o) {
 int run_replay(const ReplayOptions& o) {
   const props::SavedCase saved = props::load_case(o.file);
   const props::Invariant* inv = props::find_invariant(saved.invariant);
+  // A DeepSpeed counterexample reruns both sides: the simulator and DeepSpeed through a fresh pool.
+  std::unique_ptr<props::ReferencePools> pools;
+  std::vector<props::Invariant> reference;
+  if (inv == nullptr && saved.invariant.rfind("deepspeed-", 0) == 0) {
+    pools = std::make_unique<props::ReferencePools>(props::reference_env());
+    reference = props::reference_invariants(*pools);
+    for (const props::Invariant& r : reference) {
+      if (r.name == saved.invariant) inv = &r;
+    }
+  }
   if (inv == nullptr) throw ConfigError(fmt::format("{}: no invariant named '{}'", o.file, saved.invariant));
   const props::CheckContext ctx{saved.bugs, real_hooks()};
   fmt::print("replaying {}\n  invariant {}\n  known bugs switched on: {}\n  scenario: {}\n", o.file, saved.invariant,
              saved.bugs.str(), props::describe(saved.scenario));
   const props::Verdict v = inv->check(saved.scenario, ctx);
   fmt::print("verdict: {}\ntrace hash: 0x{:016x}\n", v.holds ? "holds" : "FAILS", v.trace_hash);
-  if (!v.holds) fmt::print("first divergence: {}\n", v.failure);
+  if (!v.failure.empty()) fmt::print("first divergence: {}\n", v.failure);
   const bool same = v.holds == saved.holds && v.trace_hash == saved.trace_hash;
   fmt::print("saved: {} with trace hash 0x{:016x}: {}\n", saved.holds ? "holds" : "fails", saved.trace_hash,
              same ? "replayed exactly" : "DIFFERENT (the run is not deterministic, or the engine changed)");

@@ -15,6 +15,8 @@ struct VerifyCliOptions {
   std::vector<std::string> only;
   std::vector<std::string> bugs;
   bool no_proofs = false;
+  std::string against;        // "deepspeed": also run the DeepSpeed reference campaigns
+  int deepspeed_cases = 100;  // scenarios the comparison draws
 };
 int run_verify_cli(const VerifyCliOptions& o);
 

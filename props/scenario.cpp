@@ -36,7 +36,16 @@ nlohmann::json to_json(const Scenario& s) {
           {"seed", s.seed},
           {"sched_seed", s.sched_seed},
           {"fault", s.fault},
-          {"commands", s.commands}};
+          {"commands", s.commands},
+          {"boundary", s.boundary},
+          {"optimizer", s.optimizer},
+          {"lr", s.lr},
+          {"betas", {s.beta1, s.beta2}},
+          {"eps", s.eps},
+          {"weight_decay", s.weight_decay},
+          {"momentum", s.momentum},
+          {"torch_adam", s.torch_adam},
+          {"adam_w_mode", s.adam_w_mode}};
 }
 
 namespace {
@@ -65,7 +74,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
       "world", "stage", "contiguous_gradients", "overlap_comm", "reduce_bucket_size", "dtype",
       "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
-      "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands"};
+      "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
+      "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -94,6 +104,23 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "sched_seed", s.sched_seed);
   read(j, "fault", s.fault);
   read(j, "commands", s.commands);
+  read(j, "boundary", s.boundary);
+  read(j, "optimizer", s.optimizer);
+  read(j, "lr", s.lr);
+  if (j.contains("betas")) {
+    std::vector<double> betas;
+    read(j, "betas", betas);
+    if (betas.size() != 2) throw ConfigError(fmt::format("scenario key 'betas': two numbers, got {}", j.at("betas").dump()));
+    s.beta1 = betas[0];
+    s.beta2 = betas[1];
+  }
+  read(j, "eps", s.eps);
+  read(j, "weight_decay", s.weight_decay);
+  read(j, "momentum", s.momentum);
+  read(j, "torch_adam", s.torch_adam);
+  read(j, "adam_w_mode", s.adam_w_mode);
+  check_one_of("boundary", s.boundary, {"explicit", "implicit"});
+  check_one_of("optimizer", s.optimizer, {"", "Adam", "AdamW", "SGD"});
   check_one_of("fault", s.fault, {"", "crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync", "stale-backward",
                                   "dropped-collective", "slow-rank"});
   check_one_of("dtype", s.dtype, {"f32", "f16", "bf16"});
@@ -129,6 +156,14 @@ std::string describe(const Scenario& s) {
   if (!s.passes.empty()) out += fmt::format(" compile[{}]{}", fmt::join(s.passes, ","), s.deepcompile ? "" : " deepcompile off");
   if (!s.fault.empty()) out += " fault " + s.fault;
   if (!s.commands.empty()) out += fmt::format(" commands [{}]", fmt::join(s.commands, " "));
+  if (s.boundary != "explicit") out += " boundary " + s.boundary;
+  if (!s.optimizer.empty()) {
+    out += fmt::format(" {} lr {}", s.optimizer, s.lr);
+    if (s.weight_decay != 0) out += fmt::format(" wd {}", s.weight_decay);
+    if (s.momentum != 0) out += fmt::format(" momentum {}", s.momentum);
+    if (s.torch_adam) out += " torch_adam";
+    if (s.optimizer == "Adam" && !s.adam_w_mode) out += " adam_w_mode false";
+  }
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -146,6 +181,20 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.offload == "optimizer" || s.offload == "both") j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   if (s.offload == "param" || s.offload == "both") j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   if (!s.passes.empty()) j["tensor_parallel"] = {{"autotp_size", 2}};
+  if (s.dtype == "bf16") j["bf16"]["check_grad_overflow"] = false;  // explicit: DeepSpeed's default is true
+  if (!s.optimizer.empty()) {
+    nlohmann::json params = {{"lr", s.lr}, {"weight_decay", s.weight_decay}};
+    if (s.optimizer == "SGD") {
+      params["momentum"] = s.momentum;
+      j["zero_allow_untested_optimizer"] = true;
+    } else {
+      params["betas"] = {s.beta1, s.beta2};
+      params["eps"] = s.eps;
+      params["torch_adam"] = s.torch_adam;
+      if (s.optimizer == "Adam") params["adam_w_mode"] = s.adam_w_mode;
+    }
+    j["optimizer"] = {{"type", s.optimizer}, {"params", params}};
+  }
   return j;
 }
 
@@ -253,6 +302,7 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
   spec.steps = s.steps;
   spec.n_backward = s.n;
   spec.coalesce = s.coalesce;
+  spec.explicit_boundary = s.boundary == "explicit";
   spec.micro_batch = kMicroBatch;
   spec.domain = s.domain == "exact" ? DataDomain::exact : DataDomain::gaussian;
   spec.exact = exact_spec(s);

@@ -51,6 +51,20 @@ struct Scenario {
   //   dropped-collective   its first collective is never issued
   //   slow-rank            its compute is charged 8x the cost model's time
   std::string fault;
+  // Multi-backward form: "explicit" sets set_gradient_accumulation_boundary(false) before every
+  // backward but the last of a step (DeepSpeed's formalised form); "implicit" leaves the boundary
+  // to micro_steps and GA, so all N backwards of the last micro-step are at the boundary.
+  std::string boundary = "explicit";
+  // The optimizer block of the ds_config. "" = none written (zerocheck's default, Adam lr 1e-3;
+  // DeepSpeed cannot step without one, so the reference always draws one). "SGD" also writes
+  // zero_allow_untested_optimizer, as DeepSpeed requires for ZeRO.
+  std::string optimizer;                 // "" | Adam | AdamW | SGD
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;                 // SGD
+  bool torch_adam = false;               // Adam/AdamW: torch's implementation instead of DeepSpeed's
+  bool adam_w_mode = true;               // Adam: decoupled weight decay (DeepSpeed's default)
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).
   std::vector<std::string> commands;
 

@@ -124,6 +124,27 @@ class BatchCache {
   std::map<std::tuple<int, int, int>, std::pair<HostBatch, int>> batches_;
 };
 
+void init_model(const RunSpec& spec, Model& model, Device& dev, DType dtype) {
+  Rng init_rng = Rng(spec.seed).split(7);
+  model.init_params(dev, dtype, spec.domain, spec.exact, init_rng);
+}
+
+// Adds what `body` issued on `world` to `into` (the record's getters, which DeepSpeed's reference
+// does not count either).
+template <class F>
+auto counted_apart(Comm& world, CommStats& into, F&& body) {
+  const CommStats before = world.stats();
+  auto result = body();
+  const CommStats after = world.stats();
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    into.by_kind[static_cast<std::size_t>(k)].calls += after.by_kind[static_cast<std::size_t>(k)].calls -
+                                                       before.by_kind[static_cast<std::size_t>(k)].calls;
+    into.by_kind[static_cast<std::size_t>(k)].bytes += after.by_kind[static_cast<std::size_t>(k)].bytes -
+                                                       before.by_kind[static_cast<std::size_t>(k)].bytes;
+  }
+  return result;
+}
+
 RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace, BatchCache& cache) {
   const int W = world.size();
   RankRecord rec;
@@ -138,8 +159,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     opts.expert_data_parallel = edp.get();
   }
   std::unique_ptr<Model> model = spec.ep_size > 0 ? spec.make_moe_model(*ep) : spec.make_model();
-  Rng init_rng = Rng(spec.seed).split(7);
-  model->init_params(dev, cfg.model_dtype(), spec.domain, spec.exact, init_rng);
+  init_model(spec, *model, dev, cfg.model_dtype());
   opts.bugs = spec.bugs;
   opts.trace = trace;
   std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
@@ -170,12 +190,13 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
         chunks();
       }
       if (m + 1 == ga) {
-        if (spec.collect_grads) rec.grads.push_back(engine.full_grads());
+        if (spec.collect_grads) rec.grads.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_grads(); }));
         rec.loss_scales.push_back(engine.loss_scale());
       }
       engine.step();
     }
-    rec.params.push_back(engine.full_params());
+    rec.params.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_params(); }));
+    rec.skipped_steps.push_back(engine.skipped_steps());
     rec.masters.push_back(to_f64(dev, engine.master_partitions().at(0)));
     const double mean_loss = loss_sum / static_cast<double>(ga * spec.n_backward);
     rec.losses.push_back(mean_loss);
@@ -187,6 +208,12 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
 }
 
 }  // namespace
+
+std::unique_ptr<Model> initial_model(const RunSpec& spec, Device& dev, DType dtype) {
+  std::unique_ptr<Model> model = spec.make_model();
+  init_model(spec, *model, dev, dtype);
+  return model;
+}
 
 RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace) {
   BatchCache cache(spec, 1);
@@ -209,7 +236,16 @@ RunResult run_on_sim(const RunSpec& spec) {
   result.losses = r0.losses;
   result.loss_scales = r0.loss_scales;
   result.flush_micro_step_ids = r0.flush_micro_step_ids;
-  for (const RankRecord& r : recs) result.comm.push_back(r.comm);
+  result.skipped_steps = r0.skipped_steps;
+  for (const RankRecord& r : recs) {
+    result.comm.push_back(r.comm);
+    CommStats engine_only = r.comm;
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      engine_only.by_kind[static_cast<std::size_t>(k)].calls -= r.getter_comm.by_kind[static_cast<std::size_t>(k)].calls;
+      engine_only.by_kind[static_cast<std::size_t>(k)].bytes -= r.getter_comm.by_kind[static_cast<std::size_t>(k)].bytes;
+    }
+    result.engine_comm.push_back(engine_only);
+  }
   // The first element where a rank differs from rank 0, named by its param (MoE experts, which
   // full_params() appends after the model's own params, by index).
   const std::unique_ptr<Model> named = spec.ep_size == 0 && spec.make_model ? spec.make_model() : nullptr;

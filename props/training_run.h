@@ -60,9 +60,11 @@ struct RunResult {
   std::vector<double> losses;               // [step] rank 0's mean loss over the step's backwards
   std::vector<double> loss_scales;          // [step] the loss scale the step's grads carry
   std::vector<int> flush_micro_step_ids;    // [step] rank 0's micro_step_id at the coalesce flush
+  std::vector<std::int64_t> skipped_steps;  // [step] rank 0's engine.skipped_steps() after it
   bool ranks_agree = true;                  // every rank held rank 0's params and grads
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
+  std::vector<CommStats> engine_comm;       // per rank: comm less the record's own getters (full grads/params)
   sim::SimResult sim;
 };
 
@@ -71,7 +73,9 @@ struct RankRecord {
   std::vector<std::vector<double>> params, grads, masters;
   std::vector<double> losses, loss_scales;
   std::vector<int> flush_micro_step_ids;
+  std::vector<std::int64_t> skipped_steps;
   CommStats comm;
+  CommStats getter_comm;  // the collectives of full_grads()/full_params() (part of comm)
 };
 
 RunResult run_on_sim(const RunSpec& spec);
@@ -79,6 +83,9 @@ RunResult run_on_sim(const RunSpec& spec);
 // its own Device and its world Comm; data and init are drawn from the seed exactly as on the
 // simulator, so the records compare bit for bit.
 RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace);
+// The model every rank of the run starts from: built, and initialised on `dev` in `dtype` from the
+// spec's seed (the DeepSpeed reference writes these weights for its twin).
+std::unique_ptr<Model> initial_model(const RunSpec& spec, Device& dev, DType dtype);
 // The ds_config as the run uses it (micro-batch set from the spec).
 nlohmann::json effective_config(const RunSpec& spec);
 // The global batch of (step, micro, chunk), exactly as run_on_sim draws it.

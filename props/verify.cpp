@@ -6,6 +6,7 @@
 
 #include "engine/errors.h"
 #include "engine/rng.h"
+#include "props/reference.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -405,6 +406,10 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   }
   for (const std::string& code : opts.bugs) BugSet::parse(code);  // ConfigError naming an unknown one
 
+  if (!opts.engine_items) {
+    invs.clear();
+    bugs.clear();
+  }
   std::vector<Item> items;
   // Long items first, so two jobs finish together.
   if (opts.proofs) items.push_back({"proofs", [&] { return proofs_item(opts); }});
@@ -414,7 +419,14 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   for (const Invariant* inv : invs) {
     items.push_back({"invariant " + inv->name, [&opts, inv] { return invariant_item(*inv, opts); }});
   }
-  items.push_back({"collectives", [&] { return collectives_item(opts); }});
+  if (opts.engine_items) items.push_back({"collectives", [&] { return collectives_item(opts); }});
+  // The DeepSpeed reference in its own child too: its worker pools live and die with it.
+  if (opts.deepspeed_cases > 0) {
+    items.push_back({"deepspeed", [&] {
+      ReferencePools pools(reference_env());
+      return run_reference_campaigns({opts.deepspeed_cases, opts.seed, opts.out}, pools);
+    }});
+  }
 
   const std::vector<nlohmann::json> results = run_items(items, opts);
   nlohmann::json j = {{"invariants", nlohmann::json::array()},
@@ -438,13 +450,16 @@ VerifyReport run_verify(const VerifyOptions& opts) {
       } else if (name == "proofs") {
         j["proofs"].push_back({{"name", "all proofs"}, {"verdict", "FAILED"}, {"expected", "proved"}, {"seconds", 0.0},
                                {"detail", error}});
+      } else if (name == "deepspeed") {
+        report.reference = {{"holds", false}, {"error", error}, {"cases", 0}};
       } else {
         report.errors.push_back(name + ": " + error);
       }
       continue;
     }
     const nlohmann::json& res = r["result"];
-    if (name == "proofs") j["proofs"] = res;
+    if (name == "deepspeed") report.reference = res;
+    else if (name == "proofs") j["proofs"] = res;
     else if (name == "collectives") j["collectives_per_step"] = res;
     else {
       runs += res.value("replays", 0);

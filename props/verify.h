@@ -31,6 +31,8 @@ struct VerifyOptions {
   std::vector<std::string> only;  // invariant names (and bug campaigns through them); empty = all
   std::vector<std::string> bugs;  // known bugs to hunt ("B3"); empty = all
   bool proofs = true;
+  bool engine_items = true;       // the invariants, bug hunts and collective counts (false: --only deepspeed)
+  int deepspeed_cases = 0;        // > 0: also run the DeepSpeed reference campaigns (--against deepspeed)
   RunHooks hooks;
   std::string started;  // the wall-clock start for the report (the caller's clock; ISO 8601 UTC)
   // Called as work items finish: (finished item, done, total).

@@ -14,6 +14,7 @@ bool VerifyReport::passed() const {
   for (const ProofResult& p : proofs) {
     if (!p.ok()) return false;
   }
+  if (!reference.is_null() && !reference.value("holds", false)) return false;
   return determinism.mismatches == 0;
 }
 
@@ -49,6 +50,7 @@ nlohmann::json to_json(const VerifyReport& r) {
   j["determinism"] = {{"runs", r.determinism.runs}, {"mismatches", r.determinism.mismatches},
                       {"detail", r.determinism.detail}};
   j["errors"] = r.errors;
+  if (!r.reference.is_null()) j["reference"] = r.reference;
   j["collectives_per_step"] = nlohmann::json::array();
   for (const CollectivePoint& c : r.collectives) {
     j["collectives_per_step"].push_back({{"stage", c.stage}, {"n_backward", c.n_backward},
@@ -107,6 +109,7 @@ VerifyReport report_from_json(const nlohmann::json& j) {
   r.determinism.mismatches = j.at("determinism").at("mismatches");
   r.determinism.detail = j.at("determinism").value("detail", "");
   r.errors = j.value("errors", std::vector<std::string>{});
+  if (j.contains("reference")) r.reference = j.at("reference");
   for (const auto& c : j.value("collectives_per_step", nlohmann::json::array())) {
     r.collectives.push_back({c.at("stage"), c.at("n_backward"), c.at("baseline"), c.at("coalesced")});
   }

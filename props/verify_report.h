@@ -70,9 +70,12 @@ struct VerifyReport {
   DeterminismResult determinism;
   std::vector<CollectivePoint> collectives;
   std::vector<std::string> errors;  // work items that failed outright (a crash, an exception)
+  // verify --against deepspeed: the DeepSpeed reference's campaigns (props/reference.h,
+  // run_reference_campaigns; README: the `reference` object). Null when not run.
+  nlohmann::json reference;
 
-  // No work item failed, every invariant holds, every known bug is caught, every proof gives its expected verdict
-  // and the determinism check found no mismatch.
+  // No work item failed, every invariant holds, every known bug is caught, every proof gives its expected verdict,
+  // the determinism check found no mismatch, and the DeepSpeed reference (when run) holds.
   bool passed() const;
 };
 

@@ -8,6 +8,10 @@ all_to_all_single), calls through it. A depth guard counts only the outermost ca
 backend's own methods call one another (all_gather_into_tensor may fall back to all_gather_base).
 Collectives issued while `counting` is False (the record's own getters) are not counted."""
 
+import os
+import sys
+import traceback
+
 _KINDS = {
     "all_reduce": ("all_reduce", 0),
     "all_reduce_coalesced": ("all_reduce", 0),
@@ -49,6 +53,7 @@ class CommCounter:
         self.depth = 0
         self.calls = {k: 0 for k in KIND_ORDER}
         self.bytes = {k: 0 for k in KIND_ORDER}
+        self.trace = bool(os.environ.get("ZC_DS_TRACE_COMM"))  # each counted call's DeepSpeed call site, to stderr
         self.seen = set()  # backend methods that were called while counting (the test's coverage check)
         for method, (kind, arg) in _KINDS.items():
             if hasattr(self.backend, method):
@@ -74,6 +79,11 @@ class CommCounter:
                             raise RuntimeError(f"comm_counter: cannot find the counted tensor of {method}"
                                                f"(args {len(args)}, kwargs {sorted(kwargs)})")
                     self.bytes[kind] += _nbytes(tensor)
+                if self.trace:
+                    site = [f for f in traceback.extract_stack()[:-1] if "/deepspeed/" in f.filename and "/comm/" not in f.filename]
+                    where = f"{site[-1].filename.split('/deepspeed/')[-1]}:{site[-1].lineno}" if site else "?"
+                    print(f"zc-comm {kind} {method} {_nbytes(args[arg] if arg is not None and len(args) > arg else None)} B at {where}",
+                          file=sys.stderr)
             self.depth += 1
             try:
                 return fn(*args, **kwargs)

@@ -126,10 +126,18 @@ def full_grads(engine, params, stage):
     return out
 
 
-def full_masters(params, stage):
-    if stage == 0:
-        return [p.detach().float().clone() for p in params]
-    return [safe_get_full_fp32_param(p).detach().clone() for p in params]
+def full_masters(engine, params, stage):
+    if stage > 0:
+        return [safe_get_full_fp32_param(p).detach().clone() for p in params]
+    opt = engine.optimizer
+    if hasattr(opt, "fp32_groups_flat") and hasattr(opt, "fp16_groups"):  # FP16_Optimizer (bf16 stage 0)
+        out = []
+        for flat_master, group in zip(opt.fp32_groups_flat, opt.fp16_groups):
+            out.extend(torch._utils._unflatten_dense_tensors(flat_master, group))
+        return out
+    if hasattr(opt, "fp32_groups"):  # FP16_UnfusedOptimizer (SGD, torch_adam)
+        return [m for group in opt.fp32_groups for m in group]
+    return [p.detach().float().clone() for p in params]  # fp32 stage 0: the params are the masters
 
 
 def flat(tensors):
@@ -137,6 +145,9 @@ def flat(tensors):
 
 
 def loss_scale_of(engine):
+    v = engine._get_optimizer_loss_scale()
+    if v is not None:
+        return float(v.item()) if torch.is_tensor(v) else float(v)
     opt = engine.optimizer
     for attr in ("cur_scale", "loss_scale"):
         v = getattr(opt, attr, None)
@@ -210,7 +221,7 @@ def run_scenario(directory, counter):
             engine.step()
         counter.counting = False
         entries.append((f"params/{s}", flat(gathered(engine, params, stage))))
-        entries.append((f"masters/{s}", flat(full_masters(params, stage))))
+        entries.append((f"masters/{s}", flat(full_masters(engine, params, stage))))
         entries.append((f"skipped/{s}", [float(engine.skipped_steps)]))
         for key in spec.get("optimizer_state_keys", []):
             if stage > 0:

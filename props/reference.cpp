@@ -1,0 +1,268 @@
+// The DeepSpeed reference, zerocheck's side (reference.h): inputs for the twin, records, the
+// field-by-field comparison and its classification against the known divergence classes.
+#include "props/reference.h"
+
+#include "engine/errors.h"
+#include "engine/host_device.h"
+#include "engine/trace.h"
+#include "props/scenario_gen.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <unistd.h>
+
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+namespace zc::props {
+
+namespace {
+
+void write_f64(const std::filesystem::path& file, const std::vector<double>& v) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+  if (!out) throw UsageError(fmt::format("cannot write {}", file.string()));
+}
+
+// A scratch directory for one scenario's files, removed when it goes out of scope.
+struct ScratchDir {
+  std::filesystem::path path;
+  ScratchDir() {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() / fmt::format("zerocheck-ref-{}-{}", ::getpid(), counter++);
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+std::uint64_t hash_values(std::uint64_t h, std::string_view name, const std::vector<double>& v) {
+  h = fnv1a(name, h);
+  return fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)), h);
+}
+
+std::string bits(double v) { return fmt::format("{} (0x{:016x})", v, std::bit_cast<std::uint64_t>(v)); }
+
+// The first differing element of a step's flat vector, named by its param.
+std::string first_element_diff(const Scenario& s, int step, const std::vector<double>& sim, const std::vector<double>& ds) {
+  if (sim.size() != ds.size()) return fmt::format("step {}: {} elements on zerocheck, {} on DeepSpeed", step, sim.size(), ds.size());
+  const std::optional<std::size_t> i = first_mismatch(sim, ds);
+  if (!i) return "";
+  std::size_t count = 0;
+  for (std::size_t k = 0; k < sim.size(); ++k) count += first_mismatch({sim[k]}, {ds[k]}).has_value();
+  return fmt::format("step {}, {}: zerocheck {} vs DeepSpeed {} ({} of {} elements differ)", step,
+                     element_name(s, static_cast<std::int64_t>(*i)), bits(sim[*i]), bits(ds[*i]), count, sim.size());
+}
+
+}  // namespace
+
+std::string reference_unexpressible(const Scenario& s) {
+  if (s.world > 4) return fmt::format("world {}: the reference pools hold 1-4 ranks", s.world);
+  if (s.model != "synthetic" && s.model != "mlp") return fmt::format("model '{}': the twin has Synthetic and MLP only", s.model);
+  if (s.dtype == "f16") {
+    return "dtype f16: DeepSpeed 0.19.8 refuses fp16 on a CPU without mkldnn fp16 support (this machine's accelerator "
+           "reports is_fp16_supported() falsy); the reference leaves fp16 out";
+  }
+  if (s.optimizer.empty()) return "no optimizer: DeepSpeed cannot backward or step without one; set the scenario's optimizer";
+  if (!s.passes.empty()) return "compile passes: the twin does not run DeepCompile (the I3 check on DeepSpeed is separate)";
+  if (!s.fault.empty()) return fmt::format("fault '{}': the reference runs no injected faults", s.fault);
+  if (!s.commands.empty()) return "a command sequence: the twin runs the scenario's training loop only";
+  if (s.coalesce && s.ga != 1) return "coalesce with gradient_accumulation_steps > 1";
+  return "";
+}
+
+void write_reference_input(const Scenario& s, const std::filesystem::path& dir) {
+  if (const std::string why = reference_unexpressible(s); !why.empty()) {
+    throw NotImplementedError("the DeepSpeed twin cannot express this scenario: " + why);
+  }
+  const RunSpec spec = to_run_spec(s, {}, {});
+  const nlohmann::json config = effective_config(spec);
+  const DType dtype = Config::from_json(config, s.world).model_dtype();
+  HostDevice dev;
+  const std::unique_ptr<Model> model = initial_model(spec, dev, dtype);
+  nlohmann::json params = nlohmann::json::array();
+  std::vector<double> init;
+  for (Parameter* p : model->named_parameters()) {
+    params.push_back({{"name", p->name}, {"shape", p->shape}});
+    const std::vector<double> v = to_f64(dev, p->data);  // exactly the engine's initial values
+    init.insert(init.end(), v.begin(), v.end());
+  }
+  nlohmann::json arrays = nlohmann::json::array();
+  std::vector<double> batches;
+  for (int step = 0; step < s.steps; ++step) {
+    for (int m = 0; m < s.ga; ++m) {
+      for (int c = 0; c < s.n; ++c) {
+        const HostBatch hb = global_batch(spec, *model, step, m, c);
+        const Batch up = upload_batch(dev, hb, dtype);  // rounded to the model dtype as the engine sees it
+        for (const auto& [name, t] : up.tensors) {
+          if (step == 0 && m == 0 && c == 0) arrays.push_back({{"name", name}, {"row", t.numel() / hb.samples}});
+          const std::vector<double> v = to_f64(dev, t);
+          batches.insert(batches.end(), v.begin(), v.end());
+        }
+      }
+    }
+  }
+  nlohmann::json model_j;
+  if (s.model == "synthetic") {
+    nlohmann::json shapes = nlohmann::json::array();
+    for (std::int64_t n : s.shape) shapes.push_back({n});
+    model_j = {{"kind", "synthetic"}, {"shapes", shapes}};
+  } else {
+    model_j = {{"kind", "mlp"}, {"dims", s.shape}, {"relu", s.shape.size() > 2}};
+  }
+  const nlohmann::json input = {
+      {"ds_config", config}, {"dtype", s.dtype}, {"model", model_j}, {"params", params}, {"batch_arrays", arrays},
+      {"world", s.world}, {"micro_batch", spec.micro_batch}, {"steps", s.steps}, {"ga", s.ga}, {"n", s.n},
+      {"coalesce", s.coalesce}, {"explicit_boundary", s.boundary == "explicit"},
+      {"optimizer_state_keys", s.optimizer != "SGD" ? nlohmann::json::array({"exp_avg", "exp_avg_sq"})
+                               : s.momentum != 0 ? nlohmann::json::array({"momentum_buffer"}) : nlohmann::json::array()}};
+  std::ofstream(dir / "input.json") << input.dump(1) << "\n";
+  write_f64(dir / "init.f64", init);
+  write_f64(dir / "batches.f64", batches);
+}
+
+ReferenceRecord read_reference_record(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw UsageError(fmt::format("the DeepSpeed record {} is missing", file.string()));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string magic = "ZCREC1\n";
+  if (data.compare(0, magic.size(), magic) != 0) throw UsageError(fmt::format("{} is not a reference record", file.string()));
+  ReferenceRecord rec;
+  std::size_t at = magic.size();
+  auto take = [&](void* dst, std::size_t n) {
+    if (at + n > data.size()) throw UsageError(fmt::format("{} is truncated at byte {}", file.string(), at));
+    std::memcpy(dst, data.data() + at, n);
+    at += n;
+  };
+  while (at < data.size()) {
+    std::uint32_t name_len = 0;
+    take(&name_len, sizeof name_len);
+    std::string name(name_len, '\0');
+    take(name.data(), name_len);
+    std::uint64_t count = 0;
+    take(&count, sizeof count);
+    std::vector<double> v(count);
+    take(v.data(), count * sizeof(double));
+    rec.emplace(std::move(name), std::move(v));
+  }
+  return rec;
+}
+
+std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools) {
+  ScratchDir dir;
+  write_reference_input(s, dir.path);
+  pools.get(s.world).run(dir.path);
+  std::vector<ReferenceRecord> recs;
+  for (int r = 0; r < s.world; ++r) recs.push_back(read_reference_record(dir.path / fmt::format("rank{}.rec", r)));
+  return recs;
+}
+
+namespace {
+
+const ReferenceRecord::mapped_type& entry(const ReferenceRecord& r, const std::string& name) {
+  auto it = r.find(name);
+  if (it == r.end()) throw UsageError(fmt::format("the DeepSpeed record has no '{}'", name));
+  return it->second;
+}
+
+void compare_records(const Scenario& s, const RunResult& sim, const std::vector<ReferenceRecord>& ds,
+                     ReferenceComparison& out) {
+  const ReferenceRecord& d0 = ds.at(0);
+  auto note = [&](const std::string& field, const std::string& detail) {
+    for (const FieldDiff& f : out.diffs) {
+      if (f.field == field) return;  // the first difference per field
+    }
+    out.diffs.push_back({field, detail});
+  };
+  for (int step = 0; step < s.steps; ++step) {
+    const auto at = static_cast<std::size_t>(step);
+    if (std::string d = first_element_diff(s, step, sim.grads.at(at), entry(d0, fmt::format("grads/{}", step))); !d.empty()) note("grads", d);
+    if (std::string d = first_element_diff(s, step, sim.params.at(at), entry(d0, fmt::format("params/{}", step))); !d.empty()) note("params", d);
+    if (s.dtype == "f32") {  // fp32 training: the master is the param (bf16: see Note in the README's reference section)
+      if (std::string d = first_element_diff(s, step, sim.params.at(at), entry(d0, fmt::format("masters/{}", step))); !d.empty()) note("masters", d);
+    }
+    const double ds_scale = entry(d0, fmt::format("loss_scale/{}", step)).at(0);
+    if (sim.loss_scales.at(at) != ds_scale) note("loss_scale", fmt::format("step {}: zerocheck {} vs DeepSpeed {}", step, sim.loss_scales.at(at), ds_scale));
+    const double ds_skipped = entry(d0, fmt::format("skipped/{}", step)).at(0);
+    if (static_cast<double>(sim.skipped_steps.at(at)) != ds_skipped) {
+      note("skipped", fmt::format("after step {}: zerocheck skipped {} vs DeepSpeed {}", step, sim.skipped_steps.at(at), ds_skipped));
+    }
+    for (std::size_t r = 1; r < ds.size(); ++r) {
+      for (const char* what : {"grads", "params"}) {
+        const std::string key = fmt::format("{}/{}", what, step);
+        if (std::string d = first_element_diff(s, step, entry(d0, key), entry(ds[r], key)); !d.empty()) {
+          note("ranks", fmt::format("DeepSpeed rank {} {} differ from rank 0's: {}", r, what, d));
+        }
+      }
+    }
+  }
+  if (s.coalesce) {
+    std::vector<double> sim_msid(sim.flush_micro_step_ids.begin(), sim.flush_micro_step_ids.end());
+    const std::vector<double> ds_msid = d0.contains("msid") ? d0.at("msid") : std::vector<double>{};
+    if (sim_msid != ds_msid) note("msid", fmt::format("zerocheck {} vs DeepSpeed {}", sim_msid, ds_msid));
+  }
+  static const std::pair<const char*, CollectiveKind> kinds[] = {
+      {"all_reduce", CollectiveKind::all_reduce}, {"reduce_scatter", CollectiveKind::reduce_scatter},
+      {"all_gather", CollectiveKind::all_gather}, {"reduce", CollectiveKind::reduce},
+      {"broadcast", CollectiveKind::broadcast},   {"all_to_all", CollectiveKind::all_to_all},
+      {"barrier", CollectiveKind::barrier}};
+  for (const auto& [name, kind] : kinds) {
+    const std::vector<double>& d = entry(d0, fmt::format("comm/{}", name));
+    const OpStats& z = sim.engine_comm.at(0)[kind];
+    const std::string both = fmt::format("rank 0 over the run: zerocheck {} calls {} B vs DeepSpeed {} calls {} B",
+                                         z.calls, z.bytes, d.at(0), d.at(1));
+    if (static_cast<double>(z.calls) != d.at(0)) note(fmt::format("comm:{}:calls", name), both);
+    if (static_cast<double>(z.bytes) != d.at(1)) note(fmt::format("comm:{}:bytes", name), both);
+  }
+}
+
+}  // namespace
+
+ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools) {
+  ReferenceComparison out;
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  RunResult sim;
+  try {
+    sim = run_on_sim(to_run_spec(s, {}, {}));
+    for (std::size_t k = 0; k < sim.grads.size(); ++k) {
+      h = hash_values(h, "sim grads", sim.grads[k]);
+      h = hash_values(h, "sim params", sim.params[k]);
+    }
+    h = hash_values(h, "sim scales", sim.loss_scales);
+    h = fnv1a(sim.engine_comm.at(0).to_string(), h);
+  } catch (const ZcError& e) {
+    out.sim_error = e.what();
+    h = fnv1a(out.sim_error, h);
+  }
+  std::vector<ReferenceRecord> ds;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ds = run_on_deepspeed(s, pools);
+    for (const ReferenceRecord& r : ds) {
+      for (const auto& [name, v] : r) h = hash_values(h, name, v);
+    }
+  } catch (const RankFailure& e) {
+    if (e.cause().rfind("DeepSpeed raised on this scenario: ", 0) != 0) throw;  // a crash or hang: not a verdict
+    out.ds_error = e.cause();
+    h = fnv1a(out.ds_error, h);
+  }
+  out.ds_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.hash = h;
+  if (!out.sim_error.empty() || !out.ds_error.empty()) {
+    if (out.sim_error.empty() || out.ds_error.empty()) {
+      out.diffs.push_back({"refusal", out.sim_error.empty() ? "DeepSpeed refused (" + out.ds_error + "); zerocheck ran it"
+                                                             : "zerocheck refused (" + out.sim_error + "); DeepSpeed ran it"});
+    }
+    return out;
+  }
+  compare_records(s, sim, ds, out);
+  return out;
+}
+
+}  // namespace zc::props

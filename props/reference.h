@@ -1,0 +1,92 @@
+// The DeepSpeed reference backend, zerocheck's side: a Scenario is written out for the torch twin
+// (reference/deepspeed/twin.py: initial weights and every global batch as the engine holds them),
+// run on real DeepSpeed through the worker pool and on the simulator, and the two records are
+// compared field by field, bit for bit. A difference is either explained by a listed divergence
+// class (reference/deepspeed/known_divergences.json: DeepSpeed's file:line, the scenarios it
+// covers, the fields it affects, a witness) or it fails the comparison. The comparison's hash
+// covers both sides' records, so a replay that reproduces it reproduced both runs.
+#pragma once
+
+#include "props/invariants.h"
+#include "props/reference_pool.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zc::props {
+
+// "" when the twin can run the scenario, else the feature it cannot express and why.
+// The twin's domain: world <= 4, Synthetic and MLP models, fp32 and bf16, an optimizer in the
+// config, no compile passes, no injected faults or command sequences.
+std::string reference_unexpressible(const Scenario& s);
+
+// Writes input.json, init.f64 and batches.f64 for the twin into `dir`.
+void write_reference_input(const Scenario& s, const std::filesystem::path& dir);
+
+// A record file (reference/deepspeed/record.py's format): name -> values.
+using ReferenceRecord = std::map<std::string, std::vector<double>>;
+ReferenceRecord read_reference_record(const std::filesystem::path& file);
+
+// One field on which the two sides differ: grads, params, masters, loss_scale, skipped, msid,
+// comm:<kind>:calls, comm:<kind>:bytes, ranks (DeepSpeed's ranks disagree), refusal (one side raised, the other did not).
+struct FieldDiff {
+  std::string field;
+  std::string detail;  // step, param[index], both values and bit patterns
+};
+
+struct ReferenceComparison {
+  std::vector<FieldDiff> diffs;   // empty: bit for bit the same
+  std::string sim_error, ds_error;  // a refusal on either side (both: they agree)
+  std::uint64_t hash = 0;         // both sides' records
+  double ds_seconds = 0;
+  bool matched() const { return diffs.empty(); }
+};
+// Runs the scenario on the simulator and on DeepSpeed and compares. RankFailure when a worker
+// crashes or hangs (the pool restarts on the next scenario).
+ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools);
+// DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
+std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools);
+
+// A known divergence between the engine and DeepSpeed 0.19.8.
+struct DivergenceClass {
+  std::string id, summary, deepspeed;  // deepspeed: the installed package's file:line
+  nlohmann::json when;                 // {scenario key: [allowed values] | {"min": x, "max": y}}
+  std::vector<std::string> affects;    // fields (a "comm:" prefix covers every kind)
+  Scenario witness;
+};
+std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path& file);
+std::filesystem::path divergence_classes_file();  // the source tree's reference/deepspeed/known_divergences.json
+bool class_covers(const DivergenceClass& c, const Scenario& s, const std::string& field);
+
+// The comparison's verdict: holds when every differing field is covered by a class that applies.
+struct ReferenceVerdict {
+  Verdict verdict;
+  std::vector<std::string> classes;  // the classes that explained differences
+  bool matched = false;              // no difference at all
+  bool refused = false;              // both sides refused the scenario
+};
+ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const std::vector<DivergenceClass>& classes);
+
+// The scenarios the comparison draws (the twin's domain, exact data; optimizer drawn from SGD with
+// lr 2^-k, Adam and AdamW; both multi-backward forms).
+rc::Gen<Scenario> gen_reference_scenario();
+
+// What `zerocheck verify --against deepspeed` runs.
+struct ReferenceOptions {
+  int cases = 100;
+  std::uint64_t seed = 1;
+  std::filesystem::path out;  // counterexamples/ are written here
+};
+// The report's `reference` object (README: results.json schema).
+nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePools& pools);
+
+// The invariants on DeepSpeed itself and the comparison, as Invariants whose check needs the pool
+// (zerocheck replay of a saved "deepspeed-..." counterexample uses them).
+std::vector<Invariant> reference_invariants(ReferencePools& pools);
+
+}  // namespace zc::props

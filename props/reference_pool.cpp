@@ -1,0 +1,297 @@
+// The DeepSpeed reference's worker pool (reference_pool.h). Note [Reference pool deadlines]: every
+// wait is a poll() against one deadline per command; a worker that closes its pipe has crashed
+// (waitpid names the signal or exit status); one that is silent past the deadline has hung
+// (often in a gloo collective whose peer failed). Either way every worker is killed (SIGKILL to
+// its process group) and reaped, so nothing outlives the comparison, and the next run() starts
+// a fresh pool. Workers die with this process too (PR_SET_PDEATHSIG).
+#include "props/reference_pool.h"
+
+#include "engine/errors.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#ifndef ZC_SOURCE_DIR
+#error "ZC_SOURCE_DIR must name the source tree (props/CMakeLists.txt)"
+#endif
+
+extern char** environ;
+
+namespace zc::props {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string getenv_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// A free loopback port for the rank-0 TCP store (bound to port 0, read back, released).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw UsageError(fmt::format("socket(): {}", std::strerror(errno)));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw UsageError(fmt::format("cannot find a free loopback port: {}", std::strerror(errno)));
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+ReferenceEnv reference_env() {
+  ReferenceEnv e;
+  const std::string cache = getenv_or("XDG_CACHE_HOME", getenv_or("HOME", "/root") + "/.cache");
+  e.env_dir = getenv_or("ZC_DS_ENV", cache + "/zerocheck/ds-env");
+  e.python = e.env_dir / "bin" / "python";
+  e.worker = getenv_or("ZC_DS_WORKER", std::string(ZC_SOURCE_DIR) + "/reference/deepspeed/worker.py");
+  if (const char* t = std::getenv("ZC_DS_TIMEOUT_S")) e.timeout_s = std::atof(t);
+  if (!std::filesystem::exists(e.env_dir / ".zerocheck-complete") || !std::filesystem::exists(e.python)) {
+    throw ConfigError(fmt::format("the DeepSpeed reference environment {} is missing or incomplete: run "
+                                  "scripts/ds-env.sh (make test does), or set ZC_DS_ENV to one it made",
+                                  e.env_dir.string()));
+  }
+  if (!std::filesystem::exists(e.worker)) {
+    throw ConfigError(fmt::format("the DeepSpeed worker {} does not exist (set ZC_DS_WORKER)", e.worker.string()));
+  }
+  return e;
+}
+
+ReferencePool::ReferencePool(ReferenceEnv env, int world) : env_(std::move(env)), world_(world) {
+  if (world < 1 || world > 4) throw ConfigError(fmt::format("the DeepSpeed reference runs worlds 1-4, not {}", world));
+  logs_ = std::filesystem::temp_directory_path() / fmt::format("zerocheck-ds-{}-w{}", ::getpid(), world);
+  std::filesystem::create_directories(logs_);
+}
+
+ReferencePool::~ReferencePool() {
+  try {
+    stop(false);
+    std::filesystem::remove_all(logs_);
+  } catch (...) {  // a destructor never throws; the workers are killed either way
+  }
+}
+
+void ReferencePool::start() {
+  const int port = free_port();
+  workers_.assign(static_cast<std::size_t>(world_), Worker{});
+  const std::filesystem::path ext = env_.env_dir / "torch_extensions";
+  for (int r = 0; r < world_; ++r) {
+    Worker& w = workers_[static_cast<std::size_t>(r)];
+    w.log = logs_ / fmt::format("rank{}.log", r);
+    int to[2], from[2];
+    if (::pipe2(to, O_CLOEXEC) != 0 || ::pipe2(from, O_CLOEXEC) != 0) {
+      throw UsageError(fmt::format("pipe(): {}", std::strerror(errno)));
+    }
+    std::vector<std::string> vars = {
+        fmt::format("RANK={}", r), fmt::format("WORLD_SIZE={}", world_), fmt::format("LOCAL_RANK={}", r),
+        fmt::format("LOCAL_SIZE={}", world_), "MASTER_ADDR=127.0.0.1", fmt::format("MASTER_PORT={}", port),
+        "DS_ACCELERATOR=cpu", "CUDA_VISIBLE_DEVICES=", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
+        "TORCH_EXTENSIONS_DIR=" + ext.string(), fmt::format("ZC_DS_TIMEOUT_S={}", env_.timeout_s)};
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string kv = *e;
+      const std::string key = kv.substr(0, kv.find('='));
+      bool ours = false;
+      for (const std::string& v : vars) ours = ours || v.substr(0, v.find('=')) == key;
+      if (!ours) vars.push_back(kv);
+    }
+    const std::string python = env_.python.string(), worker = env_.worker.string(), log = w.log.string();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw UsageError(fmt::format("fork(): {}", std::strerror(errno)));
+    if (pid == 0) {  // the child: only async-signal-safe calls until exec
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(to[0], 0);
+      ::dup2(from[1], 1);
+      const int lf = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (lf >= 0) ::dup2(lf, 2);
+      std::vector<char*> envp;
+      for (std::string& v : vars) envp.push_back(v.data());
+      envp.push_back(nullptr);
+      char* argv[] = {const_cast<char*>(python.c_str()), const_cast<char*>(worker.c_str()), nullptr};
+      ::execve(python.c_str(), argv, envp.data());
+      ::_exit(127);
+    }
+    ::close(to[0]);
+    ::close(from[1]);
+    w.pid = pid;
+    w.to_fd = to[1];
+    w.from_fd = from[0];
+  }
+  ++starts_;
+  std::vector<int> all;
+  for (int r = 0; r < world_; ++r) all.push_back(r);
+  for (const std::string& line : replies(all, "start (import DeepSpeed, init_distributed over gloo)")) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.value("ready", false)) {
+      throw RankFailure(0, fmt::format("a DeepSpeed worker did not report ready: {}", line), nullptr);
+    }
+  }
+}
+
+void ReferencePool::stop(bool force) {
+  for (Worker& w : workers_) {
+    if (w.pid <= 0) continue;
+    if (!force) {
+      const std::string quit = "{\"cmd\": \"quit\"}\n";
+      [[maybe_unused]] const ssize_t n = ::write(w.to_fd, quit.data(), quit.size());
+    }
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(force ? 0 : 5);
+  for (Worker& w : workers_) {
+    if (w.pid <= 0) continue;
+    int status = 0;
+    while (::waitpid(w.pid, &status, WNOHANG) == 0) {
+      if (Clock::now() >= deadline) {
+        ::kill(-w.pid, SIGKILL);
+        ::kill(w.pid, SIGKILL);
+        ::waitpid(w.pid, &status, 0);
+        break;
+      }
+      ::usleep(10000);
+    }
+    ::close(w.to_fd);
+    ::close(w.from_fd);
+    w.pid = -1;
+  }
+  workers_.clear();
+}
+
+std::string ReferencePool::log_tail(int rank) const {
+  std::ifstream in(logs_ / fmt::format("rank{}.log", rank));
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) {
+    if (!l.empty()) lines.push_back(l);
+  }
+  std::string out;
+  for (std::size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); ++i) out += " | " + lines[i];
+  return out.empty() ? " (its log is empty)" : out;
+}
+
+void ReferencePool::fail(int rank, const std::string& what) {
+  const std::string tail = log_tail(rank);
+  stop(true);
+  throw RankFailure(rank, fmt::format("DeepSpeed worker (world {}) {}; the pool was stopped and restarts on the "
+                                      "next scenario; its log ends{}", world_, what, tail), nullptr);
+}
+
+std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, const std::string& what) {
+  std::vector<std::string> got(ranks.size());
+  std::vector<bool> done(ranks.size(), false);
+  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(env_.timeout_s * 1000));
+  std::size_t remaining = ranks.size();
+  int raised = -1;  // the first rank that answered with an error: the others may wait on it in a collective
+  std::string raised_error;
+  while (remaining > 0) {
+    std::vector<pollfd> fds;
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (done[i]) continue;
+      fds.push_back({workers_[static_cast<std::size_t>(ranks[i])].from_fd, POLLIN, 0});
+      which.push_back(i);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 && raised >= 0) {
+      fail(raised, fmt::format("raised during '{}': {}; the other ranks then waited in a collective", what, raised_error));
+    }
+    if (left <= 0) {
+      fail(ranks[which.front()], fmt::format("did not answer '{}' within {} s (hung)", what, env_.timeout_s));
+    }
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(left, 1000)));
+    if (n < 0 && errno != EINTR) throw UsageError(fmt::format("poll(): {}", std::strerror(errno)));
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const std::size_t i = which[k];
+      Worker& w = workers_[static_cast<std::size_t>(ranks[i])];
+      char buf[4096];
+      const ssize_t got_bytes = ::read(w.from_fd, buf, sizeof buf);
+      if (got_bytes <= 0) {
+        int status = 0;
+        ::waitpid(w.pid, &status, 0);
+        w.pid = -1;
+        const std::string how = WIFSIGNALED(status) ? fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)))
+                                                    : fmt::format("exited with status {}", WEXITSTATUS(status));
+        fail(ranks[i], fmt::format("{} during '{}' (crashed)", how, what));
+      }
+      w.pending.append(buf, static_cast<std::size_t>(got_bytes));
+      const std::size_t nl = w.pending.find('\n');
+      if (nl != std::string::npos) {
+        got[i] = w.pending.substr(0, nl);
+        w.pending.erase(0, nl + 1);
+        done[i] = true;
+        --remaining;
+        const nlohmann::json j = nlohmann::json::parse(got[i], nullptr, false);
+        if (raised < 0 && (j.is_discarded() || !j.value("ok", true))) {
+          raised = ranks[i];
+          raised_error = j.is_discarded() ? got[i] : j.value("error", "no error text");
+          deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+        }
+      }
+    }
+  }
+  return got;
+}
+
+void ReferencePool::run(const std::filesystem::path& dir) {
+  if (workers_.empty()) start();
+  const std::string line = nlohmann::json{{"cmd", "run"}, {"dir", std::filesystem::absolute(dir).string()}}.dump() + "\n";
+  std::vector<int> all;
+  for (int r = 0; r < world_; ++r) {
+    all.push_back(r);
+    const Worker& w = workers_[static_cast<std::size_t>(r)];
+    if (::write(w.to_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      fail(r, fmt::format("could not be sent the scenario ({})", std::strerror(errno)));
+    }
+  }
+  const std::vector<std::string> got = replies(all, "run " + dir.filename().string());
+  for (int r = 0; r < world_; ++r) {
+    const nlohmann::json j = nlohmann::json::parse(got[static_cast<std::size_t>(r)], nullptr, false);
+    if (j.is_discarded() || !j.value("ok", false)) {
+      const std::string error = j.is_discarded() ? got[static_cast<std::size_t>(r)] : j.value("error", "no error text");
+      // The other ranks finished or failed too (they all answered), so the pool stays usable.
+      throw RankFailure(r, fmt::format("DeepSpeed raised on this scenario: {}", error), nullptr);
+    }
+  }
+}
+
+void ReferencePool::command_one(int rank, const std::string& json_line) {
+  if (workers_.empty()) start();
+  const std::string line = json_line + "\n";
+  const Worker& w = workers_.at(static_cast<std::size_t>(rank));
+  if (::write(w.to_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    fail(rank, fmt::format("could not be sent a command ({})", std::strerror(errno)));
+  }
+  replies({rank}, json_line);
+}
+
+ReferencePool& ReferencePools::get(int world) {
+  auto it = pools_.find(world);
+  if (it == pools_.end()) it = pools_.emplace(world, std::make_unique<ReferencePool>(env_, world)).first;
+  return *it->second;
+}
+
+}  // namespace zc::props

@@ -1,0 +1,81 @@
+// The DeepSpeed reference's worker pool: W Python processes (reference/deepspeed/worker.py), one per
+// rank of a gloo world, started once and reused for many scenarios (importing DeepSpeed costs
+// seconds). Each command is answered by every rank within the timeout, or the pool is torn down
+// and the comparison ends with a RankFailure that names the rank, what happened (crashed with its
+// exit status, hung, or raised) and the tail of its log; the next run() starts a fresh pool. No
+// call waits without a deadline.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zc::props {
+
+struct ReferenceEnv {
+  std::filesystem::path env_dir;     // the virtual environment (scripts/ds-env.sh)
+  std::filesystem::path python;      // env_dir/bin/python
+  std::filesystem::path worker;      // reference/deepspeed/worker.py
+  double timeout_s = 120;            // per command (a scenario on every rank, or the start)
+};
+
+// The environment scripts/ds-env.sh creates: $ZC_DS_ENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/zerocheck/ds-env
+// (the script's own default); the worker from $ZC_DS_WORKER, else the source tree's.
+// ConfigError naming what is missing and the command that makes it, when it is not complete.
+ReferenceEnv reference_env();
+
+class ReferencePool {
+ public:
+  ReferencePool(ReferenceEnv env, int world);
+  ~ReferencePool();
+  ReferencePool(const ReferencePool&) = delete;
+  ReferencePool& operator=(const ReferencePool&) = delete;
+
+  // Runs the scenario directory on every rank (each writes rank{R}.rec there). RankFailure when a
+  // rank crashes, hangs past the timeout, or reports an error; the pool is then stopped.
+  void run(const std::filesystem::path& dir);
+  // A raw command to one rank (the pool's tests: "crash", "hang"), then waits as run() does.
+  void command_one(int rank, const std::string& json_line);
+  int world() const { return world_; }
+  int starts() const { return starts_; }  // how many times the workers were (re)started
+  const ReferenceEnv& env() const { return env_; }
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    int to_fd = -1;    // the worker's stdin
+    int from_fd = -1;  // its protocol pipe
+    std::string pending;
+    std::filesystem::path log;
+  };
+  void start();
+  void stop(bool force);
+  // One reply line from each rank in `ranks`, by the deadline; RankFailure otherwise.
+  std::vector<std::string> replies(const std::vector<int>& ranks, const std::string& what);
+  [[noreturn]] void fail(int rank, const std::string& what);
+  std::string log_tail(int rank) const;
+
+  ReferenceEnv env_;
+  int world_;
+  int starts_ = 0;
+  std::filesystem::path logs_;
+  std::vector<Worker> workers_;
+};
+
+// One pool per world size, started on first use.
+class ReferencePools {
+ public:
+  explicit ReferencePools(ReferenceEnv env) : env_(std::move(env)) {}
+  ReferencePool& get(int world);
+  const ReferenceEnv& env() const { return env_; }
+
+ private:
+  ReferenceEnv env_;
+  std::map<int, std::unique_ptr<ReferencePool>> pools_;
+};
+
+}  // namespace zc::props

@@ -1,0 +1,170 @@
+// The DeepSpeed reference (label deepspeed): real DeepSpeed 0.19.8 on CPUs through the worker pool.
+// Without the environment (scripts/ds-env.sh) every test fails with the reason; none skips.
+#include "engine/errors.h"
+#include "props/reference.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+
+namespace zc::props {
+namespace {
+
+ReferencePools& pools() {
+  static ReferencePools p(reference_env());
+  return p;
+}
+
+Scenario sgd(int stage, int world) {
+  Scenario s;
+  s.world = world;
+  s.stage = stage;
+  s.model = "synthetic";
+  s.shape = {5, 3, 9};
+  s.n = 2;
+  s.steps = 2;
+  s.optimizer = "SGD";
+  s.lr = 0.125;
+  s.reduce_bucket_size = 8;
+  if (stage == 0) s.contiguous = false;
+  return s;
+}
+
+std::string diffs_of(const ReferenceComparison& c) {
+  std::string out;
+  for (const FieldDiff& d : c.diffs) out += "\n  " + d.field + ": " + d.detail;
+  return out.empty() ? " none" : out;
+}
+
+// Per stage at world 2, SGD at lr 2^-3 on exact data: gradients and params are bit for bit
+// DeepSpeed's, and every other difference is a listed class.
+TEST(DeepSpeedReference, SmokeEveryStageAtWorld2MatchesGradsAndParams) {
+  const std::vector<DivergenceClass> classes = load_divergence_classes(divergence_classes_file());
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const char* dtype : {"f32", "bf16"}) {
+      Scenario s = sgd(stage, 2);
+      s.dtype = dtype;
+      SCOPED_TRACE(describe(s));
+      const ReferenceComparison c = compare_with_deepspeed(s, pools());
+      for (const FieldDiff& d : c.diffs) {
+        EXPECT_NE(d.field, "grads") << d.detail;
+        EXPECT_NE(d.field, "params") << d.detail;
+        EXPECT_NE(d.field, "masters") << d.detail;
+        EXPECT_NE(d.field, "ranks") << d.detail;
+      }
+      const ReferenceVerdict v = classify(s, c, classes);
+      EXPECT_TRUE(v.verdict.holds) << v.verdict.failure << "\ndifferences:" << diffs_of(c);
+      EXPECT_NE(c.hash, 0u);
+    }
+  }
+}
+
+// The comparison can fail: a perturbed learning rate on zerocheck's side only is a params divergence
+// no class lists.
+TEST(DeepSpeedReference, AnUnlistedDifferenceFailsTheComparison) {
+  const std::vector<DivergenceClass> classes = load_divergence_classes(divergence_classes_file());
+  Scenario s = sgd(2, 2);
+  ReferenceComparison c = compare_with_deepspeed(s, pools());
+  ASSERT_TRUE(classify(s, c, classes).verdict.holds) << diffs_of(c);
+  c.diffs.push_back({"params", "step 0, p0[1]: crafted"});
+  const ReferenceVerdict v = classify(s, c, classes);
+  EXPECT_FALSE(v.verdict.holds);
+  EXPECT_NE(v.verdict.failure.find("unlisted divergence in params"), std::string::npos) << v.verdict.failure;
+}
+
+TEST(DeepSpeedReference, AScenarioGivesTheSameRecordInAFreshAndAReusedPool) {
+  Scenario x = sgd(3, 2);
+  x.dtype = "bf16";
+  Scenario y = sgd(1, 2);
+  y.optimizer = "AdamW";
+  y.lr = 1e-3;
+  ReferencePools fresh(reference_env());
+  const ReferenceComparison first = compare_with_deepspeed(x, fresh);
+  compare_with_deepspeed(y, fresh);
+  const ReferenceComparison again = compare_with_deepspeed(x, fresh);
+  EXPECT_EQ(fresh.get(2).starts(), 1);
+  EXPECT_EQ(first.hash, again.hash) << "first:" << diffs_of(first) << "\nagain:" << diffs_of(again);
+  Scenario z = x;
+  z.lr = 0.25;  // a different run changes the hash
+  EXPECT_NE(compare_with_deepspeed(z, fresh).hash, first.hash);
+}
+
+TEST(DeepSpeedReference, AScenarioTheTwinCannotExpressNamesTheFeature) {
+  Scenario s = sgd(2, 2);
+  s.model = "tree";
+  s.shape = {1, 0};
+  EXPECT_NE(reference_unexpressible(s).find("model 'tree'"), std::string::npos);
+  try {
+    run_on_deepspeed(s, pools());
+    ADD_FAILURE() << "ran a tree model on DeepSpeed";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("the twin has Synthetic and MLP only"), std::string::npos) << e.what();
+  }
+  Scenario f = sgd(2, 2);
+  f.dtype = "f16";
+  EXPECT_NE(reference_unexpressible(f).find("refuses fp16"), std::string::npos);
+  Scenario w = sgd(2, 5);
+  EXPECT_NE(reference_unexpressible(w).find("world 5"), std::string::npos);
+}
+
+TEST(DeepSpeedReference, ACrashedWorkerEndsTheComparisonWithANamedErrorAndThePoolRestarts) {
+  ReferencePool pool(reference_env(), 2);
+  try {
+    pool.command_one(1, R"({"cmd": "crash"})");
+    ADD_FAILURE() << "a crash went unnoticed";
+  } catch (const RankFailure& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_NE(std::string(e.what()).find("exited with status 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("crashed"), std::string::npos) << e.what();
+  }
+  ReferencePools one(reference_env());
+  const ReferenceComparison c = compare_with_deepspeed(sgd(1, 2), one);  // the run goes on
+  EXPECT_NE(c.hash, 0u);
+  EXPECT_EQ(pool.starts(), 1);
+}
+
+TEST(DeepSpeedReference, AHungWorkerEndsWithinItsTimeout) {
+  ReferenceEnv env = reference_env();
+  env.timeout_s = 3;
+  ReferencePool pool(env, 2);
+  pool.command_one(0, R"({"cmd": "nothing"})");  // started, and an unknown command is answered
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    pool.command_one(0, R"({"cmd": "hang"})");
+    ADD_FAILURE() << "a hang went unnoticed";
+  } catch (const RankFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("within 3 s (hung)"), std::string::npos) << e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0);
+}
+
+TEST(DeepSpeedReference, ARefusalByDeepSpeedIsNamed) {
+  // coalesce_grad_reduction on the BF16_Optimizer wrapper: both sides refuse with NotImplementedError.
+  Scenario s = sgd(1, 2);
+  s.dtype = "bf16";
+  s.grad_accum_dtype = "f32";
+  s.coalesce = true;
+  const ReferenceComparison c = compare_with_deepspeed(s, pools());
+  EXPECT_NE(c.ds_error.find("NotImplementedError"), std::string::npos) << c.ds_error;
+  EXPECT_NE(c.sim_error.find("BF16"), std::string::npos) << c.sim_error;
+  EXPECT_TRUE(c.matched()) << diffs_of(c);
+}
+
+TEST(DeepSpeedReference, AMissingEnvironmentIsAnErrorThatSaysHowToMakeIt) {
+  const char* old = std::getenv("ZC_DS_ENV");
+  const std::string saved = old != nullptr ? old : "";
+  ::setenv("ZC_DS_ENV", "/nonexistent/zerocheck-ds-env", 1);
+  try {
+    reference_env();
+    ADD_FAILURE() << "a missing environment was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("scripts/ds-env.sh"), std::string::npos) << e.what();
+  }
+  if (old != nullptr) ::setenv("ZC_DS_ENV", saved.c_str(), 1);
+  else ::unsetenv("ZC_DS_ENV");
+}
+
+}  // namespace
+}  // namespace zc::props
