@@ -124,7 +124,7 @@ bool DenseOptimizer::step() {
   Tensor mine = flat_.narrow(part * pn, pn);
   dev_.cast(mine, master_);
   zero_grad();
-  if (partitioned_) comm_.all_gather(flat_, mine);
+  if (partitioned_ && comm_.size() > 1) comm_.all_gather(flat_, mine);  // as zero12_step.cpp: none at world 1
   record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
   return true;
 }

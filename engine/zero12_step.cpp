@@ -104,7 +104,9 @@ void Zero12Optimizer::apply_step(double combined) {
     dev_.cast(mine, master_);
   }
   reset_accumulators();
-  comm_.all_gather(flat_, mine);  // every rank's updated partition, in place
+  // Every rank's updated partition, in place; a world of one already holds it, and DeepSpeed
+  // skips the gather there (runtime/utils.py:1012-1015, all_gather_into_tensor_dp_groups).
+  if (comm_.size() > 1) comm_.all_gather(flat_, mine);
   record(fmt::format("step {}: combined scale {:.9g}", base_->steps(), combined));
 }
 

@@ -103,6 +103,7 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
     }
     if (by == nullptr) {
       if (v.verdict.holds) v.verdict.failure = fmt::format("unlisted divergence in {}: {}", d.field, d.detail);
+      else v.verdict.failure += fmt::format("; also {}", d.field);
       v.verdict.holds = false;
     } else if (std::find(v.classes.begin(), v.classes.end(), by->id) == v.classes.end()) {
       v.classes.push_back(by->id);

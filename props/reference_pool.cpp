@@ -91,7 +91,7 @@ ReferencePool::ReferencePool(ReferenceEnv env, int world) : env_(std::move(env))
 ReferencePool::~ReferencePool() {
   try {
     stop(false);
-    std::filesystem::remove_all(logs_);
+    if (std::getenv("ZC_DS_KEEP_LOGS") == nullptr) std::filesystem::remove_all(logs_);  // kept for debugging when set
   } catch (...) {  // a destructor never throws; the workers are killed either way
   }
 }
