@@ -72,11 +72,17 @@ void write_timeline(const sim::SimResult& r, const std::string& path) {
 }
 
 void print_reference_summary(const nlohmann::json& r) {
-  fmt::print("\nDeepSpeed {} reference: {} scenarios, {} bit for bit, {} in listed divergence classes, {} refused by both{}\n",
-             r.value("deepspeed", "?"), r.value("cases", 0), r.value("matched", 0), r.value("listed", 0),
-             r.value("refused_by_both", 0), r.value("holds", false) ? "" : ": FAILS");
+  fmt::print("\nDeepSpeed {} reference: {} scenarios; values bit for bit in {}; everything (values and collectives) in {}; "
+             "{} differ only in listed classes; {} refused by both{}\n",
+             r.value("deepspeed", "?"), r.value("cases", 0), r.value("values_bit_for_bit", 0), r.value("matched", 0),
+             r.value("listed", 0), r.value("refused_by_both", 0), r.value("holds", false) ? "" : ": FAILS");
   if (r.contains("error")) fmt::print("    {}\n", r.value("error", ""));
   if (r.contains("failure")) fmt::print("    {}\n    saved: {}\n", r.value("failure", ""), r.value("scenario_file", ""));
+  for (const nlohmann::json& i : r.value("invariants_on_deepspeed", nlohmann::json::array())) {
+    fmt::print("  on DeepSpeed: {:<42} holds {:<3} {:>4} cases\n", i.value("name", ""), i.value("holds", false) ? "yes" : "NO",
+               i.value("cases", 0));
+    if (i.contains("failure")) fmt::print("    {}\n", i.value("failure", ""));
+  }
   for (const nlohmann::json& c : r.value("classes", nlohmann::json::array())) {
     fmt::print("  class {:<34} {:>4} cases  witness {}\n", c.value("id", ""), c.value("cases", 0),
                c.value("witness_diverges", false) ? "diverges" : "DOES NOT DIVERGE: " + c.value("witness_detail", ""));

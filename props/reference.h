@@ -68,6 +68,8 @@ struct ReferenceVerdict {
   Verdict verdict;
   std::vector<std::string> classes;  // the classes that explained differences
   bool matched = false;              // no difference at all
+  bool values_match = false;         // no difference in grads, params, masters, loss scale, skips, micro_step_id, ranks
+  bool comm_match = false;           // the same collective calls and bytes per kind
   bool refused = false;              // both sides refused the scenario
 };
 ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const std::vector<DivergenceClass>& classes);

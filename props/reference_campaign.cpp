@@ -93,6 +93,8 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
   v.verdict.trace_hash = c.hash;
   v.matched = c.matched();
   v.refused = !c.sim_error.empty() && !c.ds_error.empty();
+  v.values_match = v.comm_match = !v.refused;
+  for (const FieldDiff& d : c.diffs) (d.field.rfind("comm:", 0) == 0 ? v.comm_match : v.values_match) = false;
   for (const FieldDiff& d : c.diffs) {
     const DivergenceClass* by = nullptr;
     for (const DivergenceClass& k : classes) {
@@ -173,17 +175,122 @@ Invariant conformance_invariant(ReferencePools& pools, std::shared_ptr<Tally> ta
 
 }  // namespace
 
+namespace {
+
+std::uint64_t hash_records(const std::vector<ReferenceRecord>& recs, std::uint64_t h) {
+  for (const ReferenceRecord& r : recs) {
+    for (const auto& [name, v] : r) {
+      h = fnv1a(name, h);
+      h = fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)), h);
+    }
+  }
+  return h;
+}
+
+// Coalescible scenarios for DeepSpeed: ZeRO 1-3, GA 1, N >= 2, the explicit form, no BF16_Optimizer wrapper.
+rc::Gen<Scenario> gen_coalescible_reference() {
+  return rc::gen::map(gen_reference_scenario(), [](Scenario s) {
+    s.stage = std::max(1, s.stage);
+    s.ga = 1;
+    s.n = std::max(2, s.n);
+    s.boundary = "explicit";
+    s.coalesce = false;
+    if (s.stage == 1 && s.offload == "none") s.grad_accum_dtype = "";
+    if (s.stage != 3 && (s.offload == "param" || s.offload == "both")) s.offload = "optimizer";
+    if (s.stage == 0) s.contiguous = s.overlap = false;
+    if (s.model == "mlp" && !grads_param_independent(s)) s.steps = 1;
+    return s;
+  });
+}
+
+// I1 on DeepSpeed: coalesce_grad_reduction against per-backward reduction, both on DeepSpeed.
+Invariant i1_on_deepspeed(ReferencePools& pools) {
+  Invariant inv;
+  inv.name = "deepspeed-I1-coalesced-bit-exact";
+  inv.explanation =
+      "On DeepSpeed itself: N backwards inside coalesce_grad_reduction give the same gradients at the boundary, fp32 "
+      "master params and model params as the same N backwards reduced one by one (explicit boundary), bit for bit "
+      "in the exact domain, every step. B3 (the offload copy gate) or B7 (the flush under the coalescing flag), live "
+      "in the installed DeepSpeed, would break it.";
+  inv.gen = gen_coalescible_reference;
+  inv.check = [&pools](const Scenario& s, const CheckContext&) {
+    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
+    Scenario coalesced = s;
+    coalesced.coalesce = true;
+    const std::vector<ReferenceRecord> base = run_on_deepspeed(s, pools);
+    const std::vector<ReferenceRecord> coal = run_on_deepspeed(coalesced, pools);
+    Verdict v;
+    v.trace_hash = hash_records(coal, hash_records(base, 0xcbf29ce484222325ull));
+    for (int step = 0; step < s.steps && v.holds; ++step) {
+      for (const char* what : {"grads", "masters", "params"}) {
+        const std::string key = fmt::format("{}/{}", what, step);
+        const std::string d = first_divergence(s, 0, step, what, base[0].at(key), coal[0].at(key));
+        if (!d.empty()) {
+          v.holds = false;
+          v.failure = "per-backward vs coalesced on DeepSpeed: " + d;
+          break;
+        }
+      }
+    }
+    return v;
+  };
+  return inv;
+}
+
+// I2 on DeepSpeed: ZeRO-3 micro_step_id is 0 at every coalesce flush.
+Invariant i2_on_deepspeed(ReferencePools& pools) {
+  Invariant inv;
+  inv.name = "deepspeed-I2-zero3-flush-micro-step-id";
+  inv.explanation =
+      "On DeepSpeed itself: with ZeRO-3, optimizer.micro_step_id is 0 at every coalesce_grad_reduction flush, over "
+      "several steps (recorded by wrapping the engine's _flush_coalesced_reduction_zero3). B4 (the seen flag set "
+      "while coalescing), live in the installed DeepSpeed, would make it N-1.";
+  inv.gen = [] {
+    return rc::gen::map(gen_coalescible_reference(), [](Scenario s) {
+      s.stage = 3;
+      s.coalesce = true;
+      s.steps = std::max(2, s.steps);
+      if (s.model == "mlp") s.model = "synthetic", s.shape = {s.shape.front()};
+      return s;
+    });
+  };
+  inv.check = [&pools](const Scenario& s, const CheckContext&) {
+    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
+    const std::vector<ReferenceRecord> recs = run_on_deepspeed(s, pools);
+    Verdict v;
+    v.trace_hash = hash_records(recs, 0xcbf29ce484222325ull);
+    const std::vector<double> msid = recs[0].contains("msid") ? recs[0].at("msid") : std::vector<double>{};
+    if (static_cast<int>(msid.size()) != s.steps) {
+      v.holds = false;
+      v.failure = fmt::format("{} flushes recorded for {} steps", msid.size(), s.steps);
+    }
+    for (std::size_t k = 0; k < msid.size() && v.holds; ++k) {
+      if (msid[k] != 0) {
+        v.holds = false;
+        v.failure = fmt::format("step {}: micro_step_id {} at the flush (0 expected)", k, msid[k]);
+      }
+    }
+    return v;
+  };
+  return inv;
+}
+
+}  // namespace
+
 std::vector<Invariant> reference_invariants(ReferencePools& pools) {
   std::vector<Invariant> out;
   out.push_back(conformance_invariant(pools, nullptr, load_divergence_classes(divergence_classes_file())));
+  out.push_back(i1_on_deepspeed(pools));
+  out.push_back(i2_on_deepspeed(pools));
   return out;
 }
 
 namespace {
 
-// Counts by stage, dtype and feature: {"stage 2": [matched, listed, failed], ...}.
+// Counts by stage, dtype and feature: scenarios; values bit for bit (grads, params, masters, loss
+// scale, skips, micro_step_id); collectives equal; every diff listed; refused by both; failed.
 nlohmann::json conformance_table(const Tally& tally) {
-  std::map<std::string, std::array<int, 4>> rows;  // matched, diverged in listed classes, refused by both, failed
+  std::map<std::string, std::array<int, 6>> rows;
   for (const auto& [s, v] : tally.cases) {
     std::vector<std::string> keys = {fmt::format("stage {}", s.stage), s.dtype, s.optimizer,
                                      fmt::format("world {}", s.world), s.model, "boundary " + s.boundary};
@@ -196,12 +303,20 @@ nlohmann::json conformance_table(const Tally& tally) {
     if (s.ga > 1) keys.push_back("GA > 1");
     if (s.n > 1) keys.push_back("N > 1");
     keys.push_back("all");
-    const int col = !v.verdict.holds ? 3 : v.refused ? 2 : v.matched ? 0 : 1;
-    for (const std::string& k : keys) rows[k][static_cast<std::size_t>(col)]++;
+    for (const std::string& k : keys) {
+      std::array<int, 6>& r = rows[k];
+      r[0]++;
+      r[1] += v.values_match;
+      r[2] += v.comm_match;
+      r[3] += v.verdict.holds && !v.matched && !v.refused;
+      r[4] += v.refused;
+      r[5] += !v.verdict.holds;
+    }
   }
   nlohmann::json table = nlohmann::json::array();
   for (const auto& [k, r] : rows) {
-    table.push_back({{"feature", k}, {"matched", r[0]}, {"listed", r[1]}, {"refused_by_both", r[2]}, {"failed", r[3]}});
+    table.push_back({{"feature", k}, {"scenarios", r[0]}, {"values_bit_for_bit", r[1]}, {"collectives_equal", r[2]},
+                     {"diverged_in_listed_classes", r[3]}, {"refused_by_both", r[4]}, {"failed", r[5]}});
   }
   return table;
 }
@@ -248,15 +363,16 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   // Cases after the first failure are RapidCheck's shrinking: the table counts the campaign's own.
   if (c.failed && static_cast<int>(tally->cases.size()) > c.cases) tally->cases.resize(static_cast<std::size_t>(c.cases));
   std::map<std::string, int> seen;
-  int matched = 0, listed = 0, refused = 0;
+  int matched = 0, listed = 0, refused = 0, values = 0;
   for (const auto& [s, v] : tally->cases) {
     for (const std::string& id : v.classes) seen[id]++;
     matched += v.matched && !v.refused;
+    values += v.values_match;
     refused += v.refused;
     listed += v.verdict.holds && !v.matched;
   }
   nlohmann::json j = {{"deepspeed", "0.19.8"}, {"torch", "2.10.0"}, {"cases", static_cast<int>(tally->cases.size())},
-                      {"discarded", c.discarded}, {"matched", matched}, {"listed", listed}, {"refused_by_both", refused},
+                      {"discarded", c.discarded}, {"matched", matched}, {"values_bit_for_bit", values}, {"listed", listed}, {"refused_by_both", refused},
                       {"holds", !c.failed && c.error.empty()}, {"conformance", conformance_table(*tally)},
                       {"deepspeed_seconds", tally->ds_seconds}};
   if (!c.error.empty()) j["error"] = c.error;
@@ -270,6 +386,24 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
     j["scenario_file"] = file.string();
   }
   j["classes"] = check_witnesses(classes, pools, opts.out, seen);
+  j["invariants_on_deepspeed"] = nlohmann::json::array();
+  const std::vector<Invariant> on_ds = reference_invariants(pools);
+  for (std::size_t k = 1; k < on_ds.size(); ++k) {
+    const Invariant& i = on_ds[k];
+    const Campaign ic = run_campaign(i, CheckContext{}, std::max(1, opts.cases / 4), opts.seed);
+    nlohmann::json r = {{"name", i.name}, {"explanation", i.explanation}, {"holds", !ic.failed && ic.error.empty()},
+                        {"cases", ic.cases}, {"discarded", ic.discarded}, {"seconds", ic.seconds}};
+    if (!ic.error.empty()) r["failure"] = ic.error;
+    if (ic.failed) {
+      r["failure"] = ic.verdict.failure;
+      SavedCase saved{ic.counterexample, i.name, {}, false, ic.verdict.trace_hash, ic.verdict.failure, ic.reproduce, opts.seed};
+      const std::filesystem::path file = opts.out / "counterexamples" / fmt::format("{}.json", i.name);
+      save_case(saved, file);
+      r["scenario_file"] = file.string();
+      j["holds"] = false;
+    }
+    j["invariants_on_deepspeed"].push_back(r);
+  }
   for (const nlohmann::json& k : j["classes"]) {
     if (!k.value("witness_diverges", false)) j["holds"] = false;
   }

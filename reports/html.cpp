@@ -159,6 +159,43 @@ std::string html_collectives(const VerifyReport& r) {
   return s + "</table>\n" + collectives_plot(r.collectives);
 }
 
+std::string html_reference(const VerifyReport& r) {
+  if (r.reference.is_null()) return "";
+  const nlohmann::json& j = r.reference;
+  const bool holds = j.value("holds", false);
+  std::string s = fmt::format(
+      "<h2>DeepSpeed {} reference</h2>\n<p id=\"reference\"{}>{} scenarios; values bit for bit in {}; values and "
+      "collectives in {}; {} differ only in listed divergence classes; {} refused by both. Comparison {}.</p>\n",
+      xml_escape(j.value("deepspeed", "?")), holds ? "" : " class=\"bad\"", j.value("cases", 0),
+      j.value("values_bit_for_bit", 0), j.value("matched", 0), j.value("listed", 0), j.value("refused_by_both", 0),
+      holds ? "holds" : "FAILS");
+  if (j.contains("failure")) s += "<p class=\"bad\">Unlisted divergence: <code>" + xml_escape(j.value("failure", "")) + "</code></p>\n";
+  if (j.contains("error")) s += "<p class=\"bad\">" + xml_escape(j.value("error", "")) + "</p>\n";
+  s += open_table("reference-conformance") + header_row({"feature", "scenarios", "values bit for bit", "collectives equal",
+                                                         "only listed differences", "refused by both", "failed"});
+  for (const nlohmann::json& line : j.value("conformance", nlohmann::json::array())) {
+    const nlohmann::json& row = line;
+    auto n = [&](const char* k) { return fmt::format("{}", row.value(k, 0)); };
+    s += ::zc::reports::row({{row.value("feature", "")},
+                             {n("scenarios"), "num"},
+                             {n("values_bit_for_bit"), "num"},
+                             {n("collectives_equal"), "num"},
+                             {n("diverged_in_listed_classes"), "num"},
+                             {n("refused_by_both"), "num"},
+                             {n("failed"), "num", false}});
+  }
+  s += "</table>\n" + open_table("reference-classes") + header_row({"class", "cases", "witness", "DeepSpeed", "summary"});
+  for (const nlohmann::json& c : j.value("classes", nlohmann::json::array())) {
+    const bool ok = c.value("witness_diverges", false);
+    s += row({{c.value("id", ""), "", true},
+              {fmt::format("{}", c.value("cases", 0)), "num"},
+              {ok ? "diverges" : "does not diverge", bad_unless(ok)},
+              {c.value("deepspeed", ""), "", true},
+              {c.value("summary", "")}});
+  }
+  return s + "</table>\n";
+}
+
 }  // namespace
 
 std::string html_report(const VerifyReport& r) {
@@ -173,7 +210,7 @@ std::string html_report(const VerifyReport& r) {
          fmt::format("<h2>Determinism</h2>\n<p id=\"determinism\"{}>{}</p>\n",
                      deterministic ? "" : " class=\"bad\"",
                      xml_escape(determinism_line(r.determinism))) +
-         html_collectives(r) + "</body>\n</html>\n";
+         html_collectives(r) + html_reference(r) + "</body>\n</html>\n";
 }
 
 void write_html(const VerifyReport& r, const std::filesystem::path& file) {

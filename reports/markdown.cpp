@@ -88,6 +88,49 @@ std::string md_collectives(const VerifyReport& r) {
   return s;
 }
 
+// verify --against deepspeed: the comparison with DeepSpeed, its conformance table and the known
+// divergence classes with their witnesses.
+std::string md_reference(const VerifyReport& r) {
+  if (r.reference.is_null()) return "";
+  const nlohmann::json& j = r.reference;
+  std::string s = fmt::format(
+      "## DeepSpeed {} reference\n\n{} scenarios on real DeepSpeed (CPU, gloo) and on the simulator: values (gradients, "
+      "params, masters, loss scale, skipped steps, micro_step_id) bit for bit in {}; values and collectives in {}; "
+      "{} differ only in listed divergence classes; {} refused by both. Comparison {}.\n\n",
+      md_text(j.value("deepspeed", "?")), j.value("cases", 0), j.value("values_bit_for_bit", 0), j.value("matched", 0),
+      j.value("listed", 0), j.value("refused_by_both", 0), j.value("holds", false) ? "holds" : "**FAILS**");
+  if (j.contains("error")) s += "Error: " + md_text(j.value("error", "")) + "\n\n";
+  if (j.contains("failure")) {
+    s += fmt::format("Unlisted divergence: {}; saved as {}\n\n", inline_code(j.value("failure", "")),
+                     inline_code(j.value("scenario_file", "")));
+  }
+  s += "| feature | scenarios | values bit for bit | collectives equal | only listed differences | refused by both | failed |\n"
+       "|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const nlohmann::json& row : j.value("conformance", nlohmann::json::array())) {
+    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", md_text(row.value("feature", "")), row.value("scenarios", 0),
+                     row.value("values_bit_for_bit", 0), row.value("collectives_equal", 0),
+                     row.value("diverged_in_listed_classes", 0), row.value("refused_by_both", 0), row.value("failed", 0));
+  }
+  s += "\n### Invariants on DeepSpeed itself\n\n| invariant | holds | cases | failure |\n|---|---|---:|---|\n";
+  for (const nlohmann::json& i : j.value("invariants_on_deepspeed", nlohmann::json::array())) {
+    s += fmt::format("| {} | {} | {} | {} |\n", code_or_dash(i.value("name", "")), i.value("holds", false) ? "yes" : "**NO**",
+                     i.value("cases", 0), code_or_dash(i.value("failure", "")));
+  }
+  s += "\n### Known divergence classes\n\n| class | cases | witness | affects | DeepSpeed |\n|---|---:|---|---|---|\n";
+  for (const nlohmann::json& c : j.value("classes", nlohmann::json::array())) {
+    std::string affects;
+    for (const nlohmann::json& a : c.value("affects", nlohmann::json::array())) affects += (affects.empty() ? "" : ", ") + a.get<std::string>();
+    s += fmt::format("| {} | {} | {} | {} | {} |\n", code_or_dash(c.value("id", "")), c.value("cases", 0),
+                     c.value("witness_diverges", false) ? "diverges" : "**does not diverge**", md_text(affects),
+                     md_text(c.value("deepspeed", "")));
+  }
+  for (const nlohmann::json& c : j.value("classes", nlohmann::json::array())) {
+    s += fmt::format("\n**{}**: {}\n\nWitness {}: {}\n", md_text(c.value("id", "")), md_text(c.value("summary", "")),
+                     inline_code(c.value("witness_file", "")), inline_code(c.value("witness_detail", "")));
+  }
+  return s + "\n";
+}
+
 }  // namespace
 
 std::string markdown_report(const VerifyReport& r) {
@@ -99,7 +142,7 @@ std::string markdown_report(const VerifyReport& r) {
   }
   return md_header(r) + errors + md_invariants(r) + md_bugs(r) + md_proofs(r) +
          fmt::format("## Determinism\n\n{}\n\n", md_text(determinism_line(r.determinism))) +
-         md_collectives(r);
+         md_collectives(r) + md_reference(r);
 }
 
 void write_markdown(const VerifyReport& r, const std::filesystem::path& file) {

@@ -168,3 +168,45 @@ TEST(DeepSpeedReference, AMissingEnvironmentIsAnErrorThatSaysHowToMakeIt) {
 
 }  // namespace
 }  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+const Invariant& on_deepspeed(const std::string& name) {
+  static std::vector<Invariant> invs = reference_invariants(pools());
+  for (const Invariant& i : invs) {
+    if (i.name == name) return i;
+  }
+  throw UsageError("no reference invariant " + name);
+}
+
+// I1 on DeepSpeed holds on a coalescible scenario, and fails where DeepSpeed's own two paths differ:
+// with the implicit boundary the per-backward run keeps only the last of N backwards (stages 1/2),
+// while the coalesced run sums them.
+TEST(DeepSpeedReference, I1OnDeepSpeedHoldsAndCanFail) {
+  const Invariant& i1 = on_deepspeed("deepspeed-I1-coalesced-bit-exact");
+  Scenario s = sgd(2, 2);
+  s.n = 3;
+  const Verdict ok = i1.check(s, {});
+  EXPECT_TRUE(ok.holds) << ok.failure;
+  EXPECT_NE(ok.trace_hash, 0u);
+  s.boundary = "implicit";
+  const Verdict bad = i1.check(s, {});
+  EXPECT_FALSE(bad.holds);
+  EXPECT_NE(bad.failure.find("per-backward vs coalesced on DeepSpeed"), std::string::npos) << bad.failure;
+}
+
+TEST(DeepSpeedReference, I2OnDeepSpeedSeesMicroStepIdZeroAtEveryFlush) {
+  const Invariant& i2 = on_deepspeed("deepspeed-I2-zero3-flush-micro-step-id");
+  Scenario s = sgd(3, 2);
+  s.coalesce = true;
+  s.n = 3;
+  s.steps = 3;
+  const Verdict v = i2.check(s, {});
+  EXPECT_TRUE(v.holds) << v.failure;
+  const std::vector<ReferenceRecord> recs = run_on_deepspeed(s, pools());
+  EXPECT_EQ(recs[0].at("msid"), (std::vector<double>{0, 0, 0}));
+}
+
+}  // namespace
+}  // namespace zc::props
