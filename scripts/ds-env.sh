@@ -47,7 +47,7 @@ if [ ! -f "$stamp" ] || [ "$(sed -n 1p "$stamp")" != "$pkgs_want" ]; then
   rm -rf "$env_dir"
   "$python" -m venv "$env_dir"
   pip=("$env_dir/bin/python" -m pip --disable-pip-version-check --no-input --no-cache-dir)
-  rx_before=$(awk 'NR > 2 && $1 !~ /lo:/ {s += $2} END {printf "%d", s}' /proc/net/dev)
+  rx_before=$(awk 'NR > 2 && $1 !~ /lo:/ {s += $2} END {printf "%.0f", s}' /proc/net/dev)
   grep -v -E '^(#|$|deepspeed==)' "$req" > "$env_dir/.phase1.txt"
   grep -E '^deepspeed==' "$req" > "$env_dir/.phase2.txt"
   echo "ds-env: installing $(wc -l < "$env_dir/.phase1.txt") pinned packages (torch first: about 3 GB)"
@@ -56,7 +56,7 @@ if [ ! -f "$stamp" ] || [ "$(sed -n 1p "$stamp")" != "$pkgs_want" ]; then
   DS_ACCELERATOR=cpu DS_BUILD_OPS=0 "${pip[@]}" install -q --no-deps --no-build-isolation -r "$env_dir/.phase2.txt" ||
     fail "pip could not install deepspeed (phase 2); see above"
   "${pip[@]}" check >/dev/null || fail "pip check: the pinned set is inconsistent: $("${pip[@]}" check 2>&1 | head -3)"
-  rx_after=$(awk 'NR > 2 && $1 !~ /lo:/ {s += $2} END {printf "%d", s}' /proc/net/dev)
+  rx_after=$(awk 'NR > 2 && $1 !~ /lo:/ {s += $2} END {printf "%.0f", s}' /proc/net/dev)
   dl_mb=$(((rx_after - rx_before) / 1024 / 1024))
   printf '%s\n%s\n' "$pkgs_want" "ops none" > "$stamp"
 fi
