@@ -163,6 +163,15 @@ std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools&
   return recs;
 }
 
+nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools) {
+  ScratchDir dir;
+  pools.get(1).probe(name, dir.path);
+  std::ifstream in(dir.path / fmt::format("probe_{}.json", name));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) throw UsageError(fmt::format("the DeepSpeed probe '{}' wrote no facts", name));
+  return j;
+}
+
 namespace {
 
 const ReferenceRecord::mapped_type& entry(const ReferenceRecord& r, const std::string& name) {

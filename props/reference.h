@@ -52,6 +52,10 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
 // DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
 std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools);
 
+// A probe of DeepSpeed itself (reference/deepspeed/probes.py), run on a world of one: its facts.
+// "i4": copies, __reduce__ and fake-tensor reads of a ZeRO-3 module's ZeROOrderedDict.
+nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools);
+
 // A known divergence between the engine and DeepSpeed 0.19.8.
 struct DivergenceClass {
   std::string id, summary, deepspeed;  // deepspeed: the installed package's file:line

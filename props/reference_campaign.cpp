@@ -404,6 +404,23 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
     }
     j["invariants_on_deepspeed"].push_back(r);
   }
+  // I4 on DeepSpeed: one probe (its facts, not generated cases).
+  nlohmann::json i4 = {{"name", "deepspeed-I4-zero3-dict-copies-and-fake-reads"}, {"cases", 1},
+                       {"explanation", "On DeepSpeed itself: a ZeRO-3 module's _parameters is a ZeROOrderedDict whose "
+                                       "copy.copy and copy.deepcopy keep a _parent_module and whose __reduce__ carries it "
+                                       "(B5), and a FakeTensorMode parameter read through it in an eager forward is not "
+                                       "asked for ds_status (B6). A pickle round trip of the dict is recorded, not required."}};
+  try {
+    const nlohmann::json facts = probe_deepspeed("i4", pools);
+    i4["holds"] = facts.value("holds", false);
+    i4["facts"] = facts;
+    if (!facts.value("holds", false)) i4["failure"] = "a fact does not hold: " + facts.dump();
+  } catch (const ZcError& e) {
+    i4["holds"] = false;
+    i4["failure"] = e.what();
+  }
+  if (!i4.value("holds", false)) j["holds"] = false;
+  j["invariants_on_deepspeed"].push_back(i4);
   for (const nlohmann::json& k : j["classes"]) {
     if (!k.value("witness_diverges", false)) j["holds"] = false;
   }

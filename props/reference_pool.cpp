@@ -256,18 +256,17 @@ std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, c
   return got;
 }
 
-void ReferencePool::run(const std::filesystem::path& dir) {
+void ReferencePool::broadcast_command(const std::string& line, const std::string& what) {
   if (workers_.empty()) start();
-  const std::string line = nlohmann::json{{"cmd", "run"}, {"dir", std::filesystem::absolute(dir).string()}}.dump() + "\n";
   std::vector<int> all;
   for (int r = 0; r < world_; ++r) {
     all.push_back(r);
     const Worker& w = workers_[static_cast<std::size_t>(r)];
     if (::write(w.to_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-      fail(r, fmt::format("could not be sent the scenario ({})", std::strerror(errno)));
+      fail(r, fmt::format("could not be sent '{}' ({})", what, std::strerror(errno)));
     }
   }
-  const std::vector<std::string> got = replies(all, "run " + dir.filename().string());
+  const std::vector<std::string> got = replies(all, what);
   for (int r = 0; r < world_; ++r) {
     const nlohmann::json j = nlohmann::json::parse(got[static_cast<std::size_t>(r)], nullptr, false);
     if (j.is_discarded() || !j.value("ok", false)) {
@@ -276,6 +275,16 @@ void ReferencePool::run(const std::filesystem::path& dir) {
       throw RankFailure(r, fmt::format("DeepSpeed raised on this scenario: {}", error), nullptr);
     }
   }
+}
+
+void ReferencePool::run(const std::filesystem::path& dir) {
+  const std::string abs = std::filesystem::absolute(dir).string();
+  broadcast_command(nlohmann::json{{"cmd", "run"}, {"dir", abs}}.dump() + "\n", "run " + dir.filename().string());
+}
+
+void ReferencePool::probe(const std::string& name, const std::filesystem::path& dir) {
+  const std::string abs = std::filesystem::absolute(dir).string();
+  broadcast_command(nlohmann::json{{"cmd", "probe"}, {"name", name}, {"dir", abs}}.dump() + "\n", "probe " + name);
 }
 
 void ReferencePool::command_one(int rank, const std::string& json_line) {

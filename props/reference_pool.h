@@ -38,6 +38,9 @@ class ReferencePool {
   // Runs the scenario directory on every rank (each writes rank{R}.rec there). RankFailure when a
   // rank crashes, hangs past the timeout, or reports an error; the pool is then stopped.
   void run(const std::filesystem::path& dir);
+  // A probe of DeepSpeed itself (reference/deepspeed/probes.py) on every rank; rank 0 writes
+  // dir/probe_<name>.json. RankFailure as run().
+  void probe(const std::string& name, const std::filesystem::path& dir);
   // A raw command to one rank (the pool's tests: "crash", "hang"), then waits as run() does.
   void command_one(int rank, const std::string& json_line);
   int world() const { return world_; }
@@ -54,6 +57,8 @@ class ReferencePool {
   };
   void start();
   void stop(bool force);
+  // Sends one line to every rank and checks every reply is ok.
+  void broadcast_command(const std::string& line, const std::string& what);
   // One reply line from each rank in `ranks`, by the deadline; RankFailure otherwise.
   std::vector<std::string> replies(const std::vector<int>& ranks, const std::string& what);
   [[noreturn]] void fail(int rank, const std::string& what);

@@ -210,3 +210,23 @@ TEST(DeepSpeedReference, I2OnDeepSpeedSeesMicroStepIdZeroAtEveryFlush) {
 
 }  // namespace
 }  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+TEST(DeepSpeedReference, I4OnDeepSpeedCopiesKeepTheParentAndFakeReadsSkipDsStatus) {
+  const nlohmann::json facts = probe_deepspeed("i4", pools());
+  EXPECT_EQ(facts.value("dict_type", ""), "ZeROOrderedDict") << facts.dump();
+  EXPECT_TRUE(facts.value("partitioned", false)) << facts.dump();
+  EXPECT_TRUE(facts.value("copy_keeps_parent", false)) << facts.dump();
+  EXPECT_TRUE(facts.value("deepcopy_keeps_parent", false)) << facts.dump();
+  EXPECT_TRUE(facts.value("reduce_carries_parent", false)) << facts.dump();
+  EXPECT_TRUE(facts.value("fake_param_read_without_ds_status", false)) << facts.dump();
+  // The probe sees the bugs where they are: the historical forms of the dict fail its checks.
+  EXPECT_TRUE(facts.value("control_b5_detected", false)) << facts.dump();
+  EXPECT_TRUE(facts.value("control_b6_detected", false)) << facts.dump();
+  EXPECT_TRUE(facts.value("holds", false)) << facts.dump();
+}
+
+}  // namespace
+}  // namespace zc::props

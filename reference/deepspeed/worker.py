@@ -3,8 +3,8 @@
 zerocheck (props/reference_pool.cpp) starts W of these per world size, one per rank, with RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT, DS_ACCELERATOR=cpu, an empty
 CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS=1, and keeps them for many scenarios (importing DeepSpeed
-costs seconds). The protocol is one JSON object a line: on stdin {"cmd": "run", "dir": D} (or
-"quit"; "crash" and "hang" exist for the pool's own tests), on the protocol pipe (the original
+costs seconds). The protocol is one JSON object a line: on stdin {"cmd": "run", "dir": D},
+{"cmd": "probe", "name": N, "dir": D} (probes.py) or "quit" (and "crash" and "hang", for the pool's own tests), on the protocol pipe (the original
 stdout; everything DeepSpeed prints goes to stderr) {"ok": true, "seconds": s} or
 {"ok": false, "error": "..."}.
 
@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as ds_comm  # noqa: E402
 
+import probes  # noqa: E402
 import record  # noqa: E402
 import twin  # noqa: E402
 from comm_counter import CommCounter  # noqa: E402
@@ -63,6 +64,18 @@ def main():
         if cmd == "hang":
             while True:
                 time.sleep(3600)
+        if cmd == "probe":
+            try:
+                reset_process_state()
+                facts = probes.PROBES[msg["name"]]()
+                if ds_comm.get_rank() == 0:
+                    with open(os.path.join(msg["dir"], f"probe_{msg['name']}.json"), "w") as f:
+                        json.dump(facts, f)
+                reply({"ok": True})
+            except Exception as e:
+                traceback.print_exc()
+                reply({"ok": False, "error": f"{type(e).__name__}: {e}".replace("\n", " ")[:2000]})
+            continue
         if cmd != "run":
             reply({"ok": False, "error": f"unknown command {cmd!r}"})
             continue
