@@ -77,11 +77,19 @@ void print_reference_summary(const nlohmann::json& r) {
              r.value("deepspeed", "?"), r.value("cases", 0), r.value("values_bit_for_bit", 0), r.value("matched", 0),
              r.value("listed", 0), r.value("refused_by_both", 0), r.value("holds", false) ? "" : ": FAILS");
   if (r.contains("error")) fmt::print("    {}\n", r.value("error", ""));
-  if (r.contains("failure")) fmt::print("    {}\n    saved: {}\n", r.value("failure", ""), r.value("scenario_file", ""));
+  if (r.contains("failure")) {
+    fmt::print("    {}\n    replay: zerocheck replay {}\n    (RapidCheck reproduce string in the file; the campaign's seed is the run's --seed)\n",
+               r.value("failure", ""), r.value("scenario_file", ""));
+  }
   for (const nlohmann::json& i : r.value("invariants_on_deepspeed", nlohmann::json::array())) {
     fmt::print("  on DeepSpeed: {:<42} holds {:<3} {:>4} cases\n", i.value("name", ""), i.value("holds", false) ? "yes" : "NO",
                i.value("cases", 0));
     if (i.contains("failure")) fmt::print("    {}\n", i.value("failure", ""));
+  }
+  if (r.contains("i1_gaussian_on_deepspeed")) {
+    const nlohmann::json& g = r["i1_gaussian_on_deepspeed"];
+    fmt::print("  on DeepSpeed, gaussian data: coalesced vs per-backward differ in {} of {} scenarios, {} of {} gradient elements\n",
+               g.value("scenarios_differing", 0), g.value("scenarios", 0), g.value("elements_differing", 0), g.value("elements", 0));
   }
   for (const nlohmann::json& c : r.value("classes", nlohmann::json::array())) {
     fmt::print("  class {:<34} {:>4} cases  witness {}\n", c.value("id", ""), c.value("cases", 0),

@@ -4,6 +4,7 @@
 #include "props/reference.h"
 
 #include "engine/errors.h"
+#include "engine/rng.h"
 #include "engine/trace.h"
 #include "props/scenario_gen.h"
 #include "props/verify.h"
@@ -125,11 +126,19 @@ rc::Gen<Scenario> gen_reference_scenario() {
   d.tree = false;
   using namespace rc;
   auto uniform = [](auto g) { return gen::resize(100, std::move(g)); };
+  // Adam's variants: torch_adam, adam_w_mode false, weight decay (all inside adam-arithmetic).
+  auto adam_variant = uniform(gen::inRange(0, 8));
   return gen::map(gen::tuple(gen_scenario(d), uniform(gen::element<std::string>("SGD", "Adam", "AdamW")),
                              uniform(gen::inRange(1, 7)), uniform(gen::element<std::string>("explicit", "implicit")),
-                             gen::arbitrary<bool>(), uniform(gen::element<std::string>("f32", "bf16"))),
-                  [](const std::tuple<Scenario, std::string, int, std::string, bool, std::string>& t) {
+                             gen::arbitrary<bool>(), uniform(gen::element<std::string>("f32", "bf16")), adam_variant),
+                  [](const std::tuple<Scenario, std::string, int, std::string, bool, std::string, int>& t) {
     Scenario s = std::get<0>(t);
+    const int variant = std::get<6>(t);
+    if (std::get<1>(t) != "SGD") {
+      s.torch_adam = (variant & 1) != 0;
+      s.adam_w_mode = (variant & 2) == 0;
+      s.weight_decay = (variant & 4) != 0 ? 0.01 : 0.0;
+    }
     s.dtype = std::get<5>(t);  // fp16 is refused on this CPU (reference_unexpressible)
     if (s.dtype != "bf16" || s.stage == 0) s.grad_accum_dtype = "";
     s.optimizer = std::get<1>(t);
@@ -275,6 +284,41 @@ Invariant i2_on_deepspeed(ReferencePools& pools) {
   return inv;
 }
 
+// I1 on gaussian data, on DeepSpeed: how often and how many gradient elements the coalesced and
+// per-backward paths round apart (a figure, not a verdict: on random data they may differ).
+nlohmann::json i1_gaussian_count(ReferencePools& pools, int scenarios, std::uint64_t seed) {
+  Rng rng(seed ^ 0x6a055ull);
+  int ran = 0, differing = 0;
+  std::int64_t elements = 0, elements_differing = 0;
+  for (int k = 0; k < scenarios; ++k) {
+    Scenario s;
+    s.world = static_cast<int>(rng.range(2, 4));
+    s.stage = static_cast<int>(rng.range(1, 3));
+    s.dtype = rng.range(0, 1) == 0 ? "f32" : "bf16";
+    s.n = static_cast<int>(rng.range(2, 4));
+    s.shape = {static_cast<std::int64_t>(rng.range(3, 40)), static_cast<std::int64_t>(rng.range(1, 9))};
+    s.domain = "gaussian";
+    s.steps = 1;
+    s.optimizer = "SGD";
+    s.lr = 0.125;
+    s.seed = rng.next() % 1000000 + 1;
+    Scenario coalesced = s;
+    coalesced.coalesce = true;
+    const std::vector<double> a = run_on_deepspeed(s, pools)[0].at("grads/0");
+    const std::vector<double> b = run_on_deepspeed(coalesced, pools)[0].at("grads/0");
+    std::int64_t d = 0;
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d += first_mismatch({a[i]}, {b[i]}).has_value();
+    ++ran;
+    differing += d > 0;
+    elements += static_cast<std::int64_t>(a.size());
+    elements_differing += d;
+  }
+  return {{"scenarios", ran}, {"scenarios_differing", differing}, {"elements", elements},
+          {"elements_differing", elements_differing},
+          {"what", "synthetic models, world 2-4, ZeRO 1-3, fp32/bf16, N 2-4, gaussian data: coalesced vs per-backward "
+                   "gradients on DeepSpeed, element by element"}};
+}
+
 }  // namespace
 
 std::vector<Invariant> reference_invariants(ReferencePools& pools) {
@@ -404,6 +448,7 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
     }
     j["invariants_on_deepspeed"].push_back(r);
   }
+  j["i1_gaussian_on_deepspeed"] = i1_gaussian_count(pools, std::max(1, opts.cases / 10), opts.seed);
   // I4 on DeepSpeed: one probe (its facts, not generated cases).
   nlohmann::json i4 = {{"name", "deepspeed-I4-zero3-dict-copies-and-fake-reads"}, {"cases", 1},
                        {"explanation", "On DeepSpeed itself: a ZeRO-3 module's _parameters is a ZeROOrderedDict whose "

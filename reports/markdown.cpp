@@ -116,6 +116,12 @@ std::string md_reference(const VerifyReport& r) {
     s += fmt::format("| {} | {} | {} | {} |\n", code_or_dash(i.value("name", "")), i.value("holds", false) ? "yes" : "**NO**",
                      i.value("cases", 0), code_or_dash(i.value("failure", "")));
   }
+  if (j.contains("i1_gaussian_on_deepspeed")) {
+    const nlohmann::json& g = j["i1_gaussian_on_deepspeed"];
+    s += fmt::format("\nGaussian data ({}): the two paths differ in {} of {} scenarios, {} of {} gradient elements.\n",
+                     md_text(g.value("what", "")), g.value("scenarios_differing", 0), g.value("scenarios", 0),
+                     g.value("elements_differing", 0), g.value("elements", 0));
+  }
   s += "\n### Known divergence classes\n\n| class | cases | witness | affects | DeepSpeed |\n|---|---:|---|---|---|\n";
   for (const nlohmann::json& c : j.value("classes", nlohmann::json::array())) {
     std::string affects;
