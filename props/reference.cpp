@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <bit>
+#include <climits>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -58,6 +60,25 @@ std::string first_element_diff(const Scenario& s, int step, const std::vector<do
   for (std::size_t k = 0; k < sim.size(); ++k) count += first_mismatch({sim[k]}, {ds[k]}).has_value();
   return fmt::format("step {}, {}: zerocheck {} vs DeepSpeed {} ({} of {} elements differ)", step,
                      element_name(s, static_cast<std::int64_t>(*i)), bits(sim[*i]), bits(ds[*i]), count, sim.size());
+}
+
+// The distance of two values of `dtype` (f32 or bf16, held exactly in doubles) in units in its
+// last place: the difference of their ordered f32 bit patterns, over 2^16 for bf16.
+std::int64_t ulps_apart(double a, double b, DType dtype) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) ? 0 : INT64_MAX;
+  auto ordered = [](double v) {
+    const auto i = static_cast<std::int64_t>(std::bit_cast<std::int32_t>(static_cast<float>(v)));
+    return i < 0 ? std::int64_t{INT32_MIN} - i : i;
+  };
+  const std::int64_t d = std::llabs(ordered(a) - ordered(b));
+  return dtype == DType::bf16 ? d >> 16 : d;
+}
+
+std::int64_t max_ulps_apart(const std::vector<double>& a, const std::vector<double>& b, DType dtype) {
+  if (a.size() != b.size()) return INT64_MAX;
+  std::int64_t m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, ulps_apart(a[i], b[i], dtype));
+  return m;
 }
 
 }  // namespace
@@ -183,18 +204,26 @@ const ReferenceRecord::mapped_type& entry(const ReferenceRecord& r, const std::s
 void compare_records(const Scenario& s, const RunResult& sim, const std::vector<ReferenceRecord>& ds,
                      ReferenceComparison& out) {
   const ReferenceRecord& d0 = ds.at(0);
-  auto note = [&](const std::string& field, const std::string& detail) {
-    for (const FieldDiff& f : out.diffs) {
-      if (f.field == field) return;  // the first difference per field
+  auto note = [&](const std::string& field, const std::string& detail, std::int64_t ulps = -1) {
+    for (FieldDiff& f : out.diffs) {
+      if (f.field == field) {  // the first difference per field, the largest distance over all steps
+        f.max_ulps = std::max(f.max_ulps, ulps);
+        return;
+      }
     }
-    out.diffs.push_back({field, detail});
+    out.diffs.push_back({field, detail, ulps});
+  };
+  const DType accum = s.grad_accum_dtype.empty() ? dtype_of(s) : DType::f32;
+  auto value = [&](const char* field, int step, const std::vector<double>& z, const char* key, DType dtype) {
+    const std::vector<double>& d = entry(d0, fmt::format("{}/{}", key, step));
+    if (std::string diff = first_element_diff(s, step, z, d); !diff.empty()) note(field, diff, max_ulps_apart(z, d, dtype));
   };
   for (int step = 0; step < s.steps; ++step) {
     const auto at = static_cast<std::size_t>(step);
-    if (std::string d = first_element_diff(s, step, sim.grads.at(at), entry(d0, fmt::format("grads/{}", step))); !d.empty()) note("grads", d);
-    if (std::string d = first_element_diff(s, step, sim.params.at(at), entry(d0, fmt::format("params/{}", step))); !d.empty()) note("params", d);
+    value("grads", step, sim.grads.at(at), "grads", s.offload != "none" ? DType::f32 : accum);
+    value("params", step, sim.params.at(at), "params", dtype_of(s));
     if (s.dtype == "f32") {  // fp32 training: the master is the param (bf16: see Note in the README's reference section)
-      if (std::string d = first_element_diff(s, step, sim.params.at(at), entry(d0, fmt::format("masters/{}", step))); !d.empty()) note("masters", d);
+      value("masters", step, sim.params.at(at), "masters", DType::f32);
     }
     const double ds_scale = entry(d0, fmt::format("loss_scale/{}", step)).at(0);
     if (sim.loss_scales.at(at) != ds_scale) note("loss_scale", fmt::format("step {}: zerocheck {} vs DeepSpeed {}", step, sim.loss_scales.at(at), ds_scale));

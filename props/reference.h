@@ -37,6 +37,9 @@ ReferenceRecord read_reference_record(const std::filesystem::path& file);
 struct FieldDiff {
   std::string field;
   std::string detail;  // step, param[index], both values and bit patterns
+  // grads, params, masters: the largest distance of any element on any step, in units in the
+  // last place of the dtype (f32 or bf16); -1 for the other fields.
+  std::int64_t max_ulps = -1;
 };
 
 struct ReferenceComparison {
@@ -61,16 +64,18 @@ struct DivergenceClass {
   std::string id, summary, deepspeed;  // deepspeed: the installed package's file:line
   nlohmann::json when;                 // {scenario key: [allowed values] | {"min": x, "max": y}}
   std::vector<std::string> affects;    // fields (a "comm:" prefix covers every kind)
+  std::int64_t max_ulps = -1;          // >= 0: a value field is covered only within this many ulps
   Scenario witness;
 };
 std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path& file);
 std::filesystem::path divergence_classes_file();  // the source tree's reference/deepspeed/known_divergences.json
-bool class_covers(const DivergenceClass& c, const Scenario& s, const std::string& field);
+bool class_covers(const DivergenceClass& c, const Scenario& s, const FieldDiff& diff);
 
 // The comparison's verdict: holds when every differing field is covered by a class that applies.
 struct ReferenceVerdict {
   Verdict verdict;
   std::vector<std::string> classes;  // the classes that explained differences
+  std::map<std::string, std::int64_t> class_ulps;  // per class: the largest value distance it explained
   bool matched = false;              // no difference at all
   bool values_match = false;         // no difference in grads, params, masters, loss scale, skips, micro_step_id, ranks
   bool comm_match = false;           // the same collective calls and bytes per kind

@@ -39,6 +39,7 @@ std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path
       d.deepspeed = c.at("deepspeed").get<std::string>();
       d.when = c.at("when");
       d.affects = c.at("affects").get<std::vector<std::string>>();
+      d.max_ulps = c.value("max_ulps", std::int64_t{-1});
       d.witness = scenario_from_json(c.at("witness"));
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("{}: class {}: {}", file.string(), c.dump().substr(0, 80), e.what()));
@@ -80,8 +81,9 @@ bool field_affected(const DivergenceClass& c, const std::string& field) {
 
 }  // namespace
 
-bool class_covers(const DivergenceClass& c, const Scenario& s, const std::string& field) {
-  if (!field_affected(c, field)) return false;
+bool class_covers(const DivergenceClass& c, const Scenario& s, const FieldDiff& diff) {
+  if (!field_affected(c, diff.field)) return false;
+  if (c.max_ulps >= 0 && diff.max_ulps > c.max_ulps) return false;  // past the class's stated bound
   const nlohmann::json j = to_json(s);
   for (const auto& [key, cond] : c.when.items()) {
     if (!condition_holds(j.at(key), cond)) return false;
@@ -99,17 +101,19 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
   for (const FieldDiff& d : c.diffs) {
     const DivergenceClass* by = nullptr;
     for (const DivergenceClass& k : classes) {
-      if (class_covers(k, s, d.field)) {
+      if (class_covers(k, s, d)) {
         by = &k;
         break;
       }
     }
     if (by == nullptr) {
-      if (v.verdict.holds) v.verdict.failure = fmt::format("unlisted divergence in {}: {}", d.field, d.detail);
+      const std::string ulps = d.max_ulps >= 0 ? fmt::format(" ({} ulp at most)", d.max_ulps) : "";
+      if (v.verdict.holds) v.verdict.failure = fmt::format("unlisted divergence in {}{}: {}", d.field, ulps, d.detail);
       else v.verdict.failure += fmt::format("; also {}", d.field);
       v.verdict.holds = false;
-    } else if (std::find(v.classes.begin(), v.classes.end(), by->id) == v.classes.end()) {
-      v.classes.push_back(by->id);
+    } else {
+      if (std::find(v.classes.begin(), v.classes.end(), by->id) == v.classes.end()) v.classes.push_back(by->id);
+      if (d.max_ulps >= 0) v.class_ulps[by->id] = std::max(v.class_ulps[by->id], d.max_ulps);
     }
   }
   if (v.verdict.holds && !c.diffs.empty()) {
@@ -377,7 +381,7 @@ nlohmann::json check_witnesses(const std::vector<DivergenceClass>& classes, Refe
       const ReferenceComparison cmp = compare_with_deepspeed(c.witness, pools);
       std::string detail;
       for (const FieldDiff& d : cmp.diffs) {
-        if (field_affected(c, d.field) && detail.empty()) detail = d.field + ": " + d.detail;
+        if (class_covers(c, c.witness, d) && detail.empty()) detail = d.field + ": " + d.detail;
       }
       r["witness_diverges"] = !detail.empty();
       r["witness_detail"] = detail.empty() ? "the witness matches DeepSpeed: remove this entry" : detail;
@@ -407,9 +411,11 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   // Cases after the first failure are RapidCheck's shrinking: the table counts the campaign's own.
   if (c.failed && static_cast<int>(tally->cases.size()) > c.cases) tally->cases.resize(static_cast<std::size_t>(c.cases));
   std::map<std::string, int> seen;
+  std::map<std::string, std::int64_t> ulps_seen;
   int matched = 0, listed = 0, refused = 0, values = 0;
   for (const auto& [s, v] : tally->cases) {
     for (const std::string& id : v.classes) seen[id]++;
+    for (const auto& [id, u] : v.class_ulps) ulps_seen[id] = std::max(ulps_seen[id], u);
     matched += v.matched && !v.refused;
     values += v.values_match;
     refused += v.refused;
@@ -430,6 +436,13 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
     j["scenario_file"] = file.string();
   }
   j["classes"] = check_witnesses(classes, pools, opts.out, seen);
+  for (nlohmann::json& k : j["classes"]) {
+    const std::string id = k.value("id", "");
+    k["max_ulps_seen"] = ulps_seen.contains(id) ? ulps_seen.at(id) : -1;
+    for (const DivergenceClass& dc : classes) {
+      if (dc.id == id && dc.max_ulps >= 0) k["max_ulps"] = dc.max_ulps;
+    }
+  }
   j["invariants_on_deepspeed"] = nlohmann::json::array();
   const std::vector<Invariant> on_ds = reference_invariants(pools);
   for (std::size_t k = 1; k < on_ds.size(); ++k) {

@@ -230,3 +230,28 @@ TEST(DeepSpeedReference, I4OnDeepSpeedCopiesKeepTheParentAndFakeReadsSkipDsStatu
 
 }  // namespace
 }  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+// A class with a stated bound covers a value difference only within it: past the bound the
+// comparison fails, so a bounded class cannot hide a larger error.
+TEST(DeepSpeedReference, ABoundedClassCoversOnlyDifferencesWithinItsBound) {
+  DivergenceClass adam;
+  adam.id = "bounded";
+  adam.when = {{"optimizer", {"AdamW"}}};
+  adam.affects = {"params"};
+  adam.max_ulps = 4;
+  Scenario s = sgd(1, 2);
+  s.optimizer = "AdamW";
+  ReferenceComparison c;
+  c.diffs.push_back({"params", "crafted", 4});
+  EXPECT_TRUE(classify(s, c, {adam}).verdict.holds);
+  c.diffs[0].max_ulps = 5;
+  const ReferenceVerdict v = classify(s, c, {adam});
+  EXPECT_FALSE(v.verdict.holds);
+  EXPECT_NE(v.verdict.failure.find("5 ulp at most"), std::string::npos) << v.verdict.failure;
+}
+
+}  // namespace
+}  // namespace zc::props
