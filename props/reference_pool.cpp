@@ -84,6 +84,8 @@ ReferenceEnv reference_env() {
 
 ReferencePool::ReferencePool(ReferenceEnv env, int world) : env_(std::move(env)), world_(world) {
   if (world < 1 || world > 4) throw ConfigError(fmt::format("the DeepSpeed reference runs worlds 1-4, not {}", world));
+  // A write to a worker that has died must be an error naming it (EPIPE), not SIGPIPE killing us.
+  ::signal(SIGPIPE, SIG_IGN);
   logs_ = std::filesystem::temp_directory_path() / fmt::format("zerocheck-ds-{}-w{}", ::getpid(), world);
   std::filesystem::create_directories(logs_);
 }
@@ -98,6 +100,7 @@ ReferencePool::~ReferencePool() {
 
 void ReferencePool::start() {
   const int port = free_port();
+  port_ = port;
   workers_.assign(static_cast<std::size_t>(world_), Worker{});
   const std::filesystem::path ext = env_.env_dir / "torch_extensions";
   for (int r = 0; r < world_; ++r) {
@@ -179,6 +182,17 @@ void ReferencePool::stop(bool force) {
     w.pid = -1;
   }
   workers_.clear();
+  // Note [DeepSpeed shm buffers]: init_distributed on the CPU accelerator creates shared-memory
+  // all-reduce buffers (/dev/shm/deepspeed_allreduce_buffer_<n>_<addr>_<port>_<rank>, about 65 MB
+  // per rank) and never unlinks them; a pool restarted per port would fill memory (21 GB seen).
+  std::error_code ec;
+  const std::string mine = fmt::format("_127.0.0.1_{}_", port_);
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("deepspeed_allreduce_buffer_", 0) == 0 && name.find(mine) != std::string::npos) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
 }
 
 std::string ReferencePool::log_tail(int rank) const {

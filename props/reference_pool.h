@@ -67,6 +67,7 @@ class ReferencePool {
   ReferenceEnv env_;
   int world_;
   int starts_ = 0;
+  int port_ = 0;  // the workers' MASTER_PORT
   std::filesystem::path logs_;
   std::vector<Worker> workers_;
 };
