@@ -194,7 +194,7 @@ void read_optimizer(Config& c, Reader& top) {
   oc.momentum = pr.number("momentum", 0.0);
   oc.dampening = pr.number("dampening", 0.0);
   oc.nesterov = pr.boolean("nesterov", false);
-  pr.boolean("torch_adam", false);
+  oc.torch_adam = pr.boolean("torch_adam", false);
   pr.boolean("fused", false);
   pr.warn_unknown();
 }

@@ -28,6 +28,9 @@ struct OptimizerConfig {
   double dampening = 0.0;
   bool nesterov = false;
   bool bias_correction = true;
+  // optimizer.params.torch_adam: torch.optim.Adam/AdamW in place of DeepSpeed's FusedAdam (and in
+  // place of DeepSpeedCPUAdam under offload, as DeepSpeed's get_optimizer_configuration decides).
+  bool torch_adam = false;
 };
 
 struct Fp16Config {

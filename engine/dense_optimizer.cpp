@@ -24,7 +24,13 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
   const int part = partitioned_ ? rank_ : 0;
   master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition");
   dev_.cast(master_, flat_.narrow(part * pn, pn));
-  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer");
+  // DeepSpeed steps a stage-0 fp32 model's params one tensor at a time (the torch optimizer over
+  // model.parameters()); FP16_Optimizer and BF16_Optimizer step one flat fp32 tensor.
+  BaseOptimizer::Segments segments;
+  if (!partitioned_ && dtype_ == DType::f32) {
+    for (std::size_t i = 0; i < params_.size(); ++i) segments.emplace_back(layout_.offsets[i], params_[i]->numel());
+  }
+  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width, std::move(segments));
   record(fmt::format("{} init: {} params, {} elements", name(), params_.size(), layout_.numel));
 }
 

@@ -2,6 +2,7 @@
 // product and sum rounds exactly where the code says (no FMA), as the CUDA kernels must too.
 #include "engine/host_device.h"
 
+#include "engine/adam_math.h"
 #include "engine/errors.h"
 
 #include <bit>
@@ -318,25 +319,16 @@ void HostDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
   same_numel("adam_step", param, exp_avg);
   same_numel("adam_step", param, exp_avg_sq);
   ZC_ASSERT(p.step >= 1, "adam step count is 1-based, got {}", p.step);
-  const float lr = static_cast<float>(p.lr), b1 = static_cast<float>(p.beta1);
-  const float b2 = static_cast<float>(p.beta2), eps = static_cast<float>(p.eps);
-  const float wd = static_cast<float>(p.weight_decay);
-  const double dstep = static_cast<double>(p.step);
-  const float bc1 = p.bias_correction ? static_cast<float>(1.0 - std::pow(p.beta1, dstep)) : 1.0f;
-  const float bc2 = p.bias_correction ? static_cast<float>(1.0 - std::pow(p.beta2, dstep)) : 1.0f;
-  const float bc2_sqrt = std::sqrt(bc2);
   auto* pw = static_cast<float*>(param.raw());
   auto* m = static_cast<float*>(exp_avg.raw());
   auto* v = static_cast<float*>(exp_avg_sq.raw());
+  if (p.kernel == AdamKernel::torch_cpu) {
+    throw NotImplementedError("torch_adam: torch.optim.Adam/AdamW's CPU arithmetic is not modelled yet");
+  }
+  const DsCpuAdamScalars k = ds_cpu_adam_scalars(p);
+  const std::int64_t body = param.numel() & ~static_cast<std::int64_t>(p.simd_width - 1);
   for (std::int64_t i = 0; i < param.numel(); ++i) {
-    float g = load_as_f32(grad.raw(), grad.dtype(), i);
-    if (!p.adamw && wd != 0.0f) g = g + wd * pw[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * g;
-    v[i] = b2 * v[i] + ((1.0f - b2) * g) * g;
-    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-    float update = (m[i] / bc1) / denom;
-    if (p.adamw && wd != 0.0f) update = update + wd * pw[i];
-    pw[i] = pw[i] - lr * update;
+    ds_cpu_adam_element(k, i >= body, load_as_f32(grad.raw(), grad.dtype(), i), pw[i], m[i], v[i]);
   }
   count_kernel(16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
 }

@@ -45,8 +45,16 @@ void LossScaler::update_scale(bool overflow) {
 }
 
 BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel,
-                             const std::string& label)
-    : cfg_(cfg), dev_(dev) {
+                             const std::string& label, int adam_simd_width, Segments segments)
+    : cfg_(cfg), dev_(dev), adam_simd_width_(adam_simd_width), segments_(std::move(segments)) {
+  if (adam_simd_width_ < 1 || (adam_simd_width_ & (adam_simd_width_ - 1)) != 0) {
+    throw ConfigError(fmt::format("adam_simd_width {} is not a power of two (16 models an AVX-512 build, 8 AVX2)",
+                                  adam_simd_width_));
+  }
+  if (segments_.empty()) segments_.emplace_back(0, numel);
+  for (const auto& [off, len] : segments_) {
+    ZC_ASSERT(off >= 0 && len >= 0 && off + len <= numel, "optimizer segment [{}, +{}) outside [0, {})", off, len, numel);
+  }
   state_a_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg");
   if (cfg.type != OptimizerType::sgd) state_b_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg_sq");
 }
@@ -55,10 +63,13 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {
   ++steps_;
   if (cfg_.type == OptimizerType::sgd) {
     SgdParams p{cfg_.lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, steps_ == 1};
-    dev_.sgd_step(master, grad, state_a_, p);
+    for (const auto& [off, len] : segments_) {
+      dev_.sgd_step(master.narrow(off, len), grad.narrow(off, len), state_a_.narrow(off, len), p);
+    }
     return;
   }
   AdamParams p;
+  p.kernel = cfg_.torch_adam ? AdamKernel::torch_cpu : AdamKernel::ds_cpu;
   p.lr = cfg_.lr;
   p.beta1 = cfg_.beta1;
   p.beta2 = cfg_.beta2;
@@ -67,7 +78,22 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {
   p.adamw = cfg_.adam_w_mode;
   p.bias_correction = cfg_.bias_correction;
   p.step = steps_;
-  dev_.adam_step(master, grad, state_a_, state_b_, p);
+  p.simd_width = adam_simd_width_;
+  // IncrementStep: pow (in f64, rounded to f32) at the first step, a running f32 product after.
+  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+  if (steps_ == 1) {
+    beta1_pow_ = static_cast<float>(std::pow(static_cast<double>(b1), 1.0));
+    beta2_pow_ = static_cast<float>(std::pow(static_cast<double>(b2), 1.0));
+  } else {
+    beta1_pow_ *= b1;
+    beta2_pow_ *= b2;
+  }
+  p.beta1_pow = beta1_pow_;
+  p.beta2_pow = beta2_pow_;
+  for (const auto& [off, len] : segments_) {
+    dev_.adam_step(master.narrow(off, len), grad.narrow(off, len), state_a_.narrow(off, len),
+                   state_b_.narrow(off, len), p);
+  }
 }
 
 double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip) {

@@ -6,6 +6,9 @@
 #include "engine/config.h"
 #include "engine/device.h"
 
+#include <utility>
+#include <vector>
+
 namespace zc {
 
 // DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py), or a static scale.
@@ -32,14 +35,19 @@ class LossScaler {
   std::int64_t last_overflow_iter_ = -1;
 };
 
-// The base optimizer on one f32 flat tensor (a partition of the master params).
+// The base optimizer on one f32 flat tensor (a partition of the master params). `segments`
+// ({offset, length}) are the tensors DeepSpeed's optimizer steps one by one (each param at stage 0
+// in fp32, else the whole flat partition); a kernel's vector tail is per tensor.
 class BaseOptimizer {
  public:
-  BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel, const std::string& label);
+  using Segments = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel, const std::string& label,
+                int adam_simd_width, Segments segments = {});
   // master -= update(grad); grad is f32 [numel], already unscaled and clipped.
   void step(const Tensor& master, const Tensor& grad);
   std::int64_t steps() const { return steps_; }
   const Tensor& exp_avg() const { return state_a_; }
+  const Tensor& exp_avg_sq() const { return state_b_; }
 
  private:
   OptimizerConfig cfg_;
@@ -47,6 +55,11 @@ class BaseOptimizer {
   Tensor state_a_;  // [numel] f32: Adam exp_avg, or SGD momentum buffer
   Tensor state_b_;  // [numel] f32: Adam exp_avg_sq
   std::int64_t steps_ = 0;
+  int adam_simd_width_;
+  Segments segments_;
+  // DeepSpeed's Adam_Optimizer::IncrementStep: beta^step as a running f32 product.
+  float beta1_pow_ = 1.0f;
+  float beta2_pow_ = 1.0f;
 };
 
 // The factor every gradient is divided by before the update.

@@ -42,11 +42,11 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
     master_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32, CPU
     cpu_->to_cpu(master_, flat_.narrow(rank_ * pn, pn));
     fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad");
-    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer");  // CPU Adam
+    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer", opts.adam_simd_width);  // CPU Adam
   } else {
     master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32
     dev_.cast(master_, flat_.narrow(rank_ * pn, pn));
-    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer");
+    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width);
   }
   is_in_partition_.assign(params_.size(), 0);
   partition_pos_.assign(params_.size(), -1);

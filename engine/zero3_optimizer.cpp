@@ -58,7 +58,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   } else {  // params on the CPU, optimizer on the device: a real transfer up
     cpu_->to_device(master_, fp16_partition_);
   }
-  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer");
+  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer", opts.adam_simd_width);
   grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions");
   if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition");
   bucket_capacity_ = std::max<std::int64_t>(1, std::min(bucket_size_, total));

@@ -28,6 +28,10 @@ struct Options {
   Comm* expert_data_parallel = nullptr;
   // Loads the DeepCompile runtime for compile() with a ZeRO backend (see deepcompile.h).
   RuntimeLoader* deepcompile_loader = nullptr;
+  // The vector width of the DeepSpeed CPU Adam build being modelled (Note [DeepSpeed CPU Adam]):
+  // 16 when DeepSpeed compiled it with -D__AVX512__, 8 with -D__AVX256__. The bits of every
+  // element past the last multiple of it depend on it.
+  int adam_simd_width = 16;
 };
 
 // Which of the model's params an optimizer owns (DeepSpeed's param groups with their own

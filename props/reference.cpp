@@ -267,7 +267,9 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   std::uint64_t h = 0xcbf29ce484222325ull;
   RunResult sim;
   try {
-    sim = run_on_sim(to_run_spec(s, {}, {}));
+    RunSpec spec = to_run_spec(s, {}, {});
+    spec.adam_simd_width = reference_env().adam_simd_width;  // the build DeepSpeed runs here
+    sim = run_on_sim(spec);
     for (std::size_t k = 0; k < sim.grads.size(); ++k) {
       h = hash_values(h, "sim grads", sim.grads[k]);
       h = hash_values(h, "sim params", sim.params[k]);

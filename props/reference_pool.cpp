@@ -79,6 +79,18 @@ ReferenceEnv reference_env() {
   if (!std::filesystem::exists(e.worker)) {
     throw ConfigError(fmt::format("the DeepSpeed worker {} does not exist (set ZC_DS_WORKER)", e.worker.string()));
   }
+  const std::filesystem::path ninja = e.env_dir / "torch_extensions" / "fused_adam" / "build.ninja";
+  std::ifstream in(ninja);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("cflags", 0) != 0) continue;
+    if (line.find("-D__AVX512__") != std::string::npos) e.adam_simd_width = 16;
+    else if (line.find("-D__AVX256__") != std::string::npos) e.adam_simd_width = 8;
+  }
+  if (e.adam_simd_width == 0) {
+    throw ConfigError(fmt::format("cannot tell the vector width of DeepSpeed's CPU Adam from {} (no -D__AVX512__ or "
+                                  "-D__AVX256__ in its cflags; zerocheck models those two builds): rerun scripts/ds-env.sh",
+                                  ninja.string()));
+  }
   return e;
 }
 

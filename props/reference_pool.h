@@ -21,6 +21,9 @@ struct ReferenceEnv {
   std::filesystem::path python;      // env_dir/bin/python
   std::filesystem::path worker;      // reference/deepspeed/worker.py
   double timeout_s = 120;            // per command (a scenario on every rank, or the start)
+  // The vector width DeepSpeed built its CPU Adam with on this machine (-D__AVX512__: 16,
+  // -D__AVX256__: 8; read from the prebuilt op's build.ninja): Options::adam_simd_width.
+  int adam_simd_width = 0;
 };
 
 // The environment scripts/ds-env.sh creates: $ZC_DS_ENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/zerocheck/ds-env

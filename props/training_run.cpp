@@ -162,6 +162,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   init_model(spec, *model, dev, cfg.model_dtype());
   opts.bugs = spec.bugs;
   opts.trace = trace;
+  opts.adam_simd_width = spec.adam_simd_width;
   std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
   opts.deepcompile_loader = loader.get();
   Engine engine(cfg, *model, dev, world, opts);

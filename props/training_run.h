@@ -43,6 +43,11 @@ struct RunSpec {
   bool same_batch_every_step = false;
   bool collect_grads = true;  // gather full grads each step (a collective; off for plain training)
   BugSet bugs;
+  // Options::adam_simd_width. 1 here, a position-independent Adam (every element in the vector
+  // body's order), so that I1 compares partitionings, not where each rank's vector tail falls:
+  // with DeepSpeed's real build (16 on AVX-512) Adam's bits move with the partition boundaries
+  // (SPEC 5, I1). The DeepSpeed comparison sets the width DeepSpeed was built with.
+  int adam_simd_width = 1;
   sim::SimOptions sim;
   // engine.destroy() after the last step (the lifecycle I3 checks).
   bool destroy_at_end = false;

@@ -305,19 +305,12 @@ void CudaDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
   same_numel("adam_step", param, exp_avg);
   same_numel("adam_step", param, exp_avg_sq);
   ZC_ASSERT(p.step >= 1, "adam step count is 1-based, got {}", p.step);
-  // The scalars exactly as HostDevice::adam_step computes them, on the host.
-  const double dstep = static_cast<double>(p.step);
-  const float bc2 = p.bias_correction ? static_cast<float>(1.0 - std::pow(p.beta2, dstep)) : 1.0f;
-  const kernels::AdamScalars a{static_cast<float>(p.lr),
-                               static_cast<float>(p.beta1),
-                               static_cast<float>(p.beta2),
-                               static_cast<float>(p.eps),
-                               static_cast<float>(p.weight_decay),
-                               p.bias_correction ? static_cast<float>(1.0 - std::pow(p.beta1, dstep)) : 1.0f,
-                               std::sqrt(bc2),
-                               p.adamw};
+  if (p.kernel == AdamKernel::torch_cpu) {
+    throw NotImplementedError("torch_adam: torch.optim.Adam/AdamW's CPU arithmetic is not modelled yet");
+  }
+  const std::int64_t body = param.numel() & ~static_cast<std::int64_t>(p.simd_width - 1);
   CUDA_CHECK(kernels::adam(st_->stream, static_cast<float*>(param.raw()), vw(grad), static_cast<float*>(exp_avg.raw()),
-                  static_cast<float*>(exp_avg_sq.raw()), a, param.numel()));
+                           static_cast<float*>(exp_avg_sq.raw()), ds_cpu_adam_scalars(p), body, param.numel()));
   count_kernel(16 * param.numel(), 4 * param.nbytes(), 3 * param.nbytes());
 }
 

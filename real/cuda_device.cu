@@ -342,20 +342,15 @@ void permute_k(cudaStream_t s, void* dst, const void* src, int esize, std::int64
   });
 }
 
-// Adam in FusedAdam's order (device.h AdamParams), f32 states; the grad may be any dtype.
-void adam_k(cudaStream_t s, float* pw, View g_, float* m, float* v, AdamScalars a, std::int64_t n) {
+// Adam as DeepSpeed's CPU kernel computes it (engine/adam_math.h), f32 states; any grad dtype.
+void adam_k(cudaStream_t s, float* pw, View g_, float* m, float* v, DsCpuAdamScalars a, std::int64_t body,
+            std::int64_t n) {
   each(s, n, [=] __device__(std::int64_t i) {
-    float g = ld32(g_, i);
-    const float p = pw[i];
-    if (!a.adamw && a.wd != 0.0f) g = g + a.wd * p;
-    const float mi = a.b1 * m[i] + (1.0f - a.b1) * g;
-    const float vi = a.b2 * v[i] + ((1.0f - a.b2) * g) * g;
-    const float denom = dsqrt(vi) / a.bc2_sqrt + a.eps;
-    float update = (mi / a.bc1) / denom;
-    if (a.adamw && a.wd != 0.0f) update = update + a.wd * p;
+    float p = pw[i], mi = m[i], vi = v[i];
+    ds_cpu_adam_element(a, i >= body, ld32(g_, i), p, mi, vi);
     m[i] = mi;
     v[i] = vi;
-    pw[i] = p - a.lr * update;
+    pw[i] = p;
   });
 }
 void sgd_k(cudaStream_t s, float* pw, View g_, float* buf, SgdScalars a, std::int64_t n) {
@@ -516,8 +511,9 @@ cudaError_t permute_0213(cudaStream_t s, void* dst, const void* src, int esize, 
   permute_k(s, dst, src, esize, a, b, c, d);
   return cudaGetLastError();
 }
-cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, AdamScalars a, std::int64_t n) {
-  adam_k(s, p, g, m, v, a, n);
+cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, DsCpuAdamScalars a, std::int64_t body,
+                 std::int64_t n) {
+  adam_k(s, p, g, m, v, a, body, n);
   return cudaGetLastError();
 }
 cudaError_t sgd(cudaStream_t s, float* p, View g, float* buf, SgdScalars a, std::int64_t n) {

@@ -5,7 +5,8 @@
 // as HostDevice does.
 #pragma once
 
-#include "engine/device.h"  // DType, kReduceBlock (no fmt: nvcc compiles this header)
+#include "engine/adam_math.h"  // DsCpuAdamScalars (no fmt: nvcc compiles this header)
+#include "engine/device.h"     // DType, kReduceBlock
 
 #include <cuda_runtime_api.h>
 
@@ -22,10 +23,6 @@ struct View {
 enum class Combine : int { sum, max_nan, max };
 inline constexpr int kTile = 16;  // matmul tile edge
 
-struct AdamScalars {  // computed on the host exactly as HostDevice::adam_step does
-  float lr, b1, b2, eps, wd, bc1, bc2_sqrt;
-  bool adamw;
-};
 struct SgdScalars {
   float lr, mom, damp, wd;
   bool use_momentum, first_step, nesterov;
@@ -59,7 +56,9 @@ cudaError_t softmax_backward(cudaStream_t s, bool f64, View dx, View dout, View 
                              std::int64_t cols);
 cudaError_t permute_0213(cudaStream_t s, void* dst, const void* src, int esize, std::int64_t a, std::int64_t b,
                          std::int64_t c, std::int64_t d);
-cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, AdamScalars a, std::int64_t n);
+// DeepSpeed's CPU Adam (Note [DeepSpeed CPU Adam]): elements at index >= body take the tail's order.
+cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, DsCpuAdamScalars a, std::int64_t body,
+                 std::int64_t n);
 cudaError_t sgd(cudaStream_t s, float* p, View g, float* buf, SgdScalars a, std::int64_t n);
 cudaError_t matmul(cudaStream_t s, bool f64, View out, View a, View b, bool ta, bool tb, bool accumulate,
                    std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb);

@@ -235,6 +235,8 @@ void run_op(Runner& k) {
     ap.weight_decay = (c.variant & 2) != 0 ? 0.01 : 0.0;
     ap.bias_correction = (c.variant & 4) == 0;
     ap.step = 1 + (c.variant >> 3);
+    ap.beta1_pow = static_cast<float>(std::pow(0.9, static_cast<double>(ap.step)));
+    ap.beta2_pow = static_cast<float>(std::pow(0.999, static_cast<double>(ap.step)));
     dev.adam_step(p, g, m, v, ap);
     k.keep("param", p);
     k.keep("exp_avg", m);
