@@ -2,7 +2,7 @@
 // product and sum rounds exactly where the code says (no FMA), as the CUDA kernels must too.
 #include "engine/host_device.h"
 
-#include "engine/adam_math.h"
+#include "engine/optimizer_math.h"
 #include "engine/errors.h"
 
 #include <bit>
@@ -345,18 +345,12 @@ void HostDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
     f32_state("sgd_step", momentum_buf);
     same_numel("sgd_step", param, momentum_buf);
   }
-  const float lr = static_cast<float>(p.lr), mom = static_cast<float>(p.momentum);
-  const float damp = static_cast<float>(p.dampening), wd = static_cast<float>(p.weight_decay);
+  const TorchSgdScalars k = torch_sgd_scalars(p);
   auto* pw = static_cast<float*>(param.raw());
   auto* buf = use_momentum ? static_cast<float*>(momentum_buf.raw()) : nullptr;
+  float unused = 0.0f;
   for (std::int64_t i = 0; i < param.numel(); ++i) {
-    float g = load_as_f32(grad.raw(), grad.dtype(), i);
-    if (wd != 0.0f) g = g + wd * pw[i];
-    if (use_momentum) {
-      buf[i] = p.first_step ? g : mom * buf[i] + (1.0f - damp) * g;
-      g = p.nesterov ? g + mom * buf[i] : buf[i];
-    }
-    pw[i] = pw[i] - lr * g;
+    torch_sgd_element(k, load_as_f32(grad.raw(), grad.dtype(), i), pw[i], use_momentum ? buf[i] : unused);
   }
   count_kernel(6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
 }

@@ -130,7 +130,9 @@ rc::Gen<Scenario> gen_reference_scenario() {
   d.tree = false;
   using namespace rc;
   auto uniform = [](auto g) { return gen::resize(100, std::move(g)); };
-  // Adam's variants: torch_adam, adam_w_mode false, weight decay (all inside adam-arithmetic).
+  // Adam's variants: adam_w_mode false, weight decay, and (one in eight) torch_adam, which stays a
+  // listed divergence (torch-adam-arithmetic). SGD's: momentum, weight decay, an lr that is not a
+  // power of two (every update then rounds: torch's fused multiply-adds must be reproduced).
   auto adam_variant = uniform(gen::inRange(0, 8));
   return gen::map(gen::tuple(gen_scenario(d), uniform(gen::element<std::string>("SGD", "Adam", "AdamW")),
                              uniform(gen::inRange(1, 7)), uniform(gen::element<std::string>("explicit", "implicit")),
@@ -138,15 +140,17 @@ rc::Gen<Scenario> gen_reference_scenario() {
                   [](const std::tuple<Scenario, std::string, int, std::string, bool, std::string, int>& t) {
     Scenario s = std::get<0>(t);
     const int variant = std::get<6>(t);
+    s.weight_decay = (variant & 4) != 0 ? 0.01 : 0.0;
     if (std::get<1>(t) != "SGD") {
-      s.torch_adam = (variant & 1) != 0;
+      s.torch_adam = variant == 7;
       s.adam_w_mode = (variant & 2) == 0;
-      s.weight_decay = (variant & 4) != 0 ? 0.01 : 0.0;
+    } else {
+      s.momentum = (variant & 1) != 0 ? 0.9 : 0.0;
     }
     s.dtype = std::get<5>(t);  // fp16 is refused on this CPU (reference_unexpressible)
     if (s.dtype != "bf16" || s.stage == 0) s.grad_accum_dtype = "";
     s.optimizer = std::get<1>(t);
-    s.lr = s.optimizer == "SGD" ? std::ldexp(1.0, -std::get<2>(t)) : 1e-3;
+    s.lr = s.optimizer != "SGD" ? 1e-3 : (variant & 2) != 0 ? 0.01 * std::get<2>(t) : std::ldexp(1.0, -std::get<2>(t));
     s.boundary = std::get<3>(t);
     // Coalescing needs GA 1, ZeRO 1-3 and no BF16_Optimizer wrapper (ZeRO-1 + bf16 + fp32 accumulation, no offload).
     s.coalesce = std::get<4>(t) && s.ga == 1 && s.stage >= 1 &&

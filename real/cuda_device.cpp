@@ -326,11 +326,9 @@ void CudaDevice::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
     device_check::f32_state("sgd_step", momentum_buf);
     same_numel("sgd_step", param, momentum_buf);
   }
-  const kernels::SgdScalars a{static_cast<float>(p.lr), static_cast<float>(p.momentum),
-                              static_cast<float>(p.dampening), static_cast<float>(p.weight_decay),
-                              use_momentum, p.first_step, p.nesterov};
   CUDA_CHECK(kernels::sgd(st_->stream, static_cast<float*>(param.raw()), vw(grad),
-                 use_momentum ? static_cast<float*>(momentum_buf.raw()) : nullptr, a, param.numel()));
+                          use_momentum ? static_cast<float*>(momentum_buf.raw()) : nullptr, torch_sgd_scalars(p),
+                          param.numel()));
   count_kernel(6 * param.numel(), 3 * param.nbytes(), 2 * param.nbytes());
 }
 

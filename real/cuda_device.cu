@@ -342,7 +342,7 @@ void permute_k(cudaStream_t s, void* dst, const void* src, int esize, std::int64
   });
 }
 
-// Adam as DeepSpeed's CPU kernel computes it (engine/adam_math.h), f32 states; any grad dtype.
+// Adam as DeepSpeed's CPU kernel computes it (engine/optimizer_math.h), f32 states; any grad dtype.
 void adam_k(cudaStream_t s, float* pw, View g_, float* m, float* v, DsCpuAdamScalars a, std::int64_t body,
             std::int64_t n) {
   each(s, n, [=] __device__(std::int64_t i) {
@@ -353,15 +353,12 @@ void adam_k(cudaStream_t s, float* pw, View g_, float* m, float* v, DsCpuAdamSca
     pw[i] = p;
   });
 }
-void sgd_k(cudaStream_t s, float* pw, View g_, float* buf, SgdScalars a, std::int64_t n) {
+void sgd_k(cudaStream_t s, float* pw, View g_, float* buf, TorchSgdScalars a, std::int64_t n) {
   each(s, n, [=] __device__(std::int64_t i) {
-    float g = ld32(g_, i);
-    if (a.wd != 0.0f) g = g + a.wd * pw[i];
-    if (a.use_momentum) {
-      buf[i] = a.first_step ? g : a.mom * buf[i] + (1.0f - a.damp) * g;
-      g = a.nesterov ? g + a.mom * buf[i] : buf[i];
-    }
-    pw[i] = pw[i] - a.lr * g;
+    float p = pw[i], b = a.use_momentum ? buf[i] : 0.0f;
+    torch_sgd_element(a, ld32(g_, i), p, b);
+    if (a.use_momentum) buf[i] = b;
+    pw[i] = p;
   });
 }
 
@@ -516,7 +513,7 @@ cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, DsCpuAdam
   adam_k(s, p, g, m, v, a, body, n);
   return cudaGetLastError();
 }
-cudaError_t sgd(cudaStream_t s, float* p, View g, float* buf, SgdScalars a, std::int64_t n) {
+cudaError_t sgd(cudaStream_t s, float* p, View g, float* buf, TorchSgdScalars a, std::int64_t n) {
   sgd_k(s, p, g, buf, a, n);
   return cudaGetLastError();
 }

@@ -5,7 +5,7 @@
 // as HostDevice does.
 #pragma once
 
-#include "engine/adam_math.h"  // DsCpuAdamScalars (no fmt: nvcc compiles this header)
+#include "engine/optimizer_math.h"  // DsCpuAdamScalars (no fmt: nvcc compiles this header)
 #include "engine/device.h"     // DType, kReduceBlock
 
 #include <cuda_runtime_api.h>
@@ -23,10 +23,6 @@ struct View {
 enum class Combine : int { sum, max_nan, max };
 inline constexpr int kTile = 16;  // matmul tile edge
 
-struct SgdScalars {
-  float lr, mom, damp, wd;
-  bool use_momentum, first_step, nesterov;
-};
 
 cudaError_t cast(cudaStream_t s, bool f64, View d, View x, std::int64_t n);
 cudaError_t axpy(cudaStream_t s, bool f64, View y, double alpha, View x, std::int64_t n);
@@ -59,7 +55,8 @@ cudaError_t permute_0213(cudaStream_t s, void* dst, const void* src, int esize, 
 // DeepSpeed's CPU Adam (Note [DeepSpeed CPU Adam]): elements at index >= body take the tail's order.
 cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, DsCpuAdamScalars a, std::int64_t body,
                  std::int64_t n);
-cudaError_t sgd(cudaStream_t s, float* p, View g, float* buf, SgdScalars a, std::int64_t n);
+// torch.optim.SGD (engine/optimizer_math.h); buf is null without momentum.
+cudaError_t sgd(cudaStream_t s, float* p, View g, float* buf, TorchSgdScalars a, std::int64_t n);
 cudaError_t matmul(cudaStream_t s, bool f64, View out, View a, View b, bool ta, bool tb, bool accumulate,
                    std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb);
 // Note [Canonical reduction order] over n terms (kind 0: x^2, 1: x*y, 2: |x| with NaN winning,

@@ -115,26 +115,29 @@ TEST(HostDevice, MaxAbsSeesNaN) {
   EXPECT_TRUE(std::isnan(dev.max_abs(t)));
 }
 
-// The oracle is DeepSpeed itself: tests/data/ds_cpu_adam.txt is what the installed DeepSpeed
-// 0.19.8's FusedAdam (CPU) and DeepSpeedCPUAdam computed on this project's CPU (AVX-512, FMA),
-// written by reference/deepspeed/measure_adam.py; tests/reference_test.cpp measures it afresh.
-TEST(HostDevice, AdamStepReproducesDeepSpeedsCpuAdamBitForBit) {
-  const testing::AdamFixture f = testing::read_adam_fixture(ZC_TEST_DATA "/ds_cpu_adam.txt");
+// The oracle is DeepSpeed itself: tests/data/cpu_optimizers.txt is what the installed DeepSpeed
+// 0.19.8's FusedAdam (CPU) and DeepSpeedCPUAdam, and torch 2.10's SGD, computed on this project's
+// CPU (AVX-512, FMA), written by reference/deepspeed/measure_optimizers.py;
+// tests/reference_test.cpp measures it afresh.
+TEST(HostDevice, OptimizerStepsReproduceDeepSpeedsCpuKernelsBitForBit) {
+  const testing::OptimizerFixture f = testing::read_optimizer_fixture(ZC_TEST_DATA "/cpu_optimizers.txt");
   std::int64_t compared = 0;
-  for (const testing::AdamFixtureCase& c : f.cases) {
-    const std::string diff = testing::replay_adam_case(c, f.simd_width, &compared);
+  for (const testing::OptimizerFixtureCase& c : f.cases) {
+    const std::string diff = testing::replay_optimizer_case(c, f.simd_width, &compared);
     EXPECT_EQ(diff, "") << f.header;
   }
-  EXPECT_GE(compared, 3000);  // the whole fixture was compared
+  EXPECT_GE(compared, 6000);  // the whole fixture was compared
 }
 
 // The vector width decides which elements take the tail's operand order: replaying the fixture
 // as an AVX2 build (8 wide) must fail on the elements between 8 and 16 of the 17- and 40-element
 // cases, or the tail is not what the test measures.
 TEST(HostDevice, AdamTailOrderIsVisibleInTheFixture) {
-  const testing::AdamFixture f = testing::read_adam_fixture(ZC_TEST_DATA "/ds_cpu_adam.txt");
+  const testing::OptimizerFixture f = testing::read_optimizer_fixture(ZC_TEST_DATA "/cpu_optimizers.txt");
   int differs = 0;
-  for (const testing::AdamFixtureCase& c : f.cases) differs += testing::replay_adam_case(c, 8).empty() ? 0 : 1;
+  for (const testing::OptimizerFixtureCase& c : f.cases) {
+    if (c.attrs.at("kernel") != "torch_sgd") differs += testing::replay_optimizer_case(c, 8).empty() ? 0 : 1;
+  }
   EXPECT_GT(differs, 0);
 }
 

@@ -1,5 +1,5 @@
-// Reads and replays reference/deepspeed/measure_adam.py's fixture: what the installed DeepSpeed's
-// CPU Adam computed, step by step, as f32 bit patterns. Replay runs zerocheck's BaseOptimizer
+// Reads and replays reference/deepspeed/measure_optimizers.py's fixture: what the installed
+// DeepSpeed's CPU Adam and torch's SGD computed, step by step, as f32 bit patterns. Replay runs zerocheck's BaseOptimizer
 // (running beta products included) on the same inputs and names the first differing bit.
 #pragma once
 
@@ -19,21 +19,21 @@
 
 namespace zc::testing {
 
-struct AdamFixtureCase {
+struct OptimizerFixtureCase {
   std::map<std::string, std::string> attrs;  // kernel, n, adamw, wd, lr, b1, b2, eps, steps
   std::map<std::string, std::vector<std::uint32_t>> rows;  // p0, g1, p1, m1, v1, ...
 };
 
-struct AdamFixture {
+struct OptimizerFixture {
   std::string header;
   int simd_width = 0;
-  std::vector<AdamFixtureCase> cases;
+  std::vector<OptimizerFixtureCase> cases;
 };
 
-inline AdamFixture read_adam_fixture(const std::string& path) {
+inline OptimizerFixture read_optimizer_fixture(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read the optimizer fixture " + path);
-  AdamFixture f;
+  OptimizerFixture f;
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
@@ -45,7 +45,7 @@ inline AdamFixture read_adam_fixture(const std::string& path) {
       const auto at = line.find("simd_width ");
       if (at != std::string::npos) f.simd_width = std::stoi(line.substr(at + 11));
     } else if (key == "case") {
-      AdamFixtureCase c;
+      OptimizerFixtureCase c;
       std::string kv;
       while (ls >> kv) {
         const auto eq = kv.find('=');
@@ -64,17 +64,25 @@ inline AdamFixture read_adam_fixture(const std::string& path) {
 }
 
 // Replays one case; returns "" when every bit of every step matches, else the first difference.
-inline std::string replay_adam_case(const AdamFixtureCase& c, int simd_width, std::int64_t* compared = nullptr) {
+inline std::string replay_optimizer_case(const OptimizerFixtureCase& c, int simd_width, std::int64_t* compared = nullptr) {
   const std::int64_t n = std::stoll(c.attrs.at("n"));
   const int steps = std::stoi(c.attrs.at("steps"));
+  const bool sgd = c.attrs.at("kernel") == "torch_sgd";
   OptimizerConfig oc;
-  oc.type = OptimizerType::adam;
   oc.lr = std::stod(c.attrs.at("lr"));
-  oc.beta1 = std::stod(c.attrs.at("b1"));
-  oc.beta2 = std::stod(c.attrs.at("b2"));
-  oc.eps = std::stod(c.attrs.at("eps"));
   oc.weight_decay = std::stod(c.attrs.at("wd"));
-  oc.adam_w_mode = c.attrs.at("adamw") == "1";
+  if (sgd) {
+    oc.type = OptimizerType::sgd;
+    oc.momentum = std::stod(c.attrs.at("momentum"));
+    oc.dampening = std::stod(c.attrs.at("dampening"));
+    oc.nesterov = c.attrs.at("nesterov") == "1";
+  } else {
+    oc.type = OptimizerType::adam;
+    oc.beta1 = std::stod(c.attrs.at("b1"));
+    oc.beta2 = std::stod(c.attrs.at("b2"));
+    oc.eps = std::stod(c.attrs.at("eps"));
+    oc.adam_w_mode = c.attrs.at("adamw") == "1";
+  }
   HostDevice dev;
   BaseOptimizer opt(oc, dev, n, "fixture", simd_width);
   Tensor p = dev.alloc(DType::f32, {n}), g = dev.alloc(DType::f32, {n});
@@ -91,15 +99,18 @@ inline std::string replay_adam_case(const AdamFixtureCase& c, int simd_width, st
   for (int s = 1; s <= steps; ++s) {
     upload(g, c.rows.at(fmt::format("g{}", s)));
     opt.step(p, g);
-    const std::pair<const char*, Tensor> got[] = {{"p", p}, {"m", opt.exp_avg()}, {"v", opt.exp_avg_sq()}};
+    std::vector<std::pair<const char*, Tensor>> got{{"p", p}};
+    if (!sgd) got.insert(got.end(), {{"m", opt.exp_avg()}, {"v", opt.exp_avg_sq()}});
+    if (sgd && oc.momentum != 0.0) got.emplace_back("b", opt.exp_avg());
     for (const auto& [name, t] : got) {
       const std::vector<std::uint32_t> want = c.rows.at(fmt::format("{}{}", name, s)), have = download(t);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto k = static_cast<std::size_t>(i);
         if (compared != nullptr) ++*compared;
         if (want[k] != have[k]) {
-          return fmt::format("kernel={} n={} adamw={} wd={} step {} {}[{}]: DeepSpeed {:08x} ({}), zerocheck {:08x} ({})",
-                             c.attrs.at("kernel"), n, c.attrs.at("adamw"), c.attrs.at("wd"), s, name, i, want[k],
+          std::string what;
+          for (const auto& [key, value] : c.attrs) what += fmt::format("{}={} ", key, value);
+          return fmt::format("{}step {} {}[{}]: measured {:08x} ({}), zerocheck {:08x} ({})", what, s, name, i, want[k],
                              std::bit_cast<float>(want[k]), have[k], std::bit_cast<float>(have[k]));
         }
       }

@@ -1,10 +1,11 @@
-"""Measures the optimizer kernels of the installed DeepSpeed on this CPU and writes what they
-computed as a text fixture: for each case, the initial param, and per step the gradient and the
-param, exp_avg and exp_avg_sq after it, as f32 bit patterns in hex. zerocheck's kernels
-(engine/adam_math.h) must reproduce every bit: tests/device_test.cpp checks the checked-in copy
-(tests/data/ds_cpu_adam.txt) without DeepSpeed, tests/reference_test.cpp measures afresh.
+"""Measures the optimizer kernels DeepSpeed runs on this CPU (its CPU Adam as FusedAdam and as
+DeepSpeedCPUAdam, and torch.optim.SGD) and writes what they computed as a text fixture: for each
+case, the initial param, and per step the gradient and the param and states after it (Adam: m, v;
+SGD: the momentum buffer b), as f32 bit patterns in hex. zerocheck's kernels
+(engine/optimizer_math.h) must reproduce every bit: tests/device_test.cpp checks the checked-in
+copy (tests/data/cpu_optimizers.txt) without DeepSpeed, tests/reference_test.cpp measures afresh.
 
-usage: python measure_adam.py OUT [--sizes 1,5,17,40] [--steps 4] [--seed 1]
+usage: python measure_optimizers.py OUT [--sizes 1,5,17,40] [--steps 4] [--seed 1]
 """
 import argparse
 import os
@@ -76,6 +77,25 @@ def main():
                                 cpuadam.adam_update(opt_id, step, lr, b1, b2, eps, wd, True, p, g, m, v)
                             out.write(f"g{step} {bits(g)}\n")
                             out.write(f"p{step} {bits(p)}\nm{step} {bits(m)}\nv{step} {bits(v)}\n")
+        # torch.optim.SGD as DeepSpeed builds it for optimizer.type SGD (engine.py _configure_basic_optimizer).
+        for lr in [1e-2, 2.0 ** -7]:
+            for momentum, dampening, nesterov in [(0.0, 0.0, False), (0.9, 0.0, False), (0.9, 0.1, False), (0.9, 0.0, True)]:
+                for wd in [0.0, 1e-2]:
+                    for n in [int(s) for s in a.sizes.split(",")]:
+                        p = torch.nn.Parameter(torch.tensor(rng.standard_normal(n).astype(np.float32)))
+                        opt = torch.optim.SGD([p], lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                                              weight_decay=wd)
+                        out.write(f"case kernel=torch_sgd n={n} lr={lr!r} momentum={momentum!r} "
+                                  f"dampening={dampening!r} nesterov={int(nesterov)} wd={wd!r} steps={a.steps}\n")
+                        out.write(f"p0 {bits(p.detach())}\n")
+                        for step in range(1, a.steps + 1):
+                            g = torch.tensor(rng.standard_normal(n).astype(np.float32))
+                            p.grad = g.clone()
+                            opt.step()
+                            buf = opt.state[p].get("momentum_buffer")
+                            out.write(f"g{step} {bits(g)}\np{step} {bits(p.detach())}\n")
+                            if buf is not None:
+                                out.write(f"b{step} {bits(buf)}\n")
 
 
 if __name__ == "__main__":

@@ -61,4 +61,30 @@ ZC_HD inline void ds_cpu_adam_element(const DsCpuAdamScalars& k, bool tail, floa
   p = fmaf(u, k.step_size, p);
 }
 
+// torch.optim.SGD's single-tensor step on CPU, one element (measured against torch 2.10 on this
+// CPU: every add-with-alpha is a fused multiply-add in its vector body and its tail alike):
+//   wd:        g = fma(p, wd, g)                       grad.add(param, alpha=wd)
+//   momentum:  buf = first ? g : fma(g, 1-dampening, buf*momentum)
+//              g = nesterov ? fma(buf, momentum, g) : buf
+//   p = fma(g, -lr, p)                                 param.add_(grad, alpha=-lr)
+// Every scalar is computed in f64 (Python) and rounded to f32 once, as ATen does.
+struct TorchSgdScalars {
+  float neg_lr, wd, momentum, one_minus_dampening;
+  bool use_momentum, first_step, nesterov;
+};
+
+inline TorchSgdScalars torch_sgd_scalars(const SgdParams& p) {
+  return {static_cast<float>(-p.lr), static_cast<float>(p.weight_decay), static_cast<float>(p.momentum),
+          static_cast<float>(1.0 - p.dampening), p.momentum != 0.0, p.first_step, p.nesterov};
+}
+
+ZC_HD inline void torch_sgd_element(const TorchSgdScalars& k, float g, float& p, float& buf) {
+  if (k.wd != 0.0f) g = fmaf(p, k.wd, g);
+  if (k.use_momentum) {
+    buf = k.first_step ? g : fmaf(g, k.one_minus_dampening, buf * k.momentum);
+    g = k.nesterov ? fmaf(buf, k.momentum, g) : buf;
+  }
+  p = fmaf(g, k.neg_lr, p);
+}
+
 }  // namespace zc
