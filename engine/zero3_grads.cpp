@@ -151,7 +151,7 @@ bool Zero3Optimizer::step() {
     if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
     return false;
   }
-  const double norm = global_norm(where.sum_sq(grads), true);
+  const double norm = global_norm(where.sum_sq(grads), true, offload_opt ? DType::f32 : DType::f64);
   const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
   Tensor grad32 = where.alloc(DType::f32, grads.shape(), "fp32_grad");
   where.cast(grad32, grads);

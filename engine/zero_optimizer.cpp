@@ -49,12 +49,14 @@ bool ZeroOptimizer::any_rank_overflow(bool local) {
   return to_f64(dev_, flag)[0] != 0.0;
 }
 
-double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned) {
+double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype) {
   if (!partitioned) return std::sqrt(local_sum_sq);
-  Tensor t = dev_.alloc(DType::f64, {1}, "norm_sq");  // [1] f64
-  dev_.fill(t, local_sum_sq);
+  ZC_ASSERT(reduce_dtype == DType::f32 || reduce_dtype == DType::f64, "norm reduced in {}", dtype_name(reduce_dtype));
+  Tensor t = dev_.alloc(reduce_dtype, {1}, "total_norm");  // [1]
+  dev_.fill(t, local_sum_sq);                              // rounded once to reduce_dtype
   comm_.all_reduce(t);
-  return std::sqrt(to_f64(dev_, t)[0]);
+  const double sum = to_f64(dev_, t)[0];
+  return reduce_dtype == DType::f32 ? static_cast<double>(std::sqrt(static_cast<float>(sum))) : std::sqrt(sum);
 }
 
 void ZeroOptimizer::record(std::string_view what) {

@@ -102,8 +102,12 @@ class ZeroOptimizer {
  protected:
   void record(std::string_view what);
  public:
-  // sqrt of the sum over ranks of each rank's sum of squares (all-reduce SUM in f64).
-  double global_norm(double local_sum_sq, bool partitioned);
+  // sqrt of the sum over ranks of each rank's sum of squares: one all-reduce SUM of a
+  // `reduce_dtype` element and the root in that dtype, as DeepSpeed 0.19.8 does: f32 at stages 1/2
+  // (get_grad_norm_direct's .float(), the offload path's FloatTensor) and at stage 3 under
+  // offload_optimizer (FloatTensor), f64 at stage 3 otherwise (get_norm_dtype() is double on CPU
+  // and CUDA). Unpartitioned: the root of the local sum in f64, no collective.
+  double global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype = DType::f32);
  protected:
 
   Config cfg_;
