@@ -2,11 +2,16 @@
 // Without the environment (scripts/ds-env.sh) every test fails with the reason; none skips.
 #include "engine/errors.h"
 #include "props/reference.h"
+#include "tests/optimizer_fixture.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <unistd.h>
 
 namespace zc::props {
 namespace {
@@ -251,6 +256,34 @@ TEST(DeepSpeedReference, ABoundedClassCoversOnlyDifferencesWithinItsBound) {
   const ReferenceVerdict v = classify(s, c, {adam});
   EXPECT_FALSE(v.verdict.holds);
   EXPECT_NE(v.verdict.failure.find("5 ulp at most"), std::string::npos) << v.verdict.failure;
+}
+
+}  // namespace
+}  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+// The optimizer kernels measured afresh on this machine's DeepSpeed build (the unit test replays
+// the checked-in copy, tests/data/cpu_optimizers.txt): another seed and other sizes, so that a
+// fixture that only happened to match cannot pass here.
+TEST(DeepSpeedReference, OptimizerKernelsMeasuredNowMatchBitForBit) {
+  const ReferenceEnv env = reference_env();
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zc-opt-{}.txt", ::getpid());
+  const std::string cmd = fmt::format(
+      "cd {} && TORCH_EXTENSIONS_DIR={} DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= {} {} {} "
+      "--sizes 2,16,31,47,130 --steps 3 --seed 20261201 > {}.log 2>&1",
+      std::filesystem::temp_directory_path().string(), (env.env_dir / "torch_extensions").string(), env.python.string(),
+      (std::filesystem::path(ZC_SOURCE_DIR) / "reference" / "deepspeed" / "measure_optimizers.py").string(),
+      out.string(), out.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed; see " << out.string() << ".log";
+  const testing::OptimizerFixture f = testing::read_optimizer_fixture(out.string());
+  EXPECT_EQ(f.simd_width, env.adam_simd_width) << f.header;
+  std::int64_t compared = 0;
+  for (const testing::OptimizerFixtureCase& c : f.cases) EXPECT_EQ(testing::replay_optimizer_case(c, f.simd_width, &compared), "") << f.header;
+  EXPECT_GE(compared, 10000);
+  std::filesystem::remove(out);
+  std::filesystem::remove(out.string() + ".log");
 }
 
 }  // namespace
