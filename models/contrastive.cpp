@@ -124,6 +124,9 @@ double gradcache_step(Engine& engine, Contrastive& model, Device& dev, const Hos
     Batch b = upload_batch(dev, local.slice(c * chunk, chunk), dtype);
     b.tensors["gq"] = gq.narrow(c * chunk * dim, chunk * dim).view({chunk, dim});
     b.tensors["gk"] = gk.narrow(c * chunk * dim, chunk * dim).view({chunk, dim});
+    // The explicit form (#7665): without it every chunk is at the boundary and DeepSpeed's ZeRO-1/2
+    // keep only the last one (Note [Implicit boundary keeps the last backward]).
+    engine.set_gradient_accumulation_boundary(c == nchunks - 1);
     engine.backward(engine.forward(b));
   }
   return loss;

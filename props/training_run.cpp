@@ -56,11 +56,28 @@ HostBatch global_batch(const RunSpec& spec, const Model& model, int step, int mi
   return model.make_batch(data_rng, spec.micro_batch * spec.world, spec.domain, spec.exact);
 }
 
-GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step) {
+bool keeps_last_backward_only(const RunSpec& spec) {
+  if (spec.explicit_boundary || spec.coalesce || spec.n_backward < 2) return false;
+  const Config cfg = Config::from_json(effective_config(spec), spec.world);
+  if (cfg.zero.stage != 1 && cfg.zero.stage != 2) return false;
+  if (cfg.zero.offload_optimizer != OffloadDevice::none) return false;
+  // ZeRO-1 + bf16 + fp32 accumulation runs BF16_Optimizer, which accumulates in its fp32 buffer.
+  return !(cfg.zero.stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32);
+}
+
+GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step, bool pytorch_sum) {
   GradOracle o;
   const std::unique_ptr<Model> model = spec.make_model();
+  const bool last_only = !pytorch_sum && keeps_last_backward_only(spec);
   for (int m = 0; m < ga; ++m) {
     for (int c = 0; c < spec.n_backward; ++c) {
+      if (last_only && (m != ga - 1 || c != spec.n_backward - 1)) {  // still sized: every chunk has every param
+        const HostBatch hb = global_batch(spec, *model, step, m, c);
+        std::size_t at = 0;
+        for (int id = 0; hb.arrays.contains(fmt::format("g{}", id)); ++id) at += static_cast<std::size_t>(hb.arrays.at(fmt::format("g{}", id)).shape[1]);
+        if (o.value.size() < at) o.value.resize(at, 0.0), o.abs_sum.resize(at, 0.0);
+        continue;
+      }
       const HostBatch hb = global_batch(spec, *model, step, m, c);
       std::size_t at = 0;
       for (int id = 0; hb.arrays.contains(fmt::format("g{}", id)); ++id) {  // parameter order

@@ -105,7 +105,11 @@ RunSpec single_rank_reference(const RunSpec& spec);
 struct GradOracle {
   std::vector<double> value, abs_sum;
 };
-GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step);
+GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step,
+                                  bool pytorch_sum = false);
+// DeepSpeed's ZeRO-1/2 without offload, N >= 2 backwards and the implicit boundary: the step sees
+// only the last backward's gradient (Note [Implicit boundary keeps the last backward]).
+bool keeps_last_backward_only(const RunSpec& spec);
 
 // The first index where a and b differ bit for bit (NaNs compare equal), or where one ends.
 std::optional<std::size_t> first_mismatch(const std::vector<double>& a, const std::vector<double>& b);
