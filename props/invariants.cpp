@@ -245,6 +245,24 @@ Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   return v;
 }
 
+// H1: N backwards without the explicit boundary sum, as PyTorch's autograd would. DeepSpeed's
+// ZeRO-1/2 keep only the last (Note [Implicit boundary keeps the last backward]).
+Verdict check_implicit_backwards_sum(const Scenario& s, const CheckContext& ctx) {
+  if (!exact_infeasible(s).empty()) return not_applicable();
+  const RunSpec spec = to_run_spec(s, ctx.bugs, ctx.hooks);
+  const Outcome o = run(spec);
+  Verdict v;
+  v.trace_hash = o.result.sim.trace_hash;
+  if (!o.ok) return fail("the run failed: " + o.error);
+  for (int k = 0; k < s.steps && v.failure.empty(); ++k) {
+    const GradOracle sum = prescribed_grad_oracle(spec, s.ga, o.result.loss_scales.at(static_cast<std::size_t>(k)), k, true);
+    v.failure = first_divergence(s, 0, k, fmt::format("averaged grads after {} implicit-boundary backwards vs their sum", s.n),
+                                 o.result.grads.at(static_cast<std::size_t>(k)), sum.value);
+  }
+  v.holds = v.failure.empty();
+  return v;
+}
+
 Verdict check_i4(const Scenario& s, const CheckContext& ctx) {
   const I4Case c{s.world, s.stage, s.model, s.shape, s.seed, ctx.bugs};
   Verdict v;
@@ -501,9 +519,47 @@ const std::vector<Invariant>& invariants() {
   return all;
 }
 
+const std::vector<Hazard>& hazards() {
+  static const std::vector<Hazard> all = [] {
+    std::vector<Hazard> out;
+    out.push_back({"H1",
+                   "DeepSpeed ZeRO-1/2 (no offload) keep only the last of N backwards at the boundary without "
+                   "set_gradient_accumulation_boundary(False): chunks 1..N-1 are dropped silently",
+                   {"H1-implicit-backwards-sum",
+                    "PyTorch's expectation: N backward() calls before step() sum their gradients. With GA 1 and no "
+                    "set_gradient_accumulation_boundary(False), every backward is at the boundary, and DeepSpeed "
+                    "0.19.8's ZeRO-1/2 epilogue rebuilds averaged_gradients from an accumulator it clears each "
+                    "time (stage_1_and_2.py independent_gradient_partition_epilogue), so only the last backward "
+                    "reaches the step. The engine does what DeepSpeed does, so this property must fail; the "
+                    "counterexample shows a user how much is lost. Use the explicit form (as GradCache does).",
+                    [] {
+                      GenDomain d;
+                      d.min_stage = 1;
+                      d.max_stage = 2;
+                      d.min_n = 2;
+                      d.offload = false;
+                      d.mlp = false;
+                      d.tree = false;  // the oracle reads Synthetic's prescribed gradients
+                      return rc::gen::map(gen_scenario(d), [](Scenario s) {
+                        s.boundary = "implicit";
+                        s.coalesce = false;
+                        // ZeRO-1 + bf16 + fp32 accumulation is BF16_Optimizer, which sums.
+                        if (s.stage == 1 && s.dtype == "bf16") s.grad_accum_dtype = "";
+                        return s;
+                      });
+                    },
+                    check_implicit_backwards_sum}});
+    return out;
+  }();
+  return all;
+}
+
 const Invariant* find_invariant(std::string_view name) {
   for (const Invariant& i : invariants()) {
     if (i.name == name) return &i;
+  }
+  for (const Hazard& h : hazards()) {
+    if (h.property.name == name) return &h.property;
   }
   return nullptr;
 }

@@ -35,7 +35,19 @@ struct Invariant {
 
 // Every invariant, in report order.
 const std::vector<Invariant>& invariants();
-// nullptr when no invariant has that name.
+
+// A hazard: a property a user relies on that DeepSpeed's own semantics break, so the engine (which
+// computes what DeepSpeed computes) must FAIL it. verify hunts each like a known bug that is always
+// on: caught means the counterexample was found, shrunk and saved; a hazard that stops failing
+// means the engine no longer models DeepSpeed there.
+struct Hazard {
+  std::string code;     // "H1"
+  std::string summary;  // one line for the report's table
+  Invariant property;   // the user's expectation
+};
+const std::vector<Hazard>& hazards();
+
+// nullptr when no invariant or hazard property has that name.
 const Invariant* find_invariant(std::string_view name);
 
 // The first element where a and b differ, named: "rank 0, step 1, grads fc.weight[3]: 0.5 (0x3f000000) vs ...".

@@ -14,7 +14,7 @@ namespace zc::props {
 struct GenDomain {
   int min_stage = 0, max_stage = 3;
   int max_world = 8;
-  int max_n = 4;
+  int min_n = 1, max_n = 4;
   int max_ga = 3;
   int max_steps = 3;
   bool exact = true, gaussian = false;  // data domains drawn from
@@ -130,7 +130,7 @@ inline rc::Gen<Scenario> gen_scenario(const GenDomain& d) {
       gen::set(&Scenario::offload, uniform(gen::element<std::string>("none", "optimizer", "param", "both"))),
       gen::set(&Scenario::clip, uniform(gen::element(0.0, 0.5))),
       gen::set(&Scenario::ga, uniform(gen::inRange(1, d.max_ga + 1))),
-      gen::set(&Scenario::n, uniform(gen::inRange(1, d.max_n + 1))),
+      gen::set(&Scenario::n, uniform(gen::inRange(d.min_n, d.max_n + 1))),
       gen::set(&Scenario::steps, uniform(gen::inRange(1, d.max_steps + 1))),
       gen::set(&Scenario::model, uniform(gen::elementOf(models))),
       gen::set(&Scenario::shape, gen::resize(4, gen::nonEmpty(gen::container<std::vector<std::int64_t>>(gen::inRange<std::int64_t>(1, 30))))),

@@ -279,6 +279,44 @@ nlohmann::json bug_item(const KnownBugInfo& bug, const VerifyOptions& opts, cons
   return j;
 }
 
+// A hazard is hunted like a known bug that DeepSpeed always has: its property must fail on the
+// correct engine, with no bug switched on; the shrunk counterexample is saved and replayed.
+nlohmann::json hazard_item(const Hazard& h, const VerifyOptions& opts) {
+  BugResult r;
+  r.id = h.code;
+  r.summary = h.summary;
+  r.expected_by = h.property.name;
+  const CheckContext ctx{{}, opts.hooks};
+  const auto t0 = Clock::now();
+  Replays replays;
+  const Campaign c = run_campaign(h.property, ctx, opts.profile.bug_cases, opts.seed ^ fnv1a(r.id));
+  r.cases_to_catch = c.cases;
+  r.seconds = since(t0);
+  if (c.failed) {
+    r.caught = true;
+    r.by = h.property.name;
+    r.shrink_steps = c.shrink_steps;
+    r.failure = c.verdict.failure;
+    r.scenario = to_json(c.counterexample);
+    r.reproduce = c.reproduce;
+    SavedCase saved{c.counterexample, h.property.name, {}, false, c.verdict.trace_hash, c.verdict.failure, c.reproduce,
+                    opts.seed ^ fnv1a(r.id)};
+    const std::filesystem::path file = opts.out / "counterexamples" / fmt::format("{}-{}.json", r.id, h.property.name);
+    save_case(saved, file);
+    r.scenario_file = file.string();
+    replays.check(file, h.property, opts.hooks);
+  } else if (!c.error.empty()) {
+    r.failure = c.error;
+  } else {
+    r.failure = fmt::format("the property held on {} scenarios: the engine no longer does what DeepSpeed does here", c.cases);
+  }
+  VerifyReport one;
+  one.bugs.push_back(r);
+  nlohmann::json j = to_json(one)["known_bugs"][0];
+  replays.write(j);
+  return j;
+}
+
 nlohmann::json proofs_item(const VerifyOptions& opts) {
   VerifyReport one;
   one.proofs = run_all_proofs(opts.profile.proof_timeout_ms);
@@ -404,7 +442,10 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   for (const KnownBugInfo& b : known_bugs()) {
     if (opts.bugs.empty() || std::find(opts.bugs.begin(), opts.bugs.end(), std::string(b.code)) != opts.bugs.end()) bugs.push_back(b);
   }
-  for (const std::string& code : opts.bugs) BugSet::parse(code);  // ConfigError naming an unknown one
+  for (const std::string& code : opts.bugs) {  // ConfigError naming an unknown one
+    const bool hazard = std::any_of(hazards().begin(), hazards().end(), [&](const Hazard& h) { return h.code == code; });
+    if (!hazard) BugSet::parse(code);
+  }
 
   if (!opts.engine_items) {
     invs.clear();
@@ -415,6 +456,13 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (opts.proofs) items.push_back({"proofs", [&] { return proofs_item(opts); }});
   for (const KnownBugInfo& b : bugs) {
     items.push_back({fmt::format("bug {}", b.code), [&opts, &invs, b] { return bug_item(b, opts, invs); }});
+  }
+  // DeepSpeed's hazards run with the bug hunts (--bugs H1 selects one; --only an invariant skips them).
+  if (opts.engine_items && opts.only.empty()) {
+    for (const Hazard& h : hazards()) {
+      if (!opts.bugs.empty() && std::find(opts.bugs.begin(), opts.bugs.end(), h.code) == opts.bugs.end()) continue;
+      items.push_back({fmt::format("bug {}", h.code), [&opts, &h] { return hazard_item(h, opts); }});
+    }
   }
   for (const Invariant* inv : invs) {
     items.push_back({"invariant " + inv->name, [&opts, inv] { return invariant_item(*inv, opts); }});

@@ -104,7 +104,7 @@ std::string html_invariants(const VerifyReport& r) {
 }
 
 std::string html_bugs(const VerifyReport& r) {
-  std::string s = "<h2>Known bugs</h2>\n" + open_table("known-bugs") +
+  std::string s = "<h2>Known bugs and DeepSpeed hazards</h2>\n" + open_table("known-bugs") +
                   header_row({"bug", "summary", "caught", "by", "cases to catch", "seconds",
                               "shrunk scenario file", "reproduce"});
   for (const BugResult& b : r.bugs) {

@@ -46,7 +46,7 @@ std::string md_invariants(const VerifyReport& r) {
 
 std::string md_bugs(const VerifyReport& r) {
   std::string s =
-      "## Known bugs\n\n| bug | summary | caught | by | cases to catch | seconds | "
+      "## Known bugs and DeepSpeed hazards\n\n| bug | summary | caught | by | cases to catch | seconds | "
       "shrunk scenario file | reproduce |\n|---|---|---|---|---:|---:|---|---|\n";
   for (const BugResult& b : r.bugs) {
     s += fmt::format("| {} | {} | {} | {} | {} | {:.2f} | {} | {} |\n", md_code(b.id),
