@@ -310,7 +310,7 @@ bool Engine::step_param_groups() {
     return false;
   }
   const double norm = dense.global_norm(sum_sq, true);
-  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping, DType::f32);  // ZeRO-1/2
   for (auto& o : optimizers_) o->apply_step(combined);
   return true;
 }

@@ -96,7 +96,17 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {
   }
 }
 
-double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip) {
+double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip, DType compute) {
+  if (compute == DType::f32) {  // torch ops on an f32 norm tensor; Python scalars become f32
+    float combined = static_cast<float>(loss_scale);
+    if (clip > 0.0) {
+      float c = static_cast<float>(global_norm_scaled) / static_cast<float>(loss_scale);
+      c = (c + static_cast<float>(1e-6)) / static_cast<float>(clip);
+      if (c < 1.0f) c = 1.0f;  // torch.clamp(min=1.0); NaN stays NaN
+      combined = c * static_cast<float>(loss_scale);
+    }
+    return static_cast<double>(combined);
+  }
   double combined = loss_scale;
   if (clip > 0.0) {
     const double c = ((global_norm_scaled / loss_scale) + 1e-6) / clip;  // norm is norm * scale

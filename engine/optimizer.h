@@ -62,7 +62,11 @@ class BaseOptimizer {
   float beta2_pow_ = 1.0f;
 };
 
-// The factor every gradient is divided by before the update.
-double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip);
+// The factor every gradient is divided by before the update (the gradient is then multiplied by
+// 1/combined rounded to f32; for an f32 combined that is f32's own division). DeepSpeed computes it
+// with torch ops on its norm tensor: f32 at ZeRO-1/2 and at ZeRO-3 under offload_optimizer
+// (stage_1_and_2.py and stage3.py unscale_and_clip_grads), f64 at ZeRO-3 otherwise (the norm is
+// a double tensor there).
+double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip, DType compute = DType::f64);
 
 }  // namespace zc

@@ -22,7 +22,8 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
     : ZeroOptimizer(cfg, model, dev, comm, opts, select), world_(comm.size()), rank_(comm.rank()),
       partition_gradients_(cfg.zero.stage >= 2), overlap_(cfg.zero.overlap_comm),
       contiguous_(cfg.zero.contiguous_gradients || cfg.zero.offload_optimizer == OffloadDevice::cpu),
-      use_accum_attr_(accum_dtype_ != dtype_), bucket_size_(cfg.zero.reduce_bucket_size),
+      use_accum_attr_(accum_dtype_ != dtype_), compact_(accum_dtype_ == DType::f32 && dtype_ != DType::f32),
+      bucket_size_(cfg.zero.reduce_bucket_size),
       cpu_offload_(cfg.zero.offload_optimizer == OffloadDevice::cpu) {
   // DeepSpeed: "CPU-Offload requires contiguous gradients".
   if (cpu_offload_) cpu_.emplace(dev_);
@@ -306,6 +307,16 @@ void Zero12Optimizer::async_inplace_copy_grad_to_fp32_buffer_from_gpu(int i) {
 
 void Zero12Optimizer::copy_grads_in_partition(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
+  if (cpu_offload_ && compact_) {  // every backward adds into the fp32 partition (see compact_)
+    const auto [src, n] = partition_slice(i);
+    const std::int64_t dest = layout_.offsets[static_cast<std::size_t>(i)] + src - layout_.partition_start(rank_);
+    Tensor piece = cpu_->alloc(dtype_, {n}, "compact_grad_partition_piece");
+    cpu_->to_cpu(piece, p.grad.view({p.numel()}).narrow(src, n));
+    cpu_->cpu().axpy(fp32_grad_cpu_.narrow(dest, n), 1.0, piece);
+    p.grad = Tensor();
+    if (boundary_) offload_grads_ready_ = true;
+    return;
+  }
   if (cpu_offload_) {
     const bool accumulate = opts_.bugs.has(KnownBug::B3_offload_copy_gate)
                                 ? cfg_.gradient_accumulation_steps > 1

@@ -71,6 +71,10 @@ class Zero12Optimizer final : public ZeroOptimizer {
 
   int world_, rank_;
   bool partition_gradients_, overlap_, contiguous_, use_accum_attr_, has_hooks_;
+  // DeepSpeed 0.19.8's compact fp32 grad-partition buffer (_use_compact_grad_partition_buffer: a
+  // 16-bit model with fp32 grad_accum_dtype): every reduction adds into one fp32 partition that
+  // only step() clears, so implicit-boundary backwards SUM there, with or without offload.
+  bool compact_;
   std::int64_t bucket_size_;
   FlatLayout layout_;
   Tensor flat_;    // [padded] model dtype; every param's data is a view

@@ -152,7 +152,8 @@ bool Zero3Optimizer::step() {
     return false;
   }
   const double norm = global_norm(where.sum_sq(grads), true, offload_opt ? DType::f32 : DType::f64);
-  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+  const double combined =
+      combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping, offload_opt ? DType::f32 : DType::f64);
   Tensor grad32 = where.alloc(DType::f32, grads.shape(), "fp32_grad");
   where.cast(grad32, grads);
   where.scale(grad32, 1.0 / combined);

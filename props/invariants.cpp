@@ -543,8 +543,8 @@ const std::vector<Hazard>& hazards() {
                       return rc::gen::map(gen_scenario(d), [](Scenario s) {
                         s.boundary = "implicit";
                         s.coalesce = false;
-                        // ZeRO-1 + bf16 + fp32 accumulation is BF16_Optimizer, which sums.
-                        if (s.stage == 1 && s.dtype == "bf16") s.grad_accum_dtype = "";
+                        // A 16-bit model with fp32 accumulation sums (BF16_Optimizer, the compact buffer).
+                        s.grad_accum_dtype = "";
                         return s;
                       });
                     },

@@ -60,9 +60,15 @@ bool keeps_last_backward_only(const RunSpec& spec) {
   if (spec.explicit_boundary || spec.coalesce || spec.n_backward < 2) return false;
   const Config cfg = Config::from_json(effective_config(spec), spec.world);
   if (cfg.zero.stage != 1 && cfg.zero.stage != 2) return false;
-  if (cfg.zero.offload_optimizer != OffloadDevice::none) return false;
-  // ZeRO-1 + bf16 + fp32 accumulation runs BF16_Optimizer, which accumulates in its fp32 buffer.
-  return !(cfg.zero.stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32);
+  // A 16-bit model with fp32 accumulation sums: ZeRO-1 + bf16 runs BF16_Optimizer, and otherwise
+  // DeepSpeed's compact fp32 grad-partition buffer only step() clears.
+  if (cfg.model_dtype() != DType::f32 && cfg.accumulation_dtype() == DType::f32) return false;
+  if (cfg.zero.offload_optimizer != OffloadDevice::none) {
+    // copy_grads_in_partition's own gate decides there (SPEC 4); this oracle does not model it.
+    throw UsageError("the gradient oracle does not model offload's implicit-boundary accumulation; use "
+                     "the explicit boundary or compare against DeepSpeed");
+  }
+  return true;
 }
 
 GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step, bool pytorch_sum) {

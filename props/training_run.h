@@ -107,8 +107,9 @@ struct GradOracle {
 };
 GradOracle prescribed_grad_oracle(const RunSpec& spec, int ga, double loss_scale, int step,
                                   bool pytorch_sum = false);
-// DeepSpeed's ZeRO-1/2 without offload, N >= 2 backwards and the implicit boundary: the step sees
-// only the last backward's gradient (Note [Implicit boundary keeps the last backward]).
+// DeepSpeed's ZeRO-1/2, N >= 2 backwards and the implicit boundary: the step sees only the last
+// backward's gradient (Note [Implicit boundary keeps the last backward]), except with a 16-bit
+// model and fp32 accumulation, which sums. UsageError under offload_optimizer (not modelled here).
 bool keeps_last_backward_only(const RunSpec& spec);
 
 // The first index where a and b differ bit for bit (NaNs compare equal), or where one ends.
