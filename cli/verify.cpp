@@ -86,6 +86,13 @@ void print_reference_summary(const nlohmann::json& r) {
                i.value("cases", 0));
     if (i.contains("failure")) fmt::print("    {}\n", i.value("failure", ""));
   }
+  if (r.contains("gaussian_conformance")) {
+    for (const nlohmann::json& row : r["gaussian_conformance"].value("rows", nlohmann::json::array())) {
+      fmt::print("  gaussian data, {}: grads bit for bit in {} of {} scenarios, grads and params in {}\n",
+                 row.value("dtype", ""), row.value("grads_bit_for_bit", 0), row.value("scenarios", 0),
+                 row.value("grads_and_params_bit_for_bit", 0));
+    }
+  }
   if (r.contains("i1_gaussian_on_deepspeed")) {
     const nlohmann::json& g = r["i1_gaussian_on_deepspeed"];
     fmt::print("  on DeepSpeed, gaussian data: coalesced vs per-backward differ in {} of {} scenarios, {} of {} gradient elements\n",

@@ -182,7 +182,7 @@ void Zero12Optimizer::reduce_ipg_grads() {
       back.emplace_back(g.view({g.numel()}), slot);
       at += g.numel();
     }
-    pend = average_tensor(flat, bucket_params_);
+    pend = average_tensor(flat, bucket_params_, true);
     pend.copy_back = std::move(back);
   }
   bucket_params_.clear();
@@ -195,12 +195,48 @@ void Zero12Optimizer::reduce_ipg_grads() {
   }
 }
 
-Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params) {
+Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params, bool fallback) {
   Pending pend;
   pend.params = std::move(params);
   dev_.div(flat, static_cast<double>(averaging_world_));  // gradient_average: pre-divide by the dp world
-  if (cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter) {
-    pend.work = comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_});
+  if (fallback || !cfg_.zero.reduce_scatter) {
+    pend.works.push_back(comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_}));
+    return pend;
+  }
+  if (cfg_.zero.use_multi_rank_bucket_allreduce) {
+    // rank_and_offsets: each param's slices by owning partition, in bucket order; a slice joins the
+    // previous one when both go to the same partition (not for this rank's own slices under the
+    // compact fp32 buffer, which each get an output). Then allreduce_and_scatter: a chunk closes as
+    // soon as its elements exceed reduce_bucket_size, the last one at the end.
+    struct Entry { int dst; std::int64_t at, numel; };
+    std::vector<Entry> entries;
+    std::int64_t at = 0;
+    for (int i : pend.params) {
+      const auto parts = layout_.partitions_of_param(i);
+      const std::int64_t n = layout_.numels[static_cast<std::size_t>(i)];
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        const std::int64_t lo = parts[k].second, hi = k + 1 < parts.size() ? parts[k + 1].second : n;
+        const int dst = parts[k].first;
+        const bool has_output = compact_ && dst == rank_;
+        if (!entries.empty() && !has_output && entries.back().dst == dst) {
+          entries.back().numel += hi - lo;
+        } else {
+          entries.push_back({dst, at + lo, hi - lo});
+        }
+      }
+      at += n;
+    }
+    std::int64_t start = -1, count = 0;
+    for (const Entry& e : entries) {
+      if (start < 0) start = e.at;
+      count += e.numel;
+      if (count > bucket_size_) {
+        pend.works.push_back(comm_.all_reduce(flat.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
+        start = -1;
+        count = 0;
+      }
+    }
+    if (start >= 0) pend.works.push_back(comm_.all_reduce(flat.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
     return pend;
   }
   // Per destination, in order of first appearance: reduce the owner's slices to the owner.
@@ -239,7 +275,9 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
 }
 
 void Zero12Optimizer::finish(Pending& pend) {
-  if (pend.work) pend.work->wait();
+  for (const WorkPtr& w : pend.works) {
+    if (w) w->wait();
+  }
   for (auto& [dst, src] : pend.copy_back) dev_.copy(dst, src);
   for (int i : pend.params) {
     Parameter& p = *params_[static_cast<std::size_t>(i)];

@@ -45,7 +45,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
 
  private:
   struct Pending {  // an issued reduction and what to do once it completes
-    WorkPtr work;
+    std::vector<WorkPtr> works;
     std::vector<int> params;
     int buffer = -1;  // ipg buffer index, -1 when not a bucket buffer
     std::vector<std::pair<Tensor, Tensor>> copy_back;  // (destination, source) after wait
@@ -54,7 +54,11 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void reduce_gradients();  // stage 1 at the boundary
   void reduce_independent_p_g_buckets_and_remove_grads(int i);
   void reduce_ipg_grads();
-  Pending average_tensor(const Tensor& flat, std::vector<int> params);
+  // Pre-divide by the world, then reduce as DeepSpeed's path does: `fallback` (buffered_reduce_fallback,
+  // the non-contiguous path) or reduce_scatter false: one all_reduce; else average_tensor's slices
+  // per owning partition, all-reduced in chunks that close once past reduce_bucket_size
+  // (allreduce_and_scatter), or reduced to each owner (use_multi_rank_bucket_allreduce false).
+  Pending average_tensor(const Tensor& flat, std::vector<int> params, bool fallback = false);
   void finish(Pending& p);
   void wait_buffer(int index);
   void wait_all();

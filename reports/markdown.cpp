@@ -122,6 +122,15 @@ std::string md_reference(const VerifyReport& r) {
                      md_text(g.value("what", "")), g.value("scenarios_differing", 0), g.value("scenarios", 0),
                      g.value("elements_differing", 0), g.value("elements", 0));
   }
+  if (j.contains("gaussian_conformance")) {
+    const nlohmann::json& g = j["gaussian_conformance"];
+    s += fmt::format("\nGaussian-domain row ({}):\n\n| dtype | scenarios | grads bit for bit | grads and params bit for bit |\n"
+                     "|---|---:|---:|---:|\n", md_text(g.value("what", "")));
+    for (const nlohmann::json& row : g.value("rows", nlohmann::json::array())) {
+      s += fmt::format("| {} | {} | {} | {} |\n", md_text(row.value("dtype", "")), row.value("scenarios", 0),
+                       row.value("grads_bit_for_bit", 0), row.value("grads_and_params_bit_for_bit", 0));
+    }
+  }
   s += "\n### Known divergence classes\n\n| class | cases | witness | affects | DeepSpeed |\n|---|---:|---|---|---|\n";
   for (const nlohmann::json& c : j.value("classes", nlohmann::json::array())) {
     std::string affects;
