@@ -121,18 +121,49 @@ bool DenseOptimizer::step() {
     zero_grad();
     return false;
   }
-  const double norm = global_norm(dev_.sum_sq(grads), partitioned_);
-  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
   Tensor grad32 = dev_.alloc(DType::f32, {pn}, "fp32_grad");  // [pn] f32
   dev_.cast(grad32, grads);
-  dev_.scale(grad32, 1.0 / combined);
+  std::string how;
+  if (!partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0) {
+    // An fp32 model without ZeRO: the engine's clip_fp32_gradients, not an optimizer wrapper.
+    const float coef = clip_grad_norm_coef(grad32);
+    dev_.scale(grad32, static_cast<double>(coef));
+    how = fmt::format("clip_grad_norm_ coef {:.9g}", coef);
+  } else {
+    const double norm = global_norm(dev_.sum_sq(grads), partitioned_);
+    const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
+    dev_.scale(grad32, 1.0 / combined);
+    how = fmt::format("norm {:.9g} combined scale {:.9g}", norm, combined);
+  }
   base_->step(master_, grad32);
   Tensor mine = flat_.narrow(part * pn, pn);
   dev_.cast(mine, master_);
   zero_grad();
   if (partitioned_ && comm_.size() > 1) comm_.all_gather(flat_, mine);  // as zero12_step.cpp: none at world 1
-  record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
+  record(fmt::format("step {}: {}", base_->steps(), how));
   return true;
+}
+
+// DeepSpeed's runtime/utils.py clip_grad_norm_, as the engine calls it for an fp32 model without
+// ZeRO (engine.py clip_fp32_gradients), all in f32 torch ops: per param ||g|| (its sum of squares,
+// exact here in f64, rounded to f32, then the f32 root), the squares of those norms summed in
+// param order, the root, divided by the data-parallel world and SUM-all-reduced (one f32 element,
+// at world 1 too), then coef = clip / (norm + 1e-6), min(1, coef); every gradient is multiplied by
+// coef, even when it is 1.
+float DenseOptimizer::clip_grad_norm_coef(const Tensor& grad32) {
+  float total = 0.0f;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const float sq = static_cast<float>(dev_.sum_sq(grad32.narrow(layout_.offsets[i], params_[i]->numel())));
+    const float pn = std::sqrt(sq);
+    total = total + pn * pn;
+  }
+  const float scaled = std::sqrt(total) * 1.0f / static_cast<float>(world_);
+  Tensor t = dev_.alloc(DType::f32, {1}, "clip_total_norm");  // [1] f32
+  dev_.fill(t, static_cast<double>(scaled));
+  comm_.all_reduce(t);
+  const float avg = static_cast<float>(to_f64(dev_, t)[0]);
+  const float coef = static_cast<float>(cfg_.gradient_clipping) / (avg + static_cast<float>(1e-6));
+  return std::min(1.0f, coef);
 }
 
 void DenseOptimizer::zero_grad() {

@@ -27,6 +27,7 @@ class DenseOptimizer final : public ZeroOptimizer {
 
  private:
   Tensor grads_flat();  // [padded] accumulation dtype: the reduced grads, flattened
+  float clip_grad_norm_coef(const Tensor& grad32);  // DeepSpeed's clip_grad_norm_ (fp32, no ZeRO)
   void buffered_allreduce();
 
   bool partitioned_;
