@@ -65,6 +65,27 @@ TEST(DeepSpeedReference, SmokeEveryStageAtWorld2MatchesGradsAndParams) {
   }
 }
 
+// The fidelity reading suspected that ZeRO-1 + bf16 + fp32 accumulation + CPU offload steps on each
+// rank's unreduced local gradients (stage_1_and_2.py reading param.grad_accum). DeepSpeed 0.19.8
+// reads its compact fp32 grad-partition buffer, which holds the reduced gradients: its params
+// match zerocheck's, which step on reduced gradients, at worlds 2 and 3 (two steps, GA 2, N 2). Had
+// DeepSpeed stepped on local gradients, rank 0's params would differ from the other ranks' and
+// from zerocheck's.
+TEST(DeepSpeedReference, Zero1Bf16Fp32AccumOffloadStepsOnReducedGradients) {
+  for (int world : {2, 3}) {
+    Scenario s = sgd(1, world);
+    s.dtype = "bf16";
+    s.grad_accum_dtype = "f32";
+    s.offload = "optimizer";
+    s.ga = 2;
+    s.seed = 5;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    for (const FieldDiff& d : c.diffs) EXPECT_EQ(d.field.rfind("comm:", 0), 0u) << d.field << ": " << d.detail;
+  }
+}
+
 // The comparison can fail: a perturbed learning rate on zerocheck's side only is a params divergence
 // no class lists.
 TEST(DeepSpeedReference, AnUnlistedDifferenceFailsTheComparison) {
