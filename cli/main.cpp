@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   verify_cmd->add_option("--out", verify.out, "Report directory (report.md, report.html, results.json, junit.xml, counterexamples/)");
   verify_cmd->add_option("--jobs", verify.jobs, "Work items at once (0 = one per core)")->check(CLI::Range(0, 256));
   verify_cmd->add_option("--only", verify.only, "Only these invariants (and bug hunts through them)");
-  verify_cmd->add_option("--bugs", verify.bugs, "Only hunt these known bugs (B1 ...)");
+  verify_cmd->add_option("--bugs", verify.bugs, "Only hunt these known bugs (B1 ...) or DeepSpeed hazards (H1)");
   verify_cmd->add_flag("--no-proofs", verify.no_proofs, "Skip the Z3 proofs");
   verify_cmd->add_option("--against", verify.against, "deepspeed: also compare generated scenarios with DeepSpeed 0.19.8 "
                          "(CPU, gloo; the environment scripts/ds-env.sh makes); --only deepspeed runs that alone")

@@ -1,5 +1,6 @@
 // HostDevice kernels: plain loops in a fixed order, compiled with -ffp-contract=off so every
-// product and sum rounds exactly where the code says (no FMA), as the CUDA kernels must too.
+// product and sum rounds exactly where the code says; a fused multiply-add only where it is
+// written (fmaf, the optimizer kernels of engine/optimizer_math.h), as the CUDA kernels do too.
 #include "engine/host_device.h"
 
 #include "engine/optimizer_math.h"
@@ -323,7 +324,9 @@ void HostDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
   auto* m = static_cast<float*>(exp_avg.raw());
   auto* v = static_cast<float*>(exp_avg_sq.raw());
   if (p.kernel == AdamKernel::torch_cpu) {
-    throw NotImplementedError("torch_adam: torch.optim.Adam/AdamW's CPU arithmetic is not modelled yet");
+    throw NotImplementedError(
+        "torch_adam: torch.optim.Adam/AdamW's CPU arithmetic is not modelled (its Tensor.sqrt is MKL's vector sqrt, "
+        "not correctly rounded on this CPU); use DeepSpeed's FusedAdam (torch_adam false)");
   }
   const DsCpuAdamScalars k = ds_cpu_adam_scalars(p);
   const std::int64_t body = param.numel() & ~static_cast<std::int64_t>(p.simd_width - 1);

@@ -195,6 +195,23 @@ void Zero12Optimizer::reduce_ipg_grads() {
   }
 }
 
+// Each param's slices by owning partition (in ascending offset), in bucket order; `at` is the
+// slice's position in the bucket's flat buffer.
+std::vector<Zero12Optimizer::Slice> Zero12Optimizer::bucket_slices(const std::vector<int>& params) const {
+  std::vector<Slice> out;
+  std::int64_t at = 0;
+  for (int i : params) {
+    const auto parts = layout_.partitions_of_param(i);
+    const std::int64_t n = layout_.numels[static_cast<std::size_t>(i)];
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const std::int64_t lo = parts[k].second, hi = k + 1 < parts.size() ? parts[k + 1].second : n;
+      out.push_back({parts[k].first, at + lo, hi - lo});
+    }
+    at += n;
+  }
+  return out;
+}
+
 Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params, bool fallback) {
   Pending pend;
   pend.params = std::move(params);
@@ -208,26 +225,17 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
     // previous one when both go to the same partition (not for this rank's own slices under the
     // compact fp32 buffer, which each get an output). Then allreduce_and_scatter: a chunk closes as
     // soon as its elements exceed reduce_bucket_size, the last one at the end.
-    struct Entry { int dst; std::int64_t at, numel; };
-    std::vector<Entry> entries;
-    std::int64_t at = 0;
-    for (int i : pend.params) {
-      const auto parts = layout_.partitions_of_param(i);
-      const std::int64_t n = layout_.numels[static_cast<std::size_t>(i)];
-      for (std::size_t k = 0; k < parts.size(); ++k) {
-        const std::int64_t lo = parts[k].second, hi = k + 1 < parts.size() ? parts[k + 1].second : n;
-        const int dst = parts[k].first;
-        const bool has_output = compact_ && dst == rank_;
-        if (!entries.empty() && !has_output && entries.back().dst == dst) {
-          entries.back().numel += hi - lo;
-        } else {
-          entries.push_back({dst, at + lo, hi - lo});
-        }
+    std::vector<Slice> entries;
+    for (const Slice& sl : bucket_slices(pend.params)) {
+      const bool has_output = compact_ && sl.dst == rank_;
+      if (!entries.empty() && !has_output && entries.back().dst == sl.dst) {
+        entries.back().numel += sl.numel;
+      } else {
+        entries.push_back(sl);
       }
-      at += n;
     }
     std::int64_t start = -1, count = 0;
-    for (const Entry& e : entries) {
+    for (const Slice& e : entries) {
       if (start < 0) start = e.at;
       count += e.numel;
       if (count > bucket_size_) {
@@ -241,17 +249,10 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
   }
   // Per destination, in order of first appearance: reduce the owner's slices to the owner.
   std::vector<std::pair<int, std::vector<Tensor>>> per_dst;
-  std::int64_t at = 0;
-  for (int i : pend.params) {
-    const auto parts = layout_.partitions_of_param(i);
-    const std::int64_t n = layout_.numels[static_cast<std::size_t>(i)];
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      const std::int64_t lo = parts[k].second, hi = k + 1 < parts.size() ? parts[k + 1].second : n;
-      auto it = std::find_if(per_dst.begin(), per_dst.end(), [&](const auto& e) { return e.first == parts[k].first; });
-      if (it == per_dst.end()) it = per_dst.insert(per_dst.end(), {parts[k].first, {}});
-      it->second.push_back(flat.narrow(at + lo, hi - lo));
-    }
-    at += n;
+  for (const Slice& sl : bucket_slices(pend.params)) {
+    auto it = std::find_if(per_dst.begin(), per_dst.end(), [&](const auto& e) { return e.first == sl.dst; });
+    if (it == per_dst.end()) it = per_dst.insert(per_dst.end(), {sl.dst, {}});
+    it->second.push_back(flat.narrow(sl.at, sl.numel));
   }
   for (auto& [dst, slices] : per_dst) {
     std::int64_t total = 0;

@@ -59,6 +59,11 @@ class Zero12Optimizer final : public ZeroOptimizer {
   // per owning partition, all-reduced in chunks that close once past reduce_bucket_size
   // (allreduce_and_scatter), or reduced to each owner (use_multi_rank_bucket_allreduce false).
   Pending average_tensor(const Tensor& flat, std::vector<int> params, bool fallback = false);
+  struct Slice {
+    int dst;  // owning partition
+    std::int64_t at, numel;
+  };
+  std::vector<Slice> bucket_slices(const std::vector<int>& params) const;
   void finish(Pending& p);
   void wait_buffer(int index);
   void wait_all();

@@ -306,7 +306,7 @@ void CudaDevice::adam_step(const Tensor& param, const Tensor& grad, const Tensor
   same_numel("adam_step", param, exp_avg_sq);
   ZC_ASSERT(p.step >= 1, "adam step count is 1-based, got {}", p.step);
   if (p.kernel == AdamKernel::torch_cpu) {
-    throw NotImplementedError("torch_adam: torch.optim.Adam/AdamW's CPU arithmetic is not modelled yet");
+    throw NotImplementedError("torch_adam: torch.optim.Adam/AdamW's CPU arithmetic is not modelled; use FusedAdam");
   }
   const std::int64_t body = param.numel() & ~static_cast<std::int64_t>(p.simd_width - 1);
   CUDA_CHECK(kernels::adam(st_->stream, static_cast<float*>(param.raw()), vw(grad), static_cast<float*>(exp_avg.raw()),
