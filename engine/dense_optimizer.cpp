@@ -8,7 +8,7 @@ namespace zc {
 DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
                                const Options& opts, bool zero1_bf16_wrapper)
     : ZeroOptimizer(cfg, model, dev, comm, opts), partitioned_(zero1_bf16_wrapper),
-      use_hp_(cfg.model_dtype() == DType::bf16), world_(comm.size()), rank_(comm.rank()) {
+      use_hp_(zero1_bf16_wrapper), world_(comm.size()), rank_(comm.rank()) {
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
   layout_ = FlatLayout::build(numels, partitioned_ ? world_ : 1, partitioned_);
@@ -31,12 +31,18 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
     for (std::size_t i = 0; i < params_.size(); ++i) segments.emplace_back(layout_.offsets[i], params_[i]->numel());
   }
   base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width, std::move(segments));
+  if (!partitioned_ && dtype_ != DType::f32) {
+    // FP16_Optimizer (fp16, and bf16 as DeepSpeed's DDP_BFLOAT16) steps once with zero gradients at
+    // construction (fused_optimizer.py initialize_optimizer_states): the step count becomes 1 and
+    // weight decay acts once on the fp32 master, which is not copied back to the 16-bit params.
+    base_->step(master_, dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad"));
+  }
   record(fmt::format("{} init: {} params, {} elements", name(), params_.size(), layout_.numel));
 }
 
 std::string_view DenseOptimizer::name() const {
   if (use_hp_) return "BF16_Optimizer";
-  return dtype_ == DType::f16 ? "FP16_Optimizer" : "TorchOptimizer";
+  return dtype_ == DType::f32 ? "TorchOptimizer" : "FP16_Optimizer";
 }
 
 void DenseOptimizer::on_grad_ready(Parameter& p) {

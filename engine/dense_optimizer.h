@@ -1,7 +1,8 @@
-// DenseOptimizer: stage 0's optimizers (a plain fp32 optimizer, FP16_Optimizer, and DeepSpeed's
-// BF16_Optimizer for bf16) and the BF16_Optimizer wrapper that DeepSpeed uses for ZeRO-1 + bf16 +
-// fp32 gradient accumulation without offload. Grads are all-reduced at the accumulation boundary
-// in buckets (engine.buffered_allreduce_fallback); bf16 grads are accumulated in an fp32 flat
+// DenseOptimizer: stage 0's optimizers (a plain fp32 optimizer; FP16_Optimizer for fp16 and, as
+// DeepSpeed's DDP_BFLOAT16, for bf16: 16-bit .grad accumulation and a dummy step at construction)
+// and the BF16_Optimizer wrapper that DeepSpeed uses for ZeRO-1 + bf16 + fp32 gradient
+// accumulation without offload. Grads are all-reduced at the accumulation boundary in buckets
+// (engine.buffered_allreduce_fallback); the wrapper's bf16 grads are accumulated in an fp32 flat
 // buffer by the grad hooks and the 16-bit grads dropped.
 #pragma once
 
@@ -31,7 +32,7 @@ class DenseOptimizer final : public ZeroOptimizer {
   void buffered_allreduce();
 
   bool partitioned_;
-  bool use_hp_;  // bf16: fp32 "hp" grads accumulated by hooks
+  bool use_hp_;  // the ZeRO-1 BF16_Optimizer wrapper: fp32 "hp" grads accumulated by hooks
   int world_, rank_;
   FlatLayout layout_;
   Tensor flat_;    // [padded] model dtype; params are views
