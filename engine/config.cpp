@@ -144,13 +144,17 @@ void read_zero(Config& c, Reader& top) {
     if (r.has(k)) c.warnings.push_back(fmt::format("'zero_optimization.{}' accepted and ignored: it does not change what zerocheck models", k));
   }
   r.warn_unknown();
+  // DeepSpeed 0.19.8 accepts both and acts on neither (only ZeRO-3 partitions parameters; stage 0
+  // builds no ZeRO optimizer to offload): zerocheck does the same, and says so.
   if (zc.offload_param == OffloadDevice::cpu && zc.stage != 3) {
-    throw ConfigError("'zero_optimization.offload_param' needs stage 3: parameters are only "
-                      "partitioned (and so offloadable) in ZeRO-3");
+    c.warnings.push_back(fmt::format("'zero_optimization.offload_param' ignored at stage {}: only ZeRO-3 partitions "
+                                     "(and so offloads) parameters, and DeepSpeed ignores it there too", zc.stage));
+    zc.offload_param = OffloadDevice::none;
   }
   if (zc.offload_optimizer == OffloadDevice::cpu && zc.stage == 0) {
-    throw ConfigError("'zero_optimization.offload_optimizer' needs stage 1, 2 or 3: stage 0 has "
-                      "no partitioned optimizer state to offload");
+    c.warnings.push_back("'zero_optimization.offload_optimizer' ignored at stage 0: there is no partitioned "
+                         "optimizer state to offload, and DeepSpeed ignores it there too");
+    zc.offload_optimizer = OffloadDevice::none;
   }
 }
 

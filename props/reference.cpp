@@ -44,11 +44,6 @@ struct ScratchDir {
   }
 };
 
-std::uint64_t hash_values(std::uint64_t h, std::string_view name, const std::vector<double>& v) {
-  h = fnv1a(name, h);
-  return fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)), h);
-}
-
 std::string bits(double v) { return fmt::format("{} (0x{:016x})", v, std::bit_cast<std::uint64_t>(v)); }
 
 // The first differing element of a step's flat vector, named by its param.
@@ -57,7 +52,7 @@ std::string first_element_diff(const Scenario& s, int step, const std::vector<do
   const std::optional<std::size_t> i = first_mismatch(sim, ds);
   if (!i) return "";
   std::size_t count = 0;
-  for (std::size_t k = 0; k < sim.size(); ++k) count += first_mismatch({sim[k]}, {ds[k]}).has_value();
+  for (std::size_t k = 0; k < sim.size(); ++k) count += bits_differ(sim[k], ds[k]);
   return fmt::format("step {}, {}: zerocheck {} vs DeepSpeed {} ({} of {} elements differ)", step,
                      element_name(s, static_cast<std::int64_t>(*i)), bits(sim[*i]), bits(ds[*i]), count, sim.size());
 }
@@ -82,6 +77,11 @@ std::int64_t max_ulps_apart(const std::vector<double>& a, const std::vector<doub
 }
 
 }  // namespace
+
+std::uint64_t hash_values(std::uint64_t h, std::string_view name, const std::vector<double>& v) {
+  h = fnv1a(name, h);
+  return fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)), h);
+}
 
 std::string reference_unexpressible(const Scenario& s) {
   if (s.world > 4) return fmt::format("world {}: the reference pools hold 1-4 ranks", s.world);

@@ -31,6 +31,9 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir);
 // A record file (reference/deepspeed/record.py's format): name -> values.
 using ReferenceRecord = std::map<std::string, std::vector<double>>;
 ReferenceRecord read_reference_record(const std::filesystem::path& file);
+// FNV-1a of a named vector's name and bytes, chained from h: the one hash every reference verdict
+// uses for its records (so a replay that reproduces the numbers reproduces the hash).
+std::uint64_t hash_values(std::uint64_t h, std::string_view name, const std::vector<double>& v);
 
 // One field on which the two sides differ: grads, params, masters, loss_scale, skipped, msid,
 // comm:<kind>:calls, comm:<kind>:bytes, ranks (DeepSpeed's ranks disagree), refusal (one side raised, the other did not).

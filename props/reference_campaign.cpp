@@ -197,10 +197,7 @@ namespace {
 
 std::uint64_t hash_records(const std::vector<ReferenceRecord>& recs, std::uint64_t h) {
   for (const ReferenceRecord& r : recs) {
-    for (const auto& [name, v] : r) {
-      h = fnv1a(name, h);
-      h = fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)), h);
-    }
+    for (const auto& [name, v] : r) h = hash_values(h, name, v);
   }
   return h;
 }
@@ -316,7 +313,7 @@ nlohmann::json i1_gaussian_count(ReferencePools& pools, int scenarios, std::uint
     const std::vector<double> a = run_on_deepspeed(s, pools)[0].at("grads/0");
     const std::vector<double> b = run_on_deepspeed(coalesced, pools)[0].at("grads/0");
     std::int64_t d = 0;
-    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d += std::bit_cast<std::uint64_t>(a[i]) != std::bit_cast<std::uint64_t>(b[i]);
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d += bits_differ(a[i], b[i]);
     ++ran;
     differing += d > 0;
     elements += static_cast<std::int64_t>(a.size());

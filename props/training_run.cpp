@@ -21,13 +21,14 @@ std::uint64_t batch_stream(int step, int micro, int chunk) {
 
 }  // namespace
 
+bool bits_differ(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) != std::bit_cast<std::uint64_t>(b) && !(std::isnan(a) && std::isnan(b));
+}
+
 std::optional<std::size_t> first_mismatch(const std::vector<double>& a, const std::vector<double>& b) {
   const std::size_t n = std::min(a.size(), b.size());
   for (std::size_t i = 0; i < n; ++i) {
-    if (std::bit_cast<std::uint64_t>(a[i]) != std::bit_cast<std::uint64_t>(b[i]) &&
-        !(std::isnan(a[i]) && std::isnan(b[i]))) {
-      return i;
-    }
+    if (bits_differ(a[i], b[i])) return i;
   }
   if (a.size() != b.size()) return n;
   return std::nullopt;

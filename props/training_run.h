@@ -114,6 +114,8 @@ bool keeps_last_backward_only(const RunSpec& spec);
 
 // The first index where a and b differ bit for bit (NaNs compare equal), or where one ends.
 std::optional<std::size_t> first_mismatch(const std::vector<double>& a, const std::vector<double>& b);
+// The element rule first_mismatch applies: different bits, unless both are NaN.
+bool bits_differ(double a, double b);
 // "param.name[local index]" for an index into full_params()/full_grads() of `model`.
 std::string param_element_name(Model& model, std::int64_t flat_index);
 

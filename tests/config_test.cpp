@@ -54,6 +54,21 @@ TEST(Config, AcceptsARealUsersFile) {
   EXPECT_TRUE(warned) << "unknown keys warn, they do not fail";
 }
 
+// As DeepSpeed 0.19.8: offload_param below stage 3 and offload_optimizer at stage 0 are accepted
+// and ignored, with a warning that names the key (zerocheck used to refuse them).
+TEST(Config, OffloadWhereNothingIsPartitionedIsIgnoredWithAWarning) {
+  const Config p = Config::from_json_text(
+      R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", 2);
+  EXPECT_EQ(p.zero.offload_param, OffloadDevice::none);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_NE(p.warnings[0].find("'zero_optimization.offload_param' ignored at stage 2"), std::string::npos) << p.warnings[0];
+  const Config o = Config::from_json_text(
+      R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})", 2);
+  EXPECT_EQ(o.zero.offload_optimizer, OffloadDevice::none);
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_NE(o.warnings[0].find("'zero_optimization.offload_optimizer' ignored at stage 0"), std::string::npos) << o.warnings[0];
+}
+
 struct Bad {
   const char* name;
   const char* json_text;
@@ -92,8 +107,6 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   Bad{"betas_shape", R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})", "'optimizer.params.betas': must be two numbers"},
   Bad{"offload_device", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})", "'zero_optimization.offload_optimizer.device': 'gpu' is not an offload device"},
   Bad{"offload_nvme", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})", "nvme offload is not modelled", true},
-  Bad{"offload_param_stage2", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", "'zero_optimization.offload_param' needs stage 3"},
-  Bad{"offload_optimizer_stage0", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})", "'zero_optimization.offload_optimizer' needs stage 1, 2 or 3"},
   Bad{"clip_negative", R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": -1})", "'gradient_clipping' must be >= 0"},
   Bad{"loss_scale_negative", R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "loss_scale": -2}})", "'fp16.loss_scale': must be >= 0"},
   Bad{"scale_power", R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "initial_scale_power": 99}})", "'fp16.initial_scale_power': must be in [0, 64]"},
