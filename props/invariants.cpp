@@ -232,7 +232,13 @@ Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   v.trace_hash = mix64(sh.result.sim.trace_hash, one.result.sim.trace_hash);
   if (!sh.ok) return fail("sharded run failed: " + sh.error);
   if (!one.ok) return fail("single-rank run failed: " + one.error);
-  v.failure = compare(s, sh.result, one.result, exact_steps(s), false, "sharded", "one rank");
+  // DeepSpeed's stage-0 clip_grad_norm_ (fp32, clipping on) averages each rank's norm over the world
+  // (norm/W, then a SUM all_reduce), so its clip coefficient, and the params after the step, may
+  // differ from one rank's in the last bit: there only the first step's gradients must match.
+  const bool clip_averaged = s.stage == 0 && s.dtype == "f32" && s.clip > 0.0 && s.world > 1;
+  v.failure = clip_averaged ? first_divergence(s, 0, 0, "averaged grads (sharded vs one rank)", sh.result.grads.at(0),
+                                               one.result.grads.at(0))
+                            : compare(s, sh.result, one.result, exact_steps(s), false, "sharded", "one rank");
   // And the analytic gradient, which a bug shared by both runs cannot match.
   if (v.failure.empty() && s.model != "mlp") {  // prescribed gradients: Synthetic, module trees
     for (int k = 0; k < s.steps && v.failure.empty(); ++k) {
@@ -441,7 +447,9 @@ const char* kParity =
     "A sharded run (world W, micro-batch B per rank) gives bit-identical averaged gradients and params to one rank "
     "training on the same global batch (micro-batch W*B), in the exact domain, for every stage 0-3 and GA; for the "
     "Synthetic and module-tree models the gradients also equal the analytic f64 gradient, which catches a bug the single-rank "
-    "reference shares.";
+    "reference shares. Adam runs position-independent here (DeepSpeed's CPU kernel rounds its vector tail differently, "
+    "so its bits move with partition boundaries), and at stage 0 with fp32 clipping only the first step's gradients "
+    "must match (DeepSpeed's clip_grad_norm_ averages each rank's norm over the world, which rounds).";
 const char* kCrossRank =
     "After every step every rank holds the same full params and the same full averaged gradients, in any data domain. "
     "A rank that steps on its own unreduced gradient (for example when the allreduce gate skips a parallelization-only "
