@@ -79,15 +79,10 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {
   p.bias_correction = cfg_.bias_correction;
   p.step = steps_;
   p.simd_width = adam_simd_width_;
-  // IncrementStep: pow (in f64, rounded to f32) at the first step, a running f32 product after.
+  // IncrementStep: pow(beta, 1) = beta at the first step, a running f32 product after.
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-  if (steps_ == 1) {
-    beta1_pow_ = static_cast<float>(std::pow(static_cast<double>(b1), 1.0));
-    beta2_pow_ = static_cast<float>(std::pow(static_cast<double>(b2), 1.0));
-  } else {
-    beta1_pow_ *= b1;
-    beta2_pow_ *= b2;
-  }
+  beta1_pow_ = steps_ == 1 ? b1 : beta1_pow_ * b1;
+  beta2_pow_ = steps_ == 1 ? b2 : beta2_pow_ * b2;
   p.beta1_pow = beta1_pow_;
   p.beta2_pow = beta2_pow_;
   for (const auto& [off, len] : segments_) {
