@@ -1,12 +1,21 @@
 // Decisions written once, proved once (DESIGN.md): gating predicates and partition arithmetic as
 // small templates over their value type. The engine instantiates them with bool and int64_t; the
 // Z3 proofs in props/ instantiate the same templates with z3::expr, so a proof is about the code
-// that runs. Keep them free of branches on the value type: only && || ! + - * / % and comparisons.
+// that runs. Keep them free of branches on the value type: only && || ! + - * / %, comparisons and
+// if_then_else (a ?: for bool and integers, z3::ite for z3::expr, found by argument-dependent
+// lookup). tests/tidy_test.cpp fails when a template here is not both called by the engine and
+// instantiated by a proof.
 #pragma once
 
 #include <cstdint>
 
 namespace zc::decide {
+
+// `c ? a : b` for the engine's value types. props/proofs.cpp declares the z3::expr overload.
+template <class T>
+T if_then_else(bool c, T a, T b) {
+  return c ? a : b;
+}
 
 // ---- backward all-reduce (SPEC 2) ------------------------------------------------------------
 
@@ -39,9 +48,30 @@ Int zero12_partition_numel(Int numel, Int world) {
   return zero12_padded_numel(numel, world) / world;
 }
 
+// Where rank r's equal-sized partition (ZeRO-1/2) or shard (ZeRO-3) starts.
+template <class Int>
+Int shard_start(Int shard_numel, Int rank) {
+  return rank * shard_numel;
+}
+
 template <class Int>
 Int partition_start(Int numel, Int world, Int rank) {
-  return rank * zero12_partition_numel(numel, world);
+  return shard_start(zero12_partition_numel(numel, world), rank);
+}
+
+// A param [offset, offset + numel), numel >= 1, touches the partitions first..last (DeepSpeed's
+// param_to_partition_ids); each starts its slice of the param this far into the param.
+template <class Int>
+Int first_partition_touched(Int offset, Int partition_numel) {
+  return offset / partition_numel;
+}
+template <class Int>
+Int last_partition_touched(Int offset, Int numel, Int partition_numel) {
+  return (offset + numel - 1) / partition_numel;
+}
+template <class Int>
+Int slice_begin_in_param(Int offset, Int partition_start) {
+  return if_then_else(partition_start > offset, partition_start - offset, offset - offset);
 }
 
 // A param [offset, offset + numel) belongs to partition [start, end) if it starts inside it or
@@ -58,6 +88,25 @@ Bool flushes_bucket_before(Int bucket_elements, Int numel, Int bucket_size, Bool
   return bucket_elements + numel > bucket_size && (!require_nonempty || bucket_elements > 0);
 }
 
+// One turn of the reducers' bucket loop (Zero12Optimizer and Zero3Optimizer's
+// reduce_independent_p_g_buckets_and_remove_grads): whether the bucket flushes before the param,
+// where the param lands in its bucket, whether it is the oversize path (a param larger than the
+// bucket, reduced from its own .grad instead of a slot of the contiguous buffer), and how many
+// elements the bucket holds after it.
+template <class Int, class Bool = bool>
+struct BucketAdd {
+  Bool flush_before;
+  Int offset;  // the param's first element within its bucket
+  Bool oversize;
+  Int elements_after;
+};
+template <class Int, class Bool = bool>
+BucketAdd<Int, Bool> add_to_bucket(Int bucket_elements, Int numel, Int bucket_size, Bool require_nonempty) {
+  const Bool flush = flushes_bucket_before<Int, Bool>(bucket_elements, numel, bucket_size, require_nonempty);
+  const Int offset = if_then_else(flush, bucket_elements - bucket_elements, bucket_elements);
+  return {flush, offset, numel > bucket_size, offset + numel};
+}
+
 // ---- ZeRO-3 per-param partitioning (SPEC 5) ------------------------------------------------------
 
 template <class Int>
@@ -65,10 +114,23 @@ Int zero3_shard_numel(Int numel, Int world) {
   return (numel + world - 1) / world;
 }
 
+// The real (non-padding) elements of rank r's shard of a param: [begin, begin + numel) of the
+// param; numel 0 where the shard is padding only.
+template <class Int>
+Int zero3_shard_real_begin(Int numel, Int world, Int rank) {
+  const Int start = shard_start(zero3_shard_numel(numel, world), rank);
+  return if_then_else(start < numel, start, numel);
+}
+template <class Int>
+Int zero3_shard_real_numel(Int numel, Int world, Int rank) {
+  const Int begin = zero3_shard_real_begin(numel, world, rank), end = begin + zero3_shard_numel(numel, world);
+  return if_then_else(end < numel, end, numel) - begin;
+}
+
 // ---- DeepCompile (SPEC 3): backend selection, hooks and cleanup --------------------------------
 
-// The compile request: which passes, the deepcompile flag, the ZeRO stage and autotp_size > 1.
-// (compile() in the engine lands with the compile-passes issue; these are its decisions.)
+// The compile request: which passes, the deepcompile flag, the ZeRO stage and autotp_size > 1, as
+// Engine::compile() gathers them.
 template <class Bool, class Int>
 struct CompileFacts {
   Bool pass_z1, pass_z3, pass_autosp, pass_autotp;

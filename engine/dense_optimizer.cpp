@@ -23,7 +23,7 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
   const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
   master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition");
-  dev_.cast(master_, flat_.narrow(part * pn, pn));
+  dev_.cast(master_, flat_.narrow(layout_.partition_start(part), pn));
   // DeepSpeed steps a stage-0 fp32 model's params one tensor at a time (the torch optimizer over
   // model.parameters()); FP16_Optimizer and BF16_Optimizer step one flat fp32 tensor.
   BaseOptimizer::Segments segments;
@@ -117,7 +117,7 @@ bool DenseOptimizer::step() {
   // as DeepSpeed's stage-0 optimizers would: every rank then diverges.
   const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
-  Tensor grads = grads_flat().narrow(part * pn, pn);  // this rank's slice of the reduced grads
+  Tensor grads = grads_flat().narrow(layout_.partition_start(part), pn);  // this rank's slice of the reduced grads
   const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
   overflow_ = check && any_rank_overflow({grads});
   const double prev_scale = scaler_.cur_scale();
@@ -142,7 +142,7 @@ bool DenseOptimizer::step() {
     how = fmt::format("norm {:.9g} combined scale {:.9g}", norm, combined);
   }
   base_->step(master_, grad32);
-  Tensor mine = flat_.narrow(part * pn, pn);
+  Tensor mine = flat_.narrow(layout_.partition_start(part), pn);
   dev_.cast(mine, master_);
   zero_grad();
   if (partitioned_ && comm_.size() > 1) comm_.all_gather(flat_, mine);  // as zero12_step.cpp: none at world 1
@@ -185,11 +185,13 @@ void DenseOptimizer::zero_grad() {
 std::vector<Tensor> DenseOptimizer::averaged_gradients() {
   if (!reduced_) return {};
   const std::int64_t pn = layout_.partition_numel;
-  return {grads_flat().narrow((partitioned_ ? rank_ : 0) * pn, pn)};
+  return {grads_flat().narrow(layout_.partition_start(partitioned_ ? rank_ : 0), pn)};
 }
 
 std::vector<double> DenseOptimizer::gathered_grads() {
-  std::vector<double> v = reduced_ ? to_f64(dev_, grads_flat()) : std::vector<double>(static_cast<std::size_t>(layout_.padded), 0.0);
+  // The gradients the engine holds, reduced or not (an unreduced buffer under KnownBug::B8 is what
+  // the step uses).
+  std::vector<double> v = to_f64(dev_, grads_flat());
   v.resize(static_cast<std::size_t>(layout_.numel));
   return v;
 }

@@ -35,22 +35,17 @@ std::vector<int> FlatLayout::params_in_partition(int r) const {
   return out;
 }
 
-std::int64_t FlatLayout::first_offset(int r) const {
-  const std::int64_t start = partition_start(r);
-  for (std::size_t i = 0; i < offsets.size(); ++i) {
-    if (offsets[i] < start && start < offsets[i] + numels[i]) return start - offsets[i];
-  }
-  return 0;
-}
+// Unpadded (one partition, world 1) only rank 0 exists, whose start is 0 either way.
+std::int64_t FlatLayout::partition_start(int r) const { return decide::partition_start<std::int64_t>(numel, world, r); }
 
 std::vector<std::pair<int, std::int64_t>> FlatLayout::partitions_of_param(int i) const {
   std::vector<std::pair<int, std::int64_t>> out;
   const std::int64_t off = offsets[static_cast<std::size_t>(i)];
   const std::int64_t n = numels[static_cast<std::size_t>(i)];
   if (n == 0 || partition_numel == 0) return out;
-  const int first = static_cast<int>(off / partition_numel);
-  const int last = static_cast<int>((off + n - 1) / partition_numel);
-  for (int p = first; p <= last; ++p) out.emplace_back(p, std::max<std::int64_t>(0, partition_start(p) - off));
+  const auto first = static_cast<int>(decide::first_partition_touched(off, partition_numel));
+  const auto last = static_cast<int>(decide::last_partition_touched(off, n, partition_numel));
+  for (int p = first; p <= last; ++p) out.emplace_back(p, decide::slice_begin_in_param(off, partition_start(p)));
   return out;
 }
 

@@ -21,11 +21,9 @@ struct FlatLayout {
   // pad_to_2x_world: ZeRO-1/2 alignment; false for a single unpartitioned group (stage 0).
   static FlatLayout build(const std::vector<std::int64_t>& numels, int world, bool pad_to_2x_world);
 
-  std::int64_t partition_start(int r) const { return r * partition_numel; }
+  std::int64_t partition_start(int r) const;  // decide::partition_start
   // Indices of the params that belong to partition r, in order.
   std::vector<int> params_in_partition(int r) const;
-  // How far into the first param of partition r the partition starts (DeepSpeed's first_offset).
-  std::int64_t first_offset(int r) const;
   // Every (partition id, offset within the param where that partition's slice begins) a param
   // touches, in ascending offset (DeepSpeed's param_to_partition_ids with grad_start_offset).
   std::vector<std::pair<int, std::int64_t>> partitions_of_param(int i) const;

@@ -41,12 +41,12 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
   const std::int64_t pn = layout_.partition_numel;
   if (cpu_offload_) {
     master_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32, CPU
-    cpu_->to_cpu(master_, flat_.narrow(rank_ * pn, pn));
+    cpu_->to_cpu(master_, flat_.narrow(layout_.partition_start(rank_), pn));
     fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad");
     base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer", opts.adam_simd_width);  // CPU Adam
   } else {
     master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32
-    dev_.cast(master_, flat_.narrow(rank_ * pn, pn));
+    dev_.cast(master_, flat_.narrow(layout_.partition_start(rank_), pn));
     base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width);
   }
   is_in_partition_.assign(params_.size(), 0);
@@ -129,10 +129,13 @@ void Zero12Optimizer::reduce_independent_p_g_buckets_and_remove_grads(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
   const std::int64_t n = p.numel();
   if (n == 0) return;
-  if (decide::flushes_bucket_before<std::int64_t>(bucket_elements_, n, bucket_size_, false)) {
+  const decide::BucketAdd<std::int64_t> add = decide::add_to_bucket<std::int64_t>(bucket_elements_, n, bucket_size_, false);
+  if (add.flush_before) {
     reduce_ipg_grads();
     if (contiguous_ && overlap_) bucket_index_ = 1 - bucket_index_;
   }
+  ZC_ASSERT(bucket_elements_ == add.offset, "rank {}: param {} lands at {} of the bucket, the loop says {}", rank_,
+            p.name, bucket_elements_, add.offset);
   if (already_reduced_[static_cast<std::size_t>(i)]) {
     throw UsageError(fmt::format(
         "rank {}: The parameter {} has already been reduced. Gradient computed twice for this "
@@ -143,19 +146,19 @@ void Zero12Optimizer::reduce_independent_p_g_buckets_and_remove_grads(int i) {
   if (!grad.defined()) {
     throw UsageError(fmt::format("rank {}: invalid to reduce param {} with a None gradient", rank_, p.name));
   }
-  if (contiguous_ && n > bucket_size_) {
+  if (contiguous_ && add.oversize) {
     extra_large_ = i;  // reduced on its own, in place (oversize-param path)
     p.grad = grad;
   } else if (contiguous_) {
     wait_buffer(bucket_index_);
-    Tensor slot = buffers_[static_cast<std::size_t>(bucket_index_)].narrow(bucket_elements_, n);
+    Tensor slot = buffers_[static_cast<std::size_t>(bucket_index_)].narrow(add.offset, n);
     dev_.copy(slot, grad.view({n}));
     p.grad = slot.view(p.shape);
   } else {
     bucket_grads_.push_back(grad);
     p.grad = grad;
   }
-  bucket_elements_ += n;
+  bucket_elements_ = add.elements_after;
   bucket_params_.push_back(i);
 }
 

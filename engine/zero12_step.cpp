@@ -117,7 +117,7 @@ void Zero12Optimizer::apply_step(double combined) {
   where.cast(grad32, grads);
   where.scale(grad32, 1.0 / combined);
   base_->step(master_, grad32);
-  Tensor mine = flat_.narrow(rank_ * pn, pn);
+  Tensor mine = flat_.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_) {
     cpu_->to_device(mine, master_);  // through the bit16 buffer, as DeepSpeed does
   } else {
@@ -156,7 +156,7 @@ std::vector<double> Zero12Optimizer::gathered_grads() {
   const std::int64_t pn = layout_.partition_numel;
   const DType dt = cpu_offload_ ? DType::f32 : accum_dtype_;
   Tensor full = dev_.alloc(dt, {layout_.padded}, "gathered_grads");  // [padded]
-  Tensor mine = full.narrow(rank_ * pn, pn);
+  Tensor mine = full.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_ && offload_grads_ready_) {
     cpu_->to_device(mine, fp32_grad_cpu_);
   } else if (!cpu_offload_ && averaged_.defined()) {

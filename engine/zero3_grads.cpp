@@ -32,9 +32,10 @@ void Zero3Optimizer::reduce_ready_partitions_and_remove_grads(Parameter& p) {
 
 void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
   Parameter& p = *s.p;
-  if (decide::flushes_bucket_before<std::int64_t>(bucket_elements_, s.numel, bucket_size_, true)) {
-    reduce_and_partition_ipg_grads();
-  }
+  const decide::BucketAdd<std::int64_t> add = decide::add_to_bucket<std::int64_t>(bucket_elements_, s.numel, bucket_size_, true);
+  if (add.flush_before) reduce_and_partition_ipg_grads();
+  ZC_ASSERT(bucket_elements_ == add.offset, "rank {}: param {} lands at {} of the bucket, the loop says {}", rank_,
+            p.name, bucket_elements_, add.offset);
   const std::size_t idx = index_.at(&p);
   if (already_reduced_[idx]) {
     throw UsageError(fmt::format("rank {}: The parameter {} has already been reduced. Gradient "
@@ -42,13 +43,13 @@ void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
   }
   already_reduced_[idx] = 1;
   if (!p.grad.defined()) throw UsageError(fmt::format("rank {}: reduce of param {} with a None gradient", rank_, p.name));
-  if (contiguous_ && bucket_elements_ + s.numel <= bucket_capacity_) {
-    Tensor slot = bucket_.narrow(bucket_elements_, s.numel);
+  if (contiguous_ && !add.oversize) {  // else the oversize-param path: reduced from its own .grad
+    Tensor slot = bucket_.narrow(add.offset, s.numel);
     dev_.copy(slot, p.grad.view({s.numel}));
     p.grad = slot.view(p.shape);
   }
   bucket_params_.push_back(&s);
-  bucket_elements_ += s.numel;
+  bucket_elements_ = add.elements_after;
 }
 
 // reduce_scatter_coalesced: section r of the input holds every param's r-th chunk (zero-padded),
@@ -61,10 +62,10 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   for (Shard* s : params) chunks += s->shard_numel;
   Tensor in = dev_.alloc(dtype_, {chunks * world_}, "reduce_scatter_in");  // [world * chunks]
   for (int r = 0; r < world_; ++r) {
-    std::int64_t at = r * chunks;
+    std::int64_t at = decide::shard_start<std::int64_t>(chunks, r);
     for (Shard* s : params) {
-      const std::int64_t lo = std::min(s->numel, r * s->shard_numel);
-      const std::int64_t len = std::min(s->numel, lo + s->shard_numel) - lo;
+      const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s->numel, world_, r);
+      const std::int64_t len = decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, r);
       if (len > 0) dev_.copy(in.narrow(at, len), s->p->grad.view({s->numel}).narrow(lo, len));
       at += s->shard_numel;
     }
@@ -78,7 +79,7 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
     pend.work = comm_.reduce_scatter(pend.out, in, {.op = ReduceOp::sum, .async_op = overlap_});
   } else {  // all-reduce the whole bucket and keep this rank's section
     pend.work = comm_.all_reduce(in, {.op = ReduceOp::sum, .async_op = overlap_});
-    pend.out = in.narrow(rank_ * chunks, chunks);
+    pend.out = in.narrow(decide::shard_start<std::int64_t>(chunks, rank_), chunks);
   }
   for (Shard* s : pend.params) s->p->grad = Tensor();  // copied into the input above
   bucket_params_.clear();
@@ -107,7 +108,7 @@ void Zero3Optimizer::partition_grads(const std::vector<Shard*>& params, const Te
   for (Shard* s : params) {
     const Tensor part = out.narrow(at, s->shard_numel);
     at += s->shard_numel;
-    if (s->shard_numel * rank_ >= s->numel) continue;  // contains no real data
+    if (decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, rank_) == 0) continue;  // padding only
     Tensor buf = grad_partition_.narrow(s->offset, s->shard_numel);
     if (micro_step_id_ == 0) {
       dev_.cast(buf, part);

@@ -35,8 +35,8 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
                                 : dev_.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat");
   for (Shard& s : shards_) {
     Parameter& p = *s.p;
-    const std::int64_t lo = std::min(s.numel, rank_ * s.shard_numel);
-    const std::int64_t len = std::min(s.numel, lo + s.shard_numel) - lo;
+    const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s.numel, world_, rank_);
+    const std::int64_t len = decide::zero3_shard_real_numel<std::int64_t>(s.numel, world_, rank_);
     Tensor mine = fp16_partition_.narrow(s.offset, s.shard_numel);
     if (len > 0) {
       if (offload_par) {

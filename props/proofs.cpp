@@ -11,6 +11,12 @@
 #include <functional>
 #include <memory>
 
+// decide::if_then_else for z3::expr, found by argument-dependent lookup when the templates are
+// instantiated with z3::expr.
+namespace z3 {
+inline expr if_then_else(const expr& c, const expr& a, const expr& b) { return ite(c, a, b); }
+}  // namespace z3
+
 namespace zc::props {
 
 namespace {
@@ -104,9 +110,28 @@ std::pair<std::string, std::string> zero12_params(unsigned timeout_ms) {
   const z3::expr o = c.int_const("param_offset"), m = c.int_const("param_numel");
   const z3::expr pn = decide::zero12_partition_numel(n, w), s = decide::partition_start(n, w, r);
   const z3::expr in = decide::param_in_partition<z3::expr, z3::expr>(o, m, s, s + pn);
-  const z3::expr touches = o / pn <= r && r <= (o + m - 1) / pn;
+  const z3::expr touches = decide::first_partition_touched(o, pn) <= r && r <= decide::last_partition_touched(o, m, pn);
   const z3::expr assumptions = bounds(c, n, w) && n >= 1 && m >= 1 && o >= 0 && o + m <= n && r >= 0 && r < w;
   return prove(c, assumptions, in == touches, timeout_ms);
+}
+
+// FlatLayout::partitions_of_param's slices: partition `first` starts its slice at the param's
+// first element, each next partition where the previous one's slice ends, the last one's slice
+// ends inside the param, and every slice lies inside its partition. So the slices tile the param.
+std::pair<std::string, std::string> zero12_param_slices(unsigned timeout_ms) {
+  z3::context c;
+  const z3::expr n = c.int_const("numel"), w = c.int_const("world"), p = c.int_const("partition");
+  const z3::expr o = c.int_const("param_offset"), m = c.int_const("param_numel");
+  const z3::expr pn = decide::zero12_partition_numel(n, w);
+  const z3::expr first = decide::first_partition_touched(o, pn), last = decide::last_partition_touched(o, m, pn);
+  const z3::expr sp = decide::partition_start(n, w, p), sq = decide::partition_start(n, w, p + 1);
+  const z3::expr b = decide::slice_begin_in_param(o, sp), b_next = decide::slice_begin_in_param(o, sq);
+  const z3::expr slice_end = z3::ite(p == last, m, b_next);
+  const z3::expr claim = z3::implies(p == first, b == 0) && b < slice_end && slice_end <= m &&
+                         z3::implies(p < last, b_next < m) && o + b >= sp && o + slice_end <= sp + pn;
+  const z3::expr assumptions =
+      bounds(c, n, w) && n >= 1 && m >= 1 && o >= 0 && o + m <= n && first <= p && p <= last;
+  return prove(c, assumptions, claim, timeout_ms);
 }
 
 std::pair<std::string, std::string> zero3_shards(unsigned timeout_ms) {
@@ -114,33 +139,90 @@ std::pair<std::string, std::string> zero3_shards(unsigned timeout_ms) {
   const z3::expr n = c.int_const("numel"), w = c.int_const("world"), e = c.int_const("element");
   const z3::expr sh = decide::zero3_shard_numel(n, w);
   const z3::expr owner = e / sh;
+  const z3::expr start = decide::shard_start(sh, owner);
   const z3::expr claim = sh * w >= n && sh * w < n + w &&
-                         z3::implies(0 <= e && e < n, owner >= 0 && owner < w && owner * sh <= e && e < owner * sh + sh);
+                         z3::implies(0 <= e && e < n, owner >= 0 && owner < w && start <= e && e < start + sh);
   return prove(c, bounds(c, n, w) && n >= 1, claim, timeout_ms);
 }
 
-// Buckets over a sequence of params, decided by decide::flushes_bucket_before exactly as the
-// stage 1/2 and stage 3 reducers call it: each param joins exactly one bucket (the current one,
-// or a new one after a flush), and a bucket holds more than reduce_bucket_size elements only as a
-// lone param larger than the bucket.
+// The real elements of each rank's shard (what the reducer copies in and partition_grads keeps):
+// rank 0's start at the param's first element, each next rank's where the previous one's end, the
+// last rank's end at the param's end, none is longer than a shard, and a shard with none is one
+// whose start lies past the param (the padding-only skip).
+std::pair<std::string, std::string> zero3_shard_real_ranges(unsigned timeout_ms) {
+  z3::context c;
+  const z3::expr n = c.int_const("numel"), w = c.int_const("world"), r = c.int_const("rank");
+  const z3::expr sh = decide::zero3_shard_numel(n, w);
+  const z3::expr begin = decide::zero3_shard_real_begin(n, w, r), len = decide::zero3_shard_real_numel(n, w, r);
+  const z3::expr last = w - 1;
+  const z3::expr claim = decide::zero3_shard_real_begin(n, w, c.int_val(0)) == 0 &&
+                         decide::zero3_shard_real_begin(n, w, last) + decide::zero3_shard_real_numel(n, w, last) == n &&
+                         z3::implies(r + 1 < w, begin + len == decide::zero3_shard_real_begin(n, w, r + 1)) &&
+                         len >= 0 && len <= sh && (len == 0) == (decide::shard_start(sh, r) >= n);
+  return prove(c, bounds(c, n, w) && n >= 1 && r >= 0 && r < w, claim, timeout_ms);
+}
+
+// The reducers' bucket loop (decide::add_to_bucket, the code both Zero12Optimizer and
+// Zero3Optimizer run for every param) over six params of any sizes: each param joins exactly one
+// bucket (the current one, or a new one after a flush) at the offset where the bucket's elements
+// end; a bucket holds more than reduce_bucket_size elements only as a lone oversize param, which
+// the next param always flushes (the single-param bucket the oversize path asserts); a param that
+// is not oversize fits the contiguous buffer of reduce_bucket_size elements.
 std::pair<std::string, std::string> ipg_buckets(bool zero3, unsigned timeout_ms) {
   z3::context c;
   const z3::expr size = c.int_const("reduce_bucket_size");
   z3::expr assumptions = size >= 1 && size <= c.int_val(static_cast<int64_t>(1) << 40);
   z3::expr claim = c.bool_val(true);
-  z3::expr elements = c.int_val(0), count = c.int_val(0), bucket = c.int_val(0);
+  z3::expr elements = c.int_val(0), count = c.int_val(0), bucket = c.int_val(0), prev_oversize = c.bool_val(false);
   for (int i = 0; i < 6; ++i) {
     const z3::expr n = c.int_const(fmt::format("numel{}", i).c_str());
     assumptions = assumptions && n >= 1 && n <= c.int_val(static_cast<int64_t>(1) << 40);
-    const z3::expr flush = decide::flushes_bucket_before<z3::expr, z3::expr>(elements, n, size, c.bool_val(zero3));
-    const z3::expr next_bucket = z3::ite(flush, bucket + 1, bucket);
-    elements = z3::ite(flush, n, elements + n);
-    count = z3::ite(flush, c.int_val(1), count + 1);
-    // Exactly one bucket: the param's bucket is the previous one or the next, never skipped.
-    claim = claim && (next_bucket == bucket || next_bucket == bucket + 1) && (elements <= size || count == 1);
+    const decide::BucketAdd<z3::expr, z3::expr> add = decide::add_to_bucket<z3::expr, z3::expr>(elements, n, size, c.bool_val(zero3));
+    const z3::expr next_bucket = z3::ite(add.flush_before, bucket + 1, bucket);
+    count = z3::ite(add.flush_before, c.int_val(1), count + 1);
+    claim = claim && (next_bucket == bucket || next_bucket == bucket + 1) &&
+            add.offset == z3::ite(add.flush_before, c.int_val(0), elements) && add.elements_after == add.offset + n &&
+            (add.elements_after <= size || (count == 1 && add.oversize)) &&
+            z3::implies(!add.oversize, add.elements_after <= size) && z3::implies(prev_oversize, add.flush_before);
+    elements = add.elements_after;
     bucket = next_bucket;
+    prev_oversize = add.oversize;
   }
   return prove(c, assumptions, claim, timeout_ms);
+}
+
+// ---- DeepSpeed's backward all-reduce gate (Engine::allreduce_gradients) ----------------------------
+
+// For every compile request that activates DeepCompile with a parallelization-only pass set
+// (autosp or autotp, which leave data-parallel reduction to the engine), the engine all-reduces
+// at the end of a backward outside no_sync: runs_backward_allreduce holds and
+// skips_allreduce_for_deepcompile does not. With B8's gate the same claim has a counterexample.
+std::pair<std::string, std::string> backward_allreduce_gate(bool b8, unsigned timeout_ms) {
+  z3::context c;
+  const CF f = compile_facts(c);
+  const z3::expr enabled = c.bool_const("enable_backward_allreduce"), no_sync = c.bool_const("inside_no_sync");
+  const z3::expr reduces = decide::runs_backward_allreduce(enabled, no_sync) &&
+                           !decide::skips_allreduce_for_deepcompile(decide::deepcompile_active(f),
+                                                                    decide::uses_parallelization_pass_only(f), c.bool_val(b8));
+  const z3::expr assumptions = f.stage >= 0 && f.stage <= 3 && !decide::compile_is_error(f) &&
+                               decide::deepcompile_active(f) && decide::uses_parallelization_pass_only(f) && enabled &&
+                               !no_sync;
+  return prove(c, assumptions, reduces, timeout_ms);
+}
+
+// And the gate's other half: inside no_sync or with enable_backward_allreduce off, no backward
+// all-reduces; a ZeRO DeepCompile backend (z1/z2/z3 passes, no parallelization pass) owns the
+// reduction, so the engine's gate skips it.
+std::pair<std::string, std::string> backward_allreduce_skips(unsigned timeout_ms) {
+  z3::context c;
+  const CF f = compile_facts(c);
+  const z3::expr enabled = c.bool_const("enable_backward_allreduce"), no_sync = c.bool_const("inside_no_sync");
+  const z3::expr claim =
+      z3::implies(!enabled || no_sync, !decide::runs_backward_allreduce(enabled, no_sync)) &&
+      z3::implies(decide::selects_zero_backend(f),
+                  decide::skips_allreduce_for_deepcompile(decide::deepcompile_active(f),
+                                                          decide::uses_parallelization_pass_only(f), c.bool_val(false)));
+  return prove(c, f.stage >= 0 && f.stage <= 3 && !decide::compile_is_error(f), claim, timeout_ms);
 }
 
 // ---- 3. int64 overflow hunt ---------------------------------------------------------------------
@@ -227,10 +309,6 @@ std::pair<std::string, std::string> int64_overflow_hunt(std::int64_t max_numel, 
                                     settled.size(), ops->size(), fmt::join(open, ", "))};
 }
 
-namespace {
-
-}  // namespace
-
 std::vector<ProofResult> fpa_proofs(unsigned timeout_ms);  // proofs_fpa.cpp
 
 std::vector<ProofResult> run_all_proofs(unsigned timeout_ms) {
@@ -240,9 +318,14 @@ std::vector<ProofResult> run_all_proofs(unsigned timeout_ms) {
   out.push_back(timed("deepcompile-destroy-with-B2", "counterexample", [&] { return deepcompile_gate(false, true, timeout_ms); }));
   out.push_back(timed("zero12-partitions-disjoint-and-covering", "proved", [&] { return zero12_partitions(timeout_ms); }));
   out.push_back(timed("zero12-straddling-params-map-to-every-touched-rank", "proved", [&] { return zero12_params(timeout_ms); }));
+  out.push_back(timed("zero12-param-slices-tile-the-param", "proved", [&] { return zero12_param_slices(timeout_ms); }));
   out.push_back(timed("zero3-shards-disjoint-and-covering", "proved", [&] { return zero3_shards(timeout_ms); }));
+  out.push_back(timed("zero3-shard-real-ranges-tile-the-param", "proved", [&] { return zero3_shard_real_ranges(timeout_ms); }));
   out.push_back(timed("ipg-buckets-one-per-param-and-capped-zero12", "proved", [&] { return ipg_buckets(false, timeout_ms); }));
   out.push_back(timed("ipg-buckets-one-per-param-and-capped-zero3", "proved", [&] { return ipg_buckets(true, timeout_ms); }));
+  out.push_back(timed("backward-allreduce-for-parallelization-only-passes", "proved", [&] { return backward_allreduce_gate(false, timeout_ms); }));
+  out.push_back(timed("backward-allreduce-gate-with-B8", "counterexample", [&] { return backward_allreduce_gate(true, timeout_ms); }));
+  out.push_back(timed("backward-allreduce-skips-no-sync-and-zero-backends", "proved", [&] { return backward_allreduce_skips(timeout_ms); }));
   out.push_back(timed("int64-overflow-in-partition-offsets", "none found", [&] { return int64_overflow_hunt(std::int64_t{1} << 48, timeout_ms); }));
   for (ProofResult& r : fpa_proofs(timeout_ms)) out.push_back(std::move(r));
   return out;

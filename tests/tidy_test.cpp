@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -201,6 +203,102 @@ TEST(Tidy, NoWallClockOrUnseededRandomnessInDeterministicCode) {
     }
   }
   EXPECT_EQ(report, "") << "use zc::Rng from the root seed; simulated time only (STYLE.md 6)";
+}
+
+// ---- decide:: coverage: every decision template is both run by the engine and proved ----------
+
+// The function templates of a decisions header, each with the templates of the header it calls.
+std::map<std::string, std::set<std::string>> decide_templates(const std::string& header) {
+  const std::string s = strip(header);
+  static const std::regex head(R"(template\s*<[^>]*>\s*[\w:<>, ]+?\s+(\w+)\s*\()");
+  std::map<std::string, std::string> bodies;
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), head); it != std::sregex_iterator(); ++it) {
+    const std::size_t open = s.find('{', static_cast<std::size_t>(it->position(0) + it->length(0)));
+    if (open == std::string::npos) continue;
+    std::size_t close = open;
+    for (int depth = 0; close < s.size(); ++close) {
+      depth += s[close] == '{' ? 1 : s[close] == '}' ? -1 : 0;
+      if (depth == 0) break;
+    }
+    bodies[(*it)[1].str()] = s.substr(open, close - open + 1);
+  }
+  std::map<std::string, std::set<std::string>> out;
+  for (const auto& [name, body] : bodies) {
+    std::set<std::string>& calls = out[name];
+    for (const auto& [other, unused] : bodies) {
+      if (other != name && std::regex_search(body, std::regex("\\b" + other + R"(\s*(<[^;(]*>)?\s*\()"))) calls.insert(other);
+    }
+  }
+  return out;
+}
+
+// The templates `code` names as decide::NAME, and every template those call, transitively.
+std::set<std::string> decide_reached(const std::map<std::string, std::set<std::string>>& templates,
+                                     const std::string& code) {
+  std::set<std::string> reached;
+  std::vector<std::string> todo;
+  const std::string s = strip(code);
+  for (const auto& [name, calls] : templates) {
+    if (std::regex_search(s, std::regex(R"(\bdecide::)" + name + "\\b"))) todo.push_back(name);
+  }
+  while (!todo.empty()) {
+    const std::string name = todo.back();
+    todo.pop_back();
+    if (!reached.insert(name).second) continue;
+    for (const std::string& callee : templates.at(name)) todo.push_back(callee);
+  }
+  return reached;
+}
+
+// One line per template that the engine runs but no proof instantiates, or the reverse, or neither.
+std::string decide_coverage_violations(const std::string& header, const std::string& engine_code,
+                                       const std::string& proof_code) {
+  const auto templates = decide_templates(header);
+  const std::set<std::string> run = decide_reached(templates, engine_code), proved = decide_reached(templates, proof_code);
+  std::string out;
+  for (const auto& [name, calls] : templates) {
+    if (run.count(name) && !proved.count(name)) out += "decide::" + name + " is called by the engine but no proof instantiates it\n";
+    if (!run.count(name) && proved.count(name)) out += "decide::" + name + " is proved but the engine never calls it\n";
+    if (!run.count(name) && !proved.count(name)) out += "decide::" + name + " is neither called nor proved\n";
+  }
+  return out;
+}
+
+TEST(TidyChecker, DecideCoverageFindsWhatItMustFind) {
+  const std::string header = R"(
+template <class Int>
+Int inner(Int a) { return a + 1; }  // called through outer only
+template <class Int, class Bool = bool>
+Bool outer(Int a, Int b) { return inner<Int>(a) > b; }
+template <class Int>
+Int alone(Int a) { return a; }
+template <class T>
+struct NotAFunction { T t; };
+)";
+  const auto t = decide_templates(header);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.at("outer"), std::set<std::string>{"inner"});
+  EXPECT_EQ(decide_coverage_violations(header, "if (decide::outer<int>(x, y)) z = decide::alone(1);", "decide::outer(a, b)"),
+            "decide::alone is called by the engine but no proof instantiates it\n");
+  EXPECT_EQ(decide_coverage_violations(header, "decide::outer(x, y); // decide::alone(1)", "decide::outer(a, b); decide::alone(c);"),
+            "decide::alone is proved but the engine never calls it\n");
+  EXPECT_EQ(decide_coverage_violations(header, "decide::outer(x, y);", "decide::outer(a, b);"),
+            "decide::alone is neither called nor proved\n");
+  EXPECT_EQ(decide_coverage_violations(header, "decide::outer(x, y); decide::alone(1);", "decide::alone(c); decide::outer(a, b);"), "");
+}
+
+TEST(Tidy, EveryDecideTemplateIsCalledByTheEngineAndProved) {
+  const std::string header = read(fs::path(ZC_SOURCE_DIR) / "engine" / "decisions.h");
+  ASSERT_GE(decide_templates(header).size(), 20u);
+  std::string engine, proofs;
+  for (const fs::path& p : sources("engine")) {
+    if (p.filename() != "decisions.h") engine += read(p) + "\n";
+  }
+  for (const fs::path& p : sources("props")) {
+    if (p.filename().string().rfind("proofs", 0) == 0) proofs += read(p) + "\n";
+  }
+  EXPECT_EQ(decide_coverage_violations(header, engine, proofs), "")
+      << "a decision the engine makes must be the template a proof instantiates (engine/decisions.h)";
 }
 
 }  // namespace
