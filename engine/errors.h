@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,14 @@ namespace zc {
 class ZcError : public std::runtime_error {
  public:
   explicit ZcError(const std::string& what) : std::runtime_error(what) {}
+  // The simulator stamps an error that ends a run with the hash of every rank's trace up to the
+  // failure (their events in rank order, then the schedule), so a failing verdict carries the hash
+  // of its real run. 0 when no simulated run was under way.
+  std::uint64_t trace_hash() const { return trace_hash_; }
+  void set_trace_hash(std::uint64_t h) { trace_hash_ = h; }
+
+ private:
+  std::uint64_t trace_hash_ = 0;
 };
 
 // A config key with a wrong type, value or impossible combination.

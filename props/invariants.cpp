@@ -39,6 +39,10 @@ Outcome run(const RunSpec& spec) {
   Outcome o;
   try {
     o.result = run_on_sim(spec);
+  } catch (const ZcError& e) {
+    o.ok = false;
+    o.error = e.what();
+    o.result.sim.trace_hash = e.trace_hash();  // the failed run's trace up to the failure
   } catch (const std::exception& e) {
     o.ok = false;
     o.error = e.what();
@@ -46,8 +50,8 @@ Outcome run(const RunSpec& spec) {
   return o;
 }
 
-Verdict fail(std::string why) {
-  Verdict v;
+// v, with the hash of the runs it made, failing for `why`.
+Verdict fail(Verdict v, std::string why) {
   v.holds = false;
   v.failure = std::move(why);
   return v;
@@ -104,8 +108,8 @@ Verdict check_i1_ulp(const Scenario& s, const CheckContext& ctx) {
   const Outcome c = run(to_run_spec(co, ctx.bugs, ctx.hooks));
   Verdict v;
   v.trace_hash = mix64(b.result.sim.trace_hash, c.result.sim.trace_hash);
-  if (!b.ok) return fail("baseline run failed: " + b.error);
-  if (!c.ok) return fail("coalesced run failed: " + c.error);
+  if (!b.ok) return fail(v, "baseline run failed: " + b.error);
+  if (!c.ok) return fail(v, "coalesced run failed: " + c.error);
   // SPEC 6: bit-identical for any floats when N = 1, world = 1 or stage 1 -- provided both runs
   // accumulate the N chunks in the same dtype. A 16-bit model with fp32 grad accumulation or CPU
   // offload accumulates the baseline's chunks in fp32 (grad_accum, the CPU buffer) but the
@@ -131,7 +135,7 @@ Verdict check_i1_ulp(const Scenario& s, const CheckContext& ctx) {
       for (std::size_t i = 0; i < g.size(); ++i) {
         const double bound = gamma * o.abs_sum[i];
         if (!(std::fabs(g[i] - o.value[i]) <= bound)) {
-          return fail(fmt::format("rank 0, step {}, averaged grads ({}) {}: {} ({}) is {:.3g} from the exact {} "
+          return fail(v, fmt::format("rank 0, step {}, averaged grads ({}) {}: {} ({}) is {:.3g} from the exact {} "
                                   "(bound gamma_{} * sum|g| = {:.3g})", step, run_result == &b.result ? "baseline" : "coalesced",
                                   element_name(s, static_cast<std::int64_t>(i)), g[i], bits_in(g[i], dt),
                                   std::fabs(g[i] - o.value[i]), o.value[i], k, bound));
@@ -148,10 +152,10 @@ Verdict check_i2(const Scenario& s, const CheckContext& ctx) {
   const Outcome c = run(to_run_spec(co, ctx.bugs, ctx.hooks));
   Verdict v;
   v.trace_hash = c.result.sim.trace_hash;
-  if (!c.ok) return fail("coalesced run failed: " + c.error);
+  if (!c.ok) return fail(v, "coalesced run failed: " + c.error);
   for (std::size_t k = 0; k < c.result.flush_micro_step_ids.size(); ++k) {
     if (c.result.flush_micro_step_ids[k] != 0) {
-      return fail(fmt::format("rank 0, step {}: micro_step_id is {} at the coalesce flush (must be 0: "
+      return fail(v, fmt::format("rank 0, step {}: micro_step_id is {} at the coalesce flush (must be 0: "
                               "partition_grads would add into the previous step's buffer)", k,
                               c.result.flush_micro_step_ids[k]));
     }
@@ -207,17 +211,17 @@ Verdict check_i3(const Scenario& s, const CheckContext& ctx) {
   bool autotp_combined = false;
   for (const std::string& p : s.passes) autotp_combined |= p == "autotp" && s.passes.size() > 1;
   if (!o.ok && !(autotp_combined && o.error.find("NotImplementedError") != std::string::npos)) {
-    return fail("the lifecycle failed: " + o.error);
+    return fail(v, "the lifecycle failed: " + o.error);
   }
   for (std::size_t r = 0; r < seen->size(); ++r) {
     const ObservingLoader::Seen& one = *(*seen)[r];
     if (!one.loaded) continue;
     if (parallel_only(s) || autotp_combined) {
-      return fail(fmt::format("rank {}: the DeepCompile runtime was loaded with passes [{}] (calls: {})", r,
+      return fail(v, fmt::format("rank {}: the DeepCompile runtime was loaded with passes [{}] (calls: {})", r,
                               fmt::join(s.passes, ","), fmt::join(one.calls, ", ")));
     }
     if (one.calls.size() > 1 && one.calls[1].rfind("init(", 0) != 0) {
-      return fail(fmt::format("rank {}: '{}' before init() (calls: {})", r, one.calls[1], fmt::join(one.calls, ", ")));
+      return fail(v, fmt::format("rank {}: '{}' before init() (calls: {})", r, one.calls[1], fmt::join(one.calls, ", ")));
     }
   }
   return v;
@@ -230,8 +234,8 @@ Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   const Outcome one = run(single_rank_reference(spec));
   Verdict v;
   v.trace_hash = mix64(sh.result.sim.trace_hash, one.result.sim.trace_hash);
-  if (!sh.ok) return fail("sharded run failed: " + sh.error);
-  if (!one.ok) return fail("single-rank run failed: " + one.error);
+  if (!sh.ok) return fail(v, "sharded run failed: " + sh.error);
+  if (!one.ok) return fail(v, "single-rank run failed: " + one.error);
   // DeepSpeed's stage-0 clip_grad_norm_ (fp32, clipping on) averages each rank's norm over the world
   // (norm/W, then a SUM all_reduce), so its clip coefficient, and the params after the step, may
   // differ from one rank's in the last bit: there only the first step's gradients must match.
@@ -259,7 +263,7 @@ Verdict check_implicit_backwards_sum(const Scenario& s, const CheckContext& ctx)
   const Outcome o = run(spec);
   Verdict v;
   v.trace_hash = o.result.sim.trace_hash;
-  if (!o.ok) return fail("the run failed: " + o.error);
+  if (!o.ok) return fail(v, "the run failed: " + o.error);
   for (int k = 0; k < s.steps && v.failure.empty(); ++k) {
     const GradOracle sum = prescribed_grad_oracle(spec, s.ga, o.result.loss_scales.at(static_cast<std::size_t>(k)), k, true);
     v.failure = first_divergence(s, 0, k, fmt::format("averaged grads after {} implicit-boundary backwards vs their sum", s.n),
@@ -271,10 +275,11 @@ Verdict check_implicit_backwards_sum(const Scenario& s, const CheckContext& ctx)
 
 Verdict check_i4(const Scenario& s, const CheckContext& ctx) {
   const I4Case c{s.world, s.stage, s.model, s.shape, s.seed, ctx.bugs};
+  const I4Outcome o = i4_check(c);
   Verdict v;
-  v.failure = i4_violation(c);
+  v.failure = o.violation;
   v.holds = v.failure.empty();
-  v.trace_hash = fnv1a(v.failure, fnv1a(describe(c)));  // the check's outcome; its runs are internal
+  v.trace_hash = o.trace_hash;  // the training step's and the copies' events on every rank
   return v;
 }
 
@@ -282,8 +287,8 @@ Verdict check_cross_rank(const Scenario& s, const CheckContext& ctx) {
   const Outcome o = run(to_run_spec(s, ctx.bugs, ctx.hooks));
   Verdict v;
   v.trace_hash = o.result.sim.trace_hash;
-  if (!o.ok) return fail("run failed: " + o.error);
-  if (!o.result.ranks_agree) return fail(o.result.disagreement);
+  if (!o.ok) return fail(v, "run failed: " + o.error);
+  if (!o.result.ranks_agree) return fail(v, o.result.disagreement);
   return v;
 }
 
@@ -302,14 +307,14 @@ Verdict check_one_pass(const Scenario& s, const CheckContext& ctx) {
   const Outcome c = run(spec_of(co)), c1 = run(spec_of(co1)), b = run(spec_of(base));
   Verdict v;
   v.trace_hash = mix64(mix64(c.result.sim.trace_hash, c1.result.sim.trace_hash), b.result.sim.trace_hash);
-  if (!c.ok || !c1.ok || !b.ok) return fail("a run failed: " + c.error + c1.error + b.error);
+  if (!c.ok || !c1.ok || !b.ok) return fail(v, "a run failed: " + c.error + c1.error + b.error);
   if (calls(c.result) != calls(c1.result)) {
-    return fail(fmt::format("rank 0: coalescing {} backwards per step issued {} collectives but one backward issues {}: "
+    return fail(v, fmt::format("rank 0: coalescing {} backwards per step issued {} collectives but one backward issues {}: "
                             "not one reduction pass ({} vs {})", s.n, calls(c.result), calls(c1.result),
                             c.result.comm[0].to_string(), c1.result.comm[0].to_string()));
   }
   if (s.n >= 2 && s.stage >= 2 && calls(c.result) >= calls(b.result)) {
-    return fail(fmt::format("rank 0: coalesced issued {} collectives, not fewer than the baseline's {} with N = {}",
+    return fail(v, fmt::format("rank 0: coalesced issued {} collectives, not fewer than the baseline's {} with N = {}",
                             calls(c.result), calls(b.result), s.n));
   }
   return v;
@@ -320,9 +325,9 @@ Verdict check_determinism(const Scenario& s, const CheckContext& ctx) {
   const Outcome a = run(spec), b = run(spec);
   Verdict v;
   v.trace_hash = a.result.sim.trace_hash;
-  if (a.ok != b.ok || a.error != b.error) return fail(fmt::format("the rerun ended differently: '{}' vs '{}'", a.error, b.error));
+  if (a.ok != b.ok || a.error != b.error) return fail(v, fmt::format("the rerun ended differently: '{}' vs '{}'", a.error, b.error));
   if (a.result.sim.trace_hash != b.result.sim.trace_hash || a.result.sim.schedule_hash != b.result.sim.schedule_hash) {
-    return fail(fmt::format("trace hash 0x{:016x} then 0x{:016x}, schedule hash 0x{:016x} then 0x{:016x}",
+    return fail(v, fmt::format("trace hash 0x{:016x} then 0x{:016x}, schedule hash 0x{:016x} then 0x{:016x}",
                             a.result.sim.trace_hash, b.result.sim.trace_hash, a.result.sim.schedule_hash, b.result.sim.schedule_hash));
   }
   if (a.ok) v.failure = compare(s, a.result, b.result, s.steps, true, "run", "rerun");
@@ -336,7 +341,7 @@ Verdict check_schedule_independence(const Scenario& s, const CheckContext& ctx) 
   const Outcome a = run(to_run_spec(s, ctx.bugs, ctx.hooks)), b = run(to_run_spec(other, ctx.bugs, ctx.hooks));
   Verdict v;
   v.trace_hash = mix64(a.result.sim.trace_hash, b.result.sim.trace_hash);
-  if (!a.ok || !b.ok) return fail("a run failed: " + a.error + b.error);
+  if (!a.ok || !b.ok) return fail(v, "a run failed: " + a.error + b.error);
   v.failure = compare(s, a.result, b.result, s.steps, true, "schedule A", "schedule B");
   v.holds = v.failure.empty();
   return v;
@@ -376,7 +381,7 @@ Verdict check_slow_rank(const Scenario& s, const CheckContext& ctx) {
   const Outcome a = run(to_run_spec(s, ctx.bugs, ctx.hooks)), b = run(to_run_spec(clean, ctx.bugs, ctx.hooks));
   Verdict v;
   v.trace_hash = mix64(a.result.sim.trace_hash, b.result.sim.trace_hash);
-  if (!a.ok || !b.ok) return fail("fault slow-rank: a run failed: " + a.error + b.error);
+  if (!a.ok || !b.ok) return fail(v, "fault slow-rank: a run failed: " + a.error + b.error);
   v.failure = compare(s, a.result, b.result, s.steps, true, "slow rank", "no fault");
   if (v.failure.empty() && !(a.result.sim.makespan_us > b.result.sim.makespan_us)) {
     v.failure = fmt::format("fault slow-rank: makespan {:.1f} us is not above the fault-free {:.1f} us",
@@ -395,22 +400,24 @@ Verdict check_failure_modes(const Scenario& s, const CheckContext& ctx) {
   try {
     v.trace_hash = run_on_sim(to_run_spec(s, ctx.bugs, ctx.hooks)).sim.trace_hash;
   } catch (const RankFailure& e) {
-    kind = "RankFailure", what = e.what();
+    kind = "RankFailure", what = e.what(), v.trace_hash = e.trace_hash();
   } catch (const CollectiveMismatch& e) {
-    kind = "CollectiveMismatch", what = e.what();
+    kind = "CollectiveMismatch", what = e.what(), v.trace_hash = e.trace_hash();
   } catch (const Deadlock& e) {
-    kind = "Deadlock", what = e.what();
+    kind = "Deadlock", what = e.what(), v.trace_hash = e.trace_hash();
+  } catch (const ZcError& e) {
+    kind = "other", what = e.what(), v.trace_hash = e.trace_hash();
   } catch (const std::exception& e) {
     kind = "other", what = e.what();
   }
   v.trace_hash = mix64(v.trace_hash, fnv1a(kind + what));
-  if (want.kind.empty() && !kind.empty()) return fail(fmt::format("fault {}: expected no error, got {}: {}", s.fault, kind, what));
+  if (want.kind.empty() && !kind.empty()) return fail(v, fmt::format("fault {}: expected no error, got {}: {}", s.fault, kind, what));
   if (!want.kind.empty() && kind.empty()) {
-    return fail(fmt::format("fault {}: the run finished without the expected {} ('{}'): the fault went unreported", s.fault,
+    return fail(v, fmt::format("fault {}: the run finished without the expected {} ('{}'): the fault went unreported", s.fault,
                             want.kind, want.phrase));
   }
   if ((kind != want.kind && kind != want.other_kind) || what.find(want.phrase) == std::string::npos) {
-    return fail(fmt::format("fault {}: expected {}{} mentioning '{}', got {}: {}", s.fault, want.kind,
+    return fail(v, fmt::format("fault {}: expected {}{} mentioning '{}', got {}: {}", s.fault, want.kind,
                             want.other_kind.empty() ? "" : " or " + want.other_kind, want.phrase, kind, what));
   }
   return v;

@@ -3,6 +3,7 @@
 
 #include "engine/errors.h"
 #include "engine/module_io.h"
+#include "engine/rng.h"
 #include "engine/tracing.h"
 #include "models/mlp.h"
 #include "models/registry.h"
@@ -327,7 +328,22 @@ std::string trace_problem(const Model& m) {
 
 }  // namespace
 
-std::string i4_violation_on_model(Model& model, Device& dev) {
+// The original's state as data (paths, owners as "is this module", statuses and bytes), never
+// addresses, so that reruns hash alike.
+std::uint64_t state_hash(const std::vector<ModuleState>& states) {
+  std::uint64_t h = fnv1a("");
+  for (const ModuleState& m : states) {
+    h = fnv1a(fmt::format("{}|{}|{}|{}|{}", where(*m.module), m.owner == m.module, m.in_forward, m.external.size(),
+                          m.aliases.size()), h);
+    for (const ParamState& p : m.params) {
+      h = fnv1a(fmt::format("{}|{}|{}|{}", p.name, shape_str(p.shape), zero_status_name(p.status), p.has_data), h);
+      h = mix64(mix64(h, hash_data(p.data.data(), p.data.size())), hash_data(p.shard.data(), p.shard.size()));
+    }
+  }
+  return h;
+}
+
+std::string i4_violation_on_model(Model& model, Device& dev, Trace* trace) {
   std::vector<ModuleState> before;
   snapshot(model, dev, before);
   const std::vector<std::pair<std::string, std::function<std::string()>>> steps = {
@@ -343,9 +359,10 @@ std::string i4_violation_on_model(Model& model, Device& dev) {
     } catch (const ZcError& e) {
       problem = fmt::format("{}: failed: {}", what, e.what());
     }
-    if (!problem.empty()) return problem;
     std::vector<ModuleState> after;
-    snapshot(model, dev, after);
+    if (problem.empty()) snapshot(model, dev, after);
+    if (trace) trace->record("module", fmt::format("{}: {}", what, problem.empty() ? "ok" : problem), state_hash(after));
+    if (!problem.empty()) return problem;
     if (std::string d = original_changed(before, after); !d.empty()) {
       return fmt::format("{}: the original changed: {}", what, d);
     }
@@ -375,7 +392,9 @@ std::unique_ptr<Model> make_i4_model(const I4Case& c) {
   throw UsageError(fmt::format("I4Case: model '{}' is not one of mlp, synthetic, tree", c.model));
 }
 
-std::string i4_violation(const I4Case& c) {
+std::string i4_violation(const I4Case& c) { return i4_check(c).violation; }
+
+I4Outcome i4_check(const I4Case& c) {
   if (c.world < 1 || c.world > kI4MaxWorld) {
     throw UsageError(fmt::format("I4Case: world {} is outside 1..{}", c.world, kI4MaxWorld));
   }
@@ -402,15 +421,14 @@ std::string i4_violation(const I4Case& c) {
     }
   };
   spec.after_step = [&](int rank, int, Engine& e, double) {
-    found[static_cast<std::size_t>(rank)] = i4_violation_on_model(e.model(), e.device());
+    found[static_cast<std::size_t>(rank)] = i4_violation_on_model(e.model(), e.device(), e.options().trace);
   };
-  run_on_sim(spec);
-  for (int r = 0; r < c.world; ++r) {
-    if (!found[static_cast<std::size_t>(r)].empty()) {
-      return fmt::format("rank {}: {}", r, found[static_cast<std::size_t>(r)]);
-    }
+  I4Outcome out;
+  out.trace_hash = run_on_sim(spec).sim.trace_hash;
+  for (int r = 0; r < c.world && out.violation.empty(); ++r) {
+    if (!found[static_cast<std::size_t>(r)].empty()) out.violation = fmt::format("rank {}: {}", r, found[static_cast<std::size_t>(r)]);
   }
-  return "";
+  return out;
 }
 
 }  // namespace zc::props

@@ -7,6 +7,7 @@
 
 #include "engine/known_bugs.h"
 #include "engine/model.h"
+#include "engine/trace.h"
 
 #include <cstdint>
 #include <memory>
@@ -38,8 +39,18 @@ std::unique_ptr<Model> make_i4_model(const I4Case& c);
 // rank's model. Throws UsageError for a malformed case (world, stage or model kind).
 std::string i4_violation(const I4Case& c);
 
+// The same check with the hash of its run: every rank's trace of the training step (engine
+// events, collectives) and of the copies (one "module" event per copy path with its outcome and
+// a hash of the original's state after it).
+struct I4Outcome {
+  std::string violation;
+  std::uint64_t trace_hash = 0;
+};
+I4Outcome i4_check(const I4Case& c);
+
 // The checks on one rank's model, which an engine may be training (not inside a forward or
-// backward); tensors are read through `dev`. "" when I4 holds.
-std::string i4_violation_on_model(Model& model, Device& dev);
+// backward); tensors are read through `dev`. "" when I4 holds. Each copy path is recorded in
+// `trace` when given.
+std::string i4_violation_on_model(Model& model, Device& dev, Trace* trace = nullptr);
 
 }  // namespace zc::props

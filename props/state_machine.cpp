@@ -337,10 +337,10 @@ Verdict check_lifecycle(const Scenario& s, const CheckContext& ctx) {
       }
     });
     v.trace_hash = r.trace_hash;
-  } catch (const std::exception& e) {
+  } catch (const ZcError& e) {  // the simulator's error, stamped with the failed run's trace hash
     v.holds = false;
     v.failure = e.what();
-    v.trace_hash = fnv1a(v.failure);
+    v.trace_hash = e.trace_hash();
   }
   return v;
 }

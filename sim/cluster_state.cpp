@@ -197,7 +197,17 @@ SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
     failure = std::current_exception();
   }
   destroy_fibers();  // outside any handler: see Note [No yield inside catch]
-  if (failure) std::rethrow_exception(failure);
+  if (failure) {
+    std::uint64_t h = 0;
+    for (auto& rs : ranks_) h = mix64(h, rs->trace.hash());
+    h = mix64(h, schedule_hash_);
+    try {
+      std::rethrow_exception(failure);
+    } catch (ZcError& e) {
+      e.set_trace_hash(h);
+      throw;
+    }
+  }
 
   SimResult result;
   result.schedule_hash = schedule_hash_;
