@@ -1,7 +1,8 @@
 // The ZeRO-1/2 flat-group layout (SPEC 4): params laid end to end, the total padded to a multiple
 // of 2 x world, cut into `world` equal partitions. A param belongs to a partition if it starts in
 // it or straddles its start. Built from the templates in decisions.h; its coverage is asserted
-// when built and again before each optimizer step (paired assertions).
+// when built, and before each step the optimizer's buffers are checked against it (Note
+// [Coverage at step time] in zero12_step.cpp): the layout itself is immutable after build.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,7 @@ struct FlatLayout {
   // Every (partition id, offset within the param where that partition's slice begins) a param
   // touches, in ascending offset (DeepSpeed's param_to_partition_ids with grad_start_offset).
   std::vector<std::pair<int, std::int64_t>> partitions_of_param(int i) const;
-  // Paired with build(): every element of [0, padded) lies in exactly one partition and every
+  // Called by build(): every element of [0, padded) lies in exactly one partition and every
   // param element in exactly one partition slice. Throws InternalError otherwise.
   void check_coverage() const;
 };

@@ -77,6 +77,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void build_averaged();
   void release_ipg_buffers();
   void reset_accumulators();
+  void check_partition_buffers() const;  // Note [Coverage at step time]
 
   int world_, rank_;
   bool partition_gradients_, overlap_, contiguous_, use_accum_attr_, has_hooks_;

@@ -95,9 +95,36 @@ void Zero12Optimizer::zero_grad() {
   reset_accumulators();
 }
 
+// Note [Coverage at step time]
+// FlatLayout::build asserts that the partitions cover every element; the layout is immutable
+// after that, so asserting it again would re-read the same numbers and could never fail. What can
+// be wrong by the step is what the step touches: it reads this rank's [partition_numel] grads,
+// updates master_ and writes it back into flat_[partition_start, +partition_numel), which reaches
+// the params only while each param's data is still its slice of flat_ (a param whose data was
+// replaced, e.g. restored into the live module, would keep its old values without a word). So
+// before each step those buffers are checked against the layout.
+void Zero12Optimizer::check_partition_buffers() const {
+  const std::int64_t pn = layout_.partition_numel;
+  ZC_ASSERT(flat_.numel() == layout_.padded, "bit16_groups_flat holds {} elements, the layout {}",
+            flat_.numel(), layout_.padded);
+  ZC_ASSERT(master_.numel() == pn, "the fp32 master partition holds {} elements, the layout {}",
+            master_.numel(), pn);
+  const Tensor& grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;
+  ZC_ASSERT(!grads.defined() || grads.numel() == pn, "the averaged gradients hold {} elements, the "
+            "layout's partition {}", grads.numel(), pn);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& d = params_[i]->data;
+    const std::int64_t at = flat_.offset_numel() + layout_.offsets[i];
+    const bool view = d.storage() == flat_.storage() && d.offset_numel() == at;
+    ZC_ASSERT(view && d.numel() == layout_.numels[i],
+              "param {} ({}) is no longer its slice [{}, +{}) of bit16_groups_flat: the step would "
+              "not reach it", i, params_[i]->name, layout_.offsets[i], layout_.numels[i]);
+  }
+}
+
 StepPrep Zero12Optimizer::prepare_step() {
   micro_step_id_ = -1;
-  layout_.check_coverage();  // paired with FlatLayout::build
+  check_partition_buffers();  // paired with FlatLayout::build (Note [Coverage at step time])
   if (!(cpu_offload_ ? offload_grads_ready_ : averaged_.defined())) {
     throw UsageError(fmt::format("rank {}: step() at an accumulation boundary without reduced "
                                  "gradients ({}, {} params): call backward() at the boundary first",

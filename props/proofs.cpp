@@ -2,12 +2,12 @@
 #include "props/proofs.h"
 
 #include "engine/decisions.h"
+#include "props/stopwatch.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <z3++.h>
 
-#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -21,11 +21,9 @@ namespace zc::props {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 ProofResult timed(const std::string& name, const std::string& expected,
                   const std::function<std::pair<std::string, std::string>()>& body) {
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   ProofResult r;
   r.name = name;
   r.expected = expected;
@@ -35,7 +33,7 @@ ProofResult timed(const std::string& name, const std::string& expected,
     r.verdict = "FAILED";
     r.detail = e.msg();
   }
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds = watch.seconds();
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "models/synthetic.h"
 #include "props/proofs.h"
+#include "props/stopwatch.h"
 #include "sim/sim_cluster.h"
 
 #include <fmt/format.h>
@@ -14,7 +15,6 @@
 #include <z3++.h>
 
 #include <bit>
-#include <chrono>
 #include <functional>
 
 namespace zc::props {
@@ -84,7 +84,7 @@ std::vector<double> simulate(DType t, const double g[2][2], bool coalesce) {
 }
 
 ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   ProofResult r;
   r.name = fmt::format("fpa-coalesced-vs-per-backward-rounding-{}", dtype_name(f.dtype));
   r.expected = "found";
@@ -125,7 +125,7 @@ ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
                            "coalesced {:.9g}; simulator {:.9g} / {:.9g}{}", gv[0][0], gv[0][1], gv[1][0], gv[1][1],
                            want_base, want_co, sim_base[0], sim_co[0], reproduced ? " (reproduced bit for bit)" : " (MISMATCH)");
   }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = watch.seconds();
   return r;
 }
 
@@ -137,7 +137,7 @@ ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
 // asked at once, costs z3 4.8.12 22 s for bf16 alone and does not finish for f32; the lemma takes
 // seconds per dtype.)
 ProofResult exact_add_lemma(Fmt f, int max_k, unsigned timeout_ms) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   ProofResult r;
   r.name = fmt::format("exact-domain-integer-sums-exact-{}-|partial|<={}", dtype_name(f.dtype), max_k);
   r.expected = "proved";
@@ -165,7 +165,7 @@ ProofResult exact_add_lemma(Fmt f, int max_k, unsigned timeout_ms) {
     r.detail = fmt::format("every f32-computed, {}-stored sum of two integers with |a|, |b|, |a + b| <= {} is exact, "
                            "so every association order of such a reduction gives the same value", dtype_name(f.dtype), max_k);
   }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = watch.seconds();
   return r;
 }
 

@@ -6,6 +6,7 @@
 #include "engine/host_device.h"
 #include "engine/trace.h"
 #include "props/scenario_gen.h"
+#include "props/stopwatch.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,7 +16,6 @@
 #include <bit>
 #include <climits>
 #include <cmath>
-#include <chrono>
 #include <cstring>
 #include <fstream>
 
@@ -281,7 +281,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     h = fnv1a(out.sim_error, h);
   }
   std::vector<ReferenceRecord> ds;
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   try {
     ds = run_on_deepspeed(s, pools);
     for (const ReferenceRecord& r : ds) {
@@ -292,7 +292,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     out.ds_error = e.cause();
     h = fnv1a(out.ds_error, h);
   }
-  out.ds_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.ds_seconds = watch.seconds();
   out.hash = h;
   if (!out.sim_error.empty() || !out.ds_error.empty()) {
     if (out.sim_error.empty() || out.ds_error.empty()) {

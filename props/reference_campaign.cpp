@@ -7,13 +7,13 @@
 #include "engine/rng.h"
 #include "engine/trace.h"
 #include "props/scenario_gen.h"
+#include "props/stopwatch.h"
 #include "props/verify.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <bit>
-#include <chrono>
 #include <fstream>
 
 #ifndef ZC_SOURCE_DIR
@@ -448,7 +448,7 @@ nlohmann::json check_witnesses(const std::vector<DivergenceClass>& classes, Refe
 }  // namespace
 
 nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePools& pools) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   const std::vector<DivergenceClass> classes = load_divergence_classes(divergence_classes_file());
   auto tally = std::make_shared<Tally>();
   const Invariant inv = conformance_invariant(pools, tally, classes);
@@ -528,7 +528,7 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   for (const nlohmann::json& k : j["classes"]) {
     if (!k.value("witness_diverges", false)) j["holds"] = false;
   }
-  j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  j["seconds"] = watch.seconds();
   return j;
 }
 

@@ -7,6 +7,7 @@
 #include "props/reference_pool.h"
 
 #include "engine/errors.h"
+#include "props/stopwatch.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,7 +23,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -36,8 +36,6 @@ extern char** environ;
 namespace zc::props {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::string getenv_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -176,12 +174,12 @@ void ReferencePool::stop(bool force) {
       [[maybe_unused]] const ssize_t n = ::write(w.to_fd, quit.data(), quit.size());
     }
   }
-  const auto deadline = Clock::now() + std::chrono::seconds(force ? 0 : 5);
+  const Deadline deadline(force ? 0 : 5);
   for (Worker& w : workers_) {
     if (w.pid <= 0) continue;
     int status = 0;
     while (::waitpid(w.pid, &status, WNOHANG) == 0) {
-      if (Clock::now() >= deadline) {
+      if (deadline.passed()) {
         ::kill(-w.pid, SIGKILL);
         ::kill(w.pid, SIGKILL);
         ::waitpid(w.pid, &status, 0);
@@ -228,7 +226,7 @@ void ReferencePool::fail(int rank, const std::string& what) {
 std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, const std::string& what) {
   std::vector<std::string> got(ranks.size());
   std::vector<bool> done(ranks.size(), false);
-  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(env_.timeout_s * 1000));
+  Deadline deadline(env_.timeout_s);
   std::size_t remaining = ranks.size();
   int raised = -1;  // the first rank that answered with an error: the others may wait on it in a collective
   std::string raised_error;
@@ -240,14 +238,14 @@ std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, c
       fds.push_back({workers_[static_cast<std::size_t>(ranks[i])].from_fd, POLLIN, 0});
       which.push_back(i);
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const std::int64_t left = deadline.ms_left();
     if (left <= 0 && raised >= 0) {
       fail(raised, fmt::format("raised during '{}': {}; the other ranks then waited in a collective", what, raised_error));
     }
     if (left <= 0) {
       fail(ranks[which.front()], fmt::format("did not answer '{}' within {} s (hung)", what, env_.timeout_s));
     }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(left, 1000)));
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<std::int64_t>(left, 1000)));
     if (n < 0 && errno != EINTR) throw UsageError(fmt::format("poll(): {}", std::strerror(errno)));
     for (std::size_t k = 0; k < fds.size(); ++k) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
@@ -274,7 +272,7 @@ std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, c
         if (raised < 0 && (j.is_discarded() || !j.value("ok", true))) {
           raised = ranks[i];
           raised_error = j.is_discarded() ? got[i] : j.value("error", "no error text");
-          deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+          deadline.tighten(5);
         }
       }
     }

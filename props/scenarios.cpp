@@ -5,10 +5,10 @@
 #include "engine/host_device.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
+#include "props/stopwatch.h"
 
 #include <fmt/format.h>
 
-#include <chrono>
 
 namespace zc::props {
 
@@ -69,7 +69,7 @@ std::uint64_t hash_values(const std::vector<std::vector<double>>& steps) {
 BackendOutcome check_on_backend(const NamedSpec& ns, Device& dev, Comm& engine_comm, Comm* host_world) {
   BackendOutcome o;
   o.description = ns.description;
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   const int rank = engine_comm.rank();
   const RankRecord got = train_rank(ns.spec, rank, dev, engine_comm, nullptr);
   const RunResult sim = run_on_sim(ns.spec);
@@ -82,7 +82,7 @@ BackendOutcome check_on_backend(const NamedSpec& ns, Device& dev, Comm& engine_c
   // Cross-rank agreement: every rank's hash of its params and grads, min == max over the world.
   if (host_world == nullptr) {
     ZC_ASSERT(engine_comm.size() == 1, "a world of {} ranks needs a host communicator to agree over", engine_comm.size());
-    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    o.seconds = watch.seconds();
     return o;
   }
   HostDevice host;
@@ -96,7 +96,7 @@ BackendOutcome check_on_backend(const NamedSpec& ns, Device& dev, Comm& engine_c
   const Tensor bad = tensor_from_f64(host, DType::f64, {1}, std::vector<double>{o.sim_mismatch.empty() ? 0.0 : 1.0});
   host_world->all_reduce(bad, {.op = ReduceOp::max});
   if (o.sim_mismatch.empty() && to_f64(host, bad)[0] != 0.0) o.sim_mismatch = "another rank differs from the simulator";
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.seconds = watch.seconds();
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include "engine/errors.h"
 #include "engine/rng.h"
 #include "props/reference.h"
+#include "props/stopwatch.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,7 +17,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <cstring>
@@ -25,9 +25,6 @@
 namespace zc::props {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // RapidCheck's listener, silenced: the verify job prints its own progress.
 class QuietListener final : public rc::detail::TestListener {
@@ -56,7 +53,7 @@ Campaign run_campaign(const Invariant& inv, const CheckContext& ctx, int cases, 
   int ran_before_first_failure = -1;
   std::optional<Scenario> last_failing;
   Verdict last_verdict;
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   auto property = [&] {
     const Scenario s = *inv.gen();
     Verdict v;
@@ -96,7 +93,7 @@ Campaign run_campaign(const Invariant& inv, const CheckContext& ctx, int cases, 
   }
   const rc::detail::TestResult result =
       rc::detail::checkProperty(rc::detail::toProperty(property), meta, params, listener, repro_map);
-  c.seconds = since(t0);
+  c.seconds = watch.seconds();
   c.discarded = discarded;
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;
@@ -250,7 +247,7 @@ nlohmann::json bug_item(const KnownBugInfo& bug, const VerifyOptions& opts, cons
     if (!expected_catcher(r.expected_by, i->name)) order.push_back(i);
   }
   const CheckContext ctx{BugSet{bug.id}, opts.hooks};
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   Replays replays;
   for (const Invariant* inv : order) {
     const Campaign c = run_campaign(*inv, ctx, opts.profile.bug_cases, opts.seed ^ fnv1a(r.id));
@@ -258,7 +255,7 @@ nlohmann::json bug_item(const KnownBugInfo& bug, const VerifyOptions& opts, cons
     if (!c.failed) continue;
     r.caught = true;
     r.by = inv->name;
-    r.seconds = since(t0);
+    r.seconds = watch.seconds();
     r.shrink_steps = c.shrink_steps;
     r.failure = c.verdict.failure;
     r.scenario = to_json(c.counterexample);
@@ -271,7 +268,7 @@ nlohmann::json bug_item(const KnownBugInfo& bug, const VerifyOptions& opts, cons
     replays.check(file, *inv, opts.hooks);
     break;
   }
-  if (!r.caught) r.seconds = since(t0);
+  if (!r.caught) r.seconds = watch.seconds();
   VerifyReport one;
   one.bugs.push_back(r);
   nlohmann::json j = to_json(one)["known_bugs"][0];
@@ -287,11 +284,11 @@ nlohmann::json hazard_item(const Hazard& h, const VerifyOptions& opts) {
   r.summary = h.summary;
   r.expected_by = h.property.name;
   const CheckContext ctx{{}, opts.hooks};
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   Replays replays;
   const Campaign c = run_campaign(h.property, ctx, opts.profile.bug_cases, opts.seed ^ fnv1a(r.id));
   r.cases_to_catch = c.cases;
-  r.seconds = since(t0);
+  r.seconds = watch.seconds();
   if (c.failed) {
     r.caught = true;
     r.by = h.property.name;
@@ -419,7 +416,7 @@ std::vector<nlohmann::json> run_items(const std::vector<Item>& items, const Veri
 }  // namespace
 
 VerifyReport run_verify(const VerifyOptions& opts) {
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   VerifyReport report;
   report.profile = opts.profile.name;
   report.seed = opts.seed;
@@ -532,7 +529,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     }
   }
   report.determinism = {runs, mismatches, detail};
-  report.seconds = since(t0);
+  report.seconds = watch.seconds();
   return report;
 }
 

@@ -141,6 +141,31 @@ TEST(Engine, AGradientComputedTwiceIsAnError) {
   });
 }
 
+// Note [Coverage at step time]: a ZeRO-1/2 step writes its partition into bit16_groups_flat, so a
+// param whose data was replaced after the engine was built would never see the update; the step
+// refuses instead of training it silently.
+TEST(Engine, AStepRefusesAParamThatIsNoLongerItsSliceOfTheFlatBuffer) {
+  for (int stage : {1, 2}) {
+    on_one_rank([stage](sim::RankContext& ctx) {
+      Synthetic model(std::vector<Shape>{{4}, {6}});
+      Rng rng(3);
+      model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+      Engine e(cfg_of({{"zero_optimization", {{"stage", stage}}}}, 1), model, ctx.device, ctx.world);
+      Rng r(1);
+      e.backward(e.forward(upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {}), DType::f32)));
+      Parameter& p = *model.named_parameters().at(1);
+      p.data = tensor_from_f64(ctx.device, DType::f32, p.shape, std::vector<double>(6, 0.0), p.name);
+      try {
+        e.step();
+        ADD_FAILURE() << "stage " << stage << ": stepped a param outside the flat buffer";
+      } catch (const InternalError& err) {
+        EXPECT_NE(std::string(err.what()).find("is no longer its slice [4, +6) of bit16_groups_flat"),
+                  std::string::npos) << err.what();
+      }
+    });
+  }
+}
+
 TEST(Engine, ParamsInTheWrongDtypeAreRejected) {
   on_one_rank([](sim::RankContext& ctx) {
     Synthetic model(std::vector<Shape>{{4}});

@@ -9,6 +9,7 @@
 #include "props/training_run.h"
 #include "sim/sim_cluster.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace zc::props {
@@ -188,9 +189,29 @@ TEST(Offload, MatchesNoOffloadBitForBitForEveryStageAndChunkCount) {
   }
 }
 
+// The averaged gradient of step `step` had it seen its last backward chunk alone, from the data
+// alone: the loss-scaled global-batch mean of the chunk's prescribed per-sample gradients
+// (Synthetic's arrays g0, g1, ... in parameter order), GA 1.
+std::vector<double> last_chunk_grad(const RunSpec& spec, int step, double loss_scale) {
+  const std::unique_ptr<Model> model = spec.make_model();
+  const HostBatch hb = global_batch(spec, *model, step, 0, spec.n_backward - 1);
+  std::vector<double> out;
+  for (int id = 0; hb.arrays.contains(fmt::format("g{}", id)); ++id) {
+    const HostArray& a = hb.arrays.at(fmt::format("g{}", id));
+    const std::int64_t cols = a.shape[1];
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double sum = 0;
+      for (std::int64_t r = 0; r < hb.samples; ++r) sum += a.values[static_cast<std::size_t>(r * cols + j)];
+      out.push_back(sum * loss_scale / static_cast<double>(hb.samples));
+    }
+  }
+  return out;
+}
+
 // Stage 2 reduces every backward, so chunks 1..N-1 must be saved to the CPU buffer; the B3 gate
-// never saves them at GA 1. (Stage 1 with the explicit boundary reduces once, at the last chunk,
-// from grads that already summed in .grad, so B3 cannot show there.)
+// never saves them at GA 1, and the step sees exactly the last chunk's gradient (the fixed gate
+// sums all N, as the oracle does). (Stage 1 with the explicit boundary reduces once, at the last
+// chunk, from grads that already summed in .grad, so B3 cannot show there.)
 TEST(Offload, KnownBugB3DropsEveryChunkButTheLast) {
   const BugSet b3{KnownBug::B3_offload_copy_gate};
   for (int stage : {2}) {  // a loop, so stage 3 joins if it ever shares the gate
@@ -198,9 +219,20 @@ TEST(Offload, KnownBugB3DropsEveryChunkButTheLast) {
     const RunResult one_bug = run_on_sim(offload_spec(stage, true, 1, b3));
     EXPECT_EQ(first_difference(one_bug.grads[0], one_ok.grads[0], DType::f32), "") << "N = 1 is unaffected";
     for (int n = 2; n <= 4; ++n) {
-      const RunResult ok = run_on_sim(offload_spec(stage, false, n, {}));
-      const RunResult bug = run_on_sim(offload_spec(stage, true, n, b3));
-      EXPECT_NE(first_difference(bug.grads[0], ok.grads[0], DType::f32), "") << "stage " << stage << " n " << n;
+      const RunSpec spec = offload_spec(stage, true, n, b3);
+      const RunResult bug = run_on_sim(spec);
+      const RunResult ok = run_on_sim(offload_spec(stage, true, n, {}));
+      ASSERT_EQ(bug.grads.size(), static_cast<std::size_t>(spec.steps));
+      for (int s = 0; s < spec.steps; ++s) {
+        const std::size_t k = static_cast<std::size_t>(s);
+        const std::vector<double> last = last_chunk_grad(spec, s, bug.loss_scales[k]);
+        const std::vector<double> all = prescribed_grad_oracle(spec, 1, ok.loss_scales[k], s).value;
+        ASSERT_NE(first_difference(last, all, DType::f64), "") << "the data must tell the last chunk from the sum";
+        EXPECT_EQ(first_difference(bug.grads[k], last, DType::f32), "")
+            << "with B3 the step sees the last chunk only: stage " << stage << " n " << n << " step " << s;
+        EXPECT_EQ(first_difference(ok.grads[k], all, DType::f32), "")
+            << "the fixed gate sums every chunk: stage " << stage << " n " << n << " step " << s;
+      }
     }
   }
 }

@@ -30,16 +30,17 @@ std::vector<Case> table(int world) {
   const int roots[] = {0, world - 1};
   for (DType dt : dtypes) {
     for (std::int64_t n : counts) {
+      const bool async_op = (n % 2) == 1;  // odd counts go async, to cover Work::wait()
+      for (ReduceOp op : ops) {
+        cases.push_back({CollectiveKind::all_reduce, dt, n, op, 0, true, async_op});  // inout only
+      }
       for (bool ip : {false, true}) {
-        const bool async_op = (n % 2) == 1;  // odd counts go async, to cover Work::wait()
         for (ReduceOp op : ops) {
-          cases.push_back({CollectiveKind::all_reduce, dt, n, op, 0, ip, async_op});
           cases.push_back({CollectiveKind::reduce_scatter, dt, n, op, 0, ip, async_op});
         }
         cases.push_back({CollectiveKind::all_gather, dt, n, ReduceOp::sum, 0, ip, async_op});
-        if (!ip) cases.push_back({CollectiveKind::all_to_all, dt, n, ReduceOp::sum, 0, false,
-                                  async_op});
       }
+      cases.push_back({CollectiveKind::all_to_all, dt, n, ReduceOp::sum, 0, false, async_op});
       for (int root : roots) {
         for (ReduceOp op : ops) {
           cases.push_back({CollectiveKind::reduce, dt, n, op, root, true, false});
@@ -157,10 +158,16 @@ std::string run_case(Comm& comm, Device& dev, const Case& c) {
   const Plan p = plan_for(c, rank, world);
   const std::int64_t in_n = static_cast<std::int64_t>(p.input.size());
   const std::int64_t out_n = static_cast<std::int64_t>(p.expected.size());
+  const bool inout_only = c.kind == CollectiveKind::all_reduce || c.kind == CollectiveKind::reduce ||
+                          c.kind == CollectiveKind::broadcast;
+  if (c.in_place != inout_only && c.kind != CollectiveKind::reduce_scatter &&
+      c.kind != CollectiveKind::all_gather) {
+    return fmt::format("{}: the table names a form Comm does not have for {}", c.name(),
+                       collective_name(c.kind));
+  }
   Tensor in, out;
-  if (c.kind == CollectiveKind::all_reduce || c.kind == CollectiveKind::reduce ||
-      c.kind == CollectiveKind::broadcast) {
-    out = tensor_from_f64(dev, c.dtype, {in_n}, p.input, "inout");  // always in place
+  if (inout_only) {
+    out = tensor_from_f64(dev, c.dtype, {in_n}, p.input, "inout");
     in = out;
   } else if (c.in_place && c.kind == CollectiveKind::reduce_scatter) {
     in = tensor_from_f64(dev, c.dtype, {in_n}, p.input, "sendrecv");  // out = in[rank*n, +n)
@@ -173,9 +180,15 @@ std::string run_case(Comm& comm, Device& dev, const Case& c) {
     in = tensor_from_f64(dev, c.dtype, {in_n}, p.input, "send");
     out = dev.alloc(c.dtype, {out_n}, "recv");
   }
+  if (c.count > 0 && in.overlaps(out) != c.in_place) {
+    return fmt::format("{}: the harness built {} buffers", c.name(), c.in_place ? "distinct" : "shared");
+  }
   WorkPtr work = issue(comm, c, in, out);
   if (work) work->wait();
-  return compare(c, rank, dev, out, p.expected);
+  const std::string got = compare(c, rank, dev, out, p.expected);
+  if (!got.empty() || c.in_place) return got;
+  const std::string input = compare(c, rank, dev, in, p.input);  // out of place: in is only read
+  return input.empty() ? "" : "input modified: " + input;
 }
 
 }  // namespace zc::conformance

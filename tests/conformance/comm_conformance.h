@@ -2,6 +2,10 @@
 // (including counts not divisible by the world) x in-place/out-of-place x reduce op x root, on
 // inputs crafted so every output is exactly predictable, compared bit for bit. Written against
 // Comm and Device only, so the same table runs unchanged on SimComm, MpiComm and NcclComm.
+// The in-place axis exists only for reduce_scatter and all_gather: all_reduce, reduce and
+// broadcast take one inout tensor in Comm (no out-of-place form), so their cases are all in
+// place, and all_to_all has no in-place form. An out-of-place case also checks that its input
+// came back unchanged.
 #pragma once
 
 #include "engine/comm.h"
@@ -20,7 +24,8 @@ struct Case {
                            // and per-peer chunk for all_to_all
   ReduceOp op = ReduceOp::sum;
   int root = 0;
-  bool in_place = false;
+  bool in_place = false;  // out is this rank's slice of in (or in of out); always true for the
+                          // inout ops, never for all_to_all
   bool async_op = false;
   std::string name() const;  // "all_reduce f16 count=7 sum in-place async"
 };
