@@ -1,7 +1,8 @@
 // ReferenceDevice: the Device conformance table's reference. Each op is written straight from its
-// comment in engine/device.h (and its Note), independently of HostDevice and engine/optimizer_math.h,
-// so that the table can fail on a CPU: f32 arithmetic in f32, f64 where an operand is f64 or the
-// comment says f64, std::fma exactly where a Note says FMA, reductions in the stated order.
+// comment in engine/device.h (and its Note), independently of HostDevice and
+// engine/optimizer_math.h, so that the table can fail on a CPU: f32 arithmetic in f32, f64 where an
+// operand is f64 or the comment says f64, std::fma exactly where a Note says FMA, reductions in
+// the stated order.
 #pragma once
 
 #include "engine/device.h"
