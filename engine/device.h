@@ -57,7 +57,8 @@ struct AdamParams {
 };
 
 // PyTorch SGD: g += weight_decay * p; buf = first ? g : momentum * buf + (1 - dampening) * g;
-// g = nesterov ? g + momentum * buf : buf (momentum > 0); p -= lr * g.
+// g = nesterov ? g + momentum * buf : buf (momentum > 0); p -= lr * g; every add-with-alpha one
+// fused multiply-add, Note [PyTorch CPU SGD].
 struct SgdParams {
   double lr = 1e-2;
   double momentum = 0.0;
@@ -66,6 +67,16 @@ struct SgdParams {
   bool nesterov = false;
   bool first_step = true;
 };
+
+// Note [PyTorch CPU SGD]
+// torch.optim.SGD's single-tensor step on CPU, all f32. Each Tensor.add(x, alpha=a) is one fused
+// multiply-add fma(x, a, self), in its vector body and its tail alike (measured against torch 2.10
+// on this CPU, tests/data/cpu_optimizers.txt; mul-then-add misses those bits by an ulp):
+//   wd != 0:        g = fma(p, wd, g)                       grad.add(param, alpha=wd)
+//   momentum != 0:  buf = first ? g : fma(g, 1-dampening, buf*momentum)
+//                   g = nesterov ? fma(buf, momentum, g) : buf
+//   p = fma(g, -lr, p)                                      param.add_(grad, alpha=-lr)
+// The scalars are Python doubles (-lr and 1 - dampening computed in f64), each rounded once to f32.
 
 // What a device has done: kernels launched, FLOPs and bytes moved. The meta device's only output.
 struct DeviceCounters {
@@ -116,6 +127,7 @@ class Device {
   // out[m,n] = (accumulate ? out : 0) + sum_k op(a)[m,k] * op(b)[k,n], f32 sum in ascending k.
   virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
                       bool trans_b, bool accumulate) = 0;
+  // out = x > 0 ? x : +0: NaN gives 0 (torch.relu keeps NaN).
   virtual void relu(const Tensor& out, const Tensor& x) = 0;
   // grad_in = x > 0 ? grad_out : 0
   virtual void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) = 0;
@@ -130,7 +142,8 @@ class Device {
   virtual void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) = 0;
   // Row-wise softmax cross-entropy: logits [B,C], labels [B] (class ids as floats). Writes the
   // per-row loss [B] and dlogits = softmax - onehot [B,C]; max-subtracted exp in f32 math, or in
-  // f64 when any operand is f64 (the f64 reference models).
+  // f64 when any operand is f64 (the f64 reference models): per row, denom = sum_c exp(x[c] - max)
+  // (ascending c), softmax = exp(x[c] - max) / denom, loss = log(denom) - (x[label] - max).
   virtual void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                             const Tensor& labels) = 0;
 
@@ -140,7 +153,8 @@ class Device {
   // dtable [V,D] = 0, then dtable[ids[n],:] += dout[n,:] for ascending n.
   virtual void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) = 0;
   // RMSNorm over rows of x [N,D]: rstd[n] = 1 / sqrt(sum_j x[n,j]^2 / D + eps) (ascending j);
-  // out[n,j] = (x[n,j] * rstd[n]) * w[j]. rstd [N] is kept for the backward.
+  // out[n,j] = (x[n,j] * rstd[n]) * w[j], rstd[n] as computed (before its store rounds it). rstd
+  // [N] is kept for the backward.
   virtual void rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
                        double eps) = 0;
   // c[n] = sum_j dout[n,j] * w[j] * x[n,j] (ascending j);
@@ -152,7 +166,8 @@ class Device {
   // j <= i: out[r,j] = exp(x[r,j] - max) / sum_{j' <= i} exp(x[r,j'] - max) (ascending j'),
   // out[r,j] = 0 for j > i.
   virtual void causal_softmax(const Tensor& out, const Tensor& x) = 0;
-  // Softmax backward over rows of p [R,S]: dx[r,j] = p[r,j] * (dout[r,j] - sum_k p[r,k] dout[r,k]).
+  // Softmax backward over rows of p [R,S]: dx[r,j] = p[r,j] * (dout[r,j] - sum_k p[r,k] dout[r,k])
+  // (ascending k).
   virtual void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) = 0;
   // out[a,c,b,d] = x[a,b,c,d] for x contiguous [A,B,C,D] (torch's permute(0,2,1,3)); a copy.
   virtual void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,

@@ -1,6 +1,6 @@
-// The `gpu` tests: CudaDevice against HostDevice (the Device conformance table), NcclComm against
-// the Comm conformance table, async ordering, subgroups, the watchdog, and the engine on GPUs
-// against the simulator bit for bit.
+// The `gpu` tests: CudaDevice against ReferenceDevice (the Device conformance table), NcclComm
+// against the Comm conformance table, async ordering, subgroups, the watchdog, and the engine on
+// GPUs against the simulator bit for bit.
 //
 // Run as `zc_gpu_tests` (one process, one GPU, no MPI) or `mpirun -np G zc_gpu_tests` (one GPU per
 // rank, NCCL bootstrapped over MPI). Without a usable GPU every test reports itself skipped with
@@ -15,6 +15,7 @@
 #include "real/nccl_comm.h"
 #include "tests/conformance/comm_conformance.h"
 #include "tests/conformance/device_conformance.h"
+#include "tests/conformance/reference_device.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -53,8 +54,8 @@ void write_report(const std::string& file, const std::string& text) {
   if (const char* dir = std::getenv("ZC_GPU_REPORT_DIR")) std::ofstream(std::string(dir) + "/" + file) << text;
 }
 
-TEST_F(Gpu, DeviceConformanceTableAgainstHostDevice) {
-  HostDevice host;
+TEST_F(Gpu, DeviceConformanceTableAgainstTheReference) {
+  conformance::ReferenceDevice ref;
   struct Row {
     int cases = 0, bitwise = 0, failed = 0;
     double worst = 0;
@@ -65,7 +66,7 @@ TEST_F(Gpu, DeviceConformanceTableAgainstHostDevice) {
   const auto t0 = std::chrono::steady_clock::now();
   for (const conformance::DeviceCase& c : conformance::device_table()) {
     double worst = 0;
-    const std::string why = conformance::run_device_case(host, *g->dev, c, &worst);
+    const std::string why = conformance::run_device_case(ref, *g->dev, c, &worst);
     Row& r = rows[c.op];
     ++r.cases;
     r.bitwise += worst == 0 && why.empty();
@@ -77,7 +78,7 @@ TEST_F(Gpu, DeviceConformanceTableAgainstHostDevice) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::string md = fmt::format("## Device conformance: {} vs host ({:.1f} s)\n\n"
+  std::string md = fmt::format("## Device conformance: {} vs reference ({:.1f} s)\n\n"
                                "| op | cases | bit for bit (NaN = NaN) | failed | largest difference (u * max(1, |ref|)) | bound |\n"
                                "|---|---|---|---|---|---|\n", g->dev->name(), secs);
   for (const auto& [op, r] : rows) {

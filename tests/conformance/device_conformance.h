@@ -1,6 +1,8 @@
 // The Device conformance table: every Device op x dtypes x shapes x input domain, run from the
-// same inputs on a reference device (HostDevice) and a device under test (CudaDevice), outputs
-// compared bit for bit. Written against Device only, like the Comm table.
+// same inputs on a reference (ReferenceDevice, reference_device.h: each op written from its
+// comment in engine/device.h, independently of HostDevice) and a device under test (HostDevice on
+// the host, CudaDevice on a GPU), outputs compared bit for bit. Written against Device only, like
+// the Comm table.
 //
 // Domains: `exact` (small integers: every result is exactly representable, so any correct
 // implementation agrees), `gaussian` (N(0,1) values: agreement needs the same IEEE operations in
@@ -9,8 +11,9 @@
 //
 // Bounds. Every op is bit for bit in every domain except the two that call exp/log, whose GPU
 // versions are not correctly rounded (CUDA's expf <= 2 ulp and logf <= 1 ulp, exp and log in f64
-// <= 1 ulp; glibc's are within about half an ulp): softmax_xent and causal_softmax (in every
-// domain: exp of an integer is not exact either) must agree within
+// <= 1 ulp; glibc's, and the reference's, evaluated one type wider and rounded once, are within
+// about half an ulp): softmax_xent and causal_softmax (in every domain: exp of an integer is not
+// exact either) must agree within
 //   |dut - ref| <= (12 + 2 * cols) * u * s + ulp_out(ref)
 // where u = 2^-24 (f32 compute) or 2^-53 (f64), s = |ref| for probabilities and s = max(1, |ref|)
 // where the output cancels (the row loss, and p - 1 in the label column of dlogits), and ulp_out

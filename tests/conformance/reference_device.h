@@ -1,0 +1,67 @@
+// ReferenceDevice: the Device conformance table's reference. Each op is written straight from its
+// comment in engine/device.h (and its Note), independently of HostDevice and
+// engine/optimizer_math.h, so that the table can fail on a CPU: f32 arithmetic in f32, f64 where an
+// operand is f64 or the comment says f64, std::fma exactly where a Note says FMA, reductions in
+// the stated order.
+#pragma once
+
+#include "engine/device.h"
+
+namespace zc::conformance {
+
+// Host memory only, slow and plain: a reference, not a backend. Counters stay zero.
+class ReferenceDevice final : public Device {
+ public:
+  Placement placement() const override { return Placement::host; }
+  std::string name() const override { return "reference"; }
+
+  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& t, double value) override;
+  void upload(const Tensor& dst, std::span<const std::byte> src) override;
+  void download(std::span<std::byte> dst, const Tensor& src) override;
+
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void axpy(const Tensor& y, double alpha, const Tensor& x) override;
+  void scale(const Tensor& x, double alpha) override;
+  void div(const Tensor& x, double divisor) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void mul(const Tensor& out, const Tensor& a, const Tensor& b) override;
+
+  double sum_sq(const Tensor& x) override;
+  double max_abs(const Tensor& x) override;
+  bool has_inf_nan(const Tensor& x) override;
+  double dot(const Tensor& a, const Tensor& b) override;
+
+  void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                 const Tensor& exp_avg_sq, const AdamParams& p) override;
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                const SgdParams& p) override;
+
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              bool accumulate) override;
+  void relu(const Tensor& out, const Tensor& x) override;
+  void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
+  void add_row_vector(const Tensor& out, const Tensor& row) override;
+  void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
+                    const Tensor& labels) override;
+  std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
+  void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
+  void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;
+  void embedding(const Tensor& out, const Tensor& table, const Tensor& ids) override;
+  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) override;
+  void rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+               double eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                        const Tensor& w, const Tensor& rstd) override;
+  void causal_softmax(const Tensor& out, const Tensor& x) override;
+  void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override;
+  void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
+                    std::int64_t c, std::int64_t d) override;
+
+ private:
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace zc::conformance
