@@ -3,8 +3,6 @@
 
 #include "engine/decisions.h"
 #include "engine/errors.h"
-#include "engine/zero12_optimizer.h"
-#include "engine/zero3_optimizer.h"
 
 namespace zc {
 
@@ -329,7 +327,7 @@ void Engine::enter_no_sync() {
 }
 
 void Engine::register_external_parameter(Module& module, Parameter& p) {
-  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizers_[0].get())) z3->register_external_parameter(module, p);
+  optimizers_[0]->register_external_parameter(module, p);
 }
 
 std::vector<double> Engine::append_experts(std::vector<double> dense, std::vector<double> local) {
@@ -380,7 +378,7 @@ std::optional<bool> Engine::enter_coalesce() {
   }
   const std::optional<bool> saved = boundary_override_;
   inside_no_sync_ = true;
-  for (auto& o : optimizers_) o->coalescing = true;
+  for (auto& o : optimizers_) o->begin_coalescing();
   record("coalesce enter");
   return saved;
 }
@@ -390,7 +388,7 @@ std::optional<bool> Engine::enter_coalesce() {
 void Engine::exit_coalesce(std::optional<bool> saved_boundary) {
   const bool b7 = opts_.bugs.has(KnownBug::B7_flush_with_coalescing_set);
   if (!b7) {
-    for (auto& o : optimizers_) o->coalescing = false;
+    for (auto& o : optimizers_) o->end_coalescing();
   }
   inside_no_sync_ = false;
   boundary_override_ = true;
@@ -401,7 +399,7 @@ void Engine::exit_coalesce(std::optional<bool> saved_boundary) {
   } catch (...) {
     flush_error = std::current_exception();
   }
-  for (auto& o : optimizers_) o->coalescing = false;  // (already false unless B7)
+  for (auto& o : optimizers_) o->end_coalescing();  // (already ended unless B7)
   boundary_override_ = saved_boundary;
   for (auto& o : optimizers_) o->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
   if (flush_error) {
@@ -413,28 +411,12 @@ void Engine::exit_coalesce(std::optional<bool> saved_boundary) {
 
 void Engine::flush_coalesced_reduction() {
   last_flush_micro_step_id_ = micro_step_id();
-  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizers_[0].get())) {
-    for (Parameter* p : model_.named_parameters()) {
-      if (p->requires_grad && p->grad.defined()) z3->reduce_ready_partitions_and_remove_grads(*p);
-    }
-    z3->independent_gradient_partition_epilogue();
-    return;
-  }
-  for (auto& o : optimizers_) {
-    auto* z12 = dynamic_cast<Zero12Optimizer*>(o.get());
-    ZC_ASSERT(z12 != nullptr, "coalesce flush with optimizer {}", o->name());
-    z12->wait_reduction_stream();
-    z12->setup_buckets();  // micro_step_id -1 -> 0 for the whole block
-    for (int i = 0; i < z12->num_params(); ++i) {
-      if (z12->has_gradient_for_reduction(i)) z12->reduce_ready_partitions_and_remove_grads(i);
-    }
-    z12->independent_gradient_partition_epilogue();
-  }
-  last_flush_micro_step_id_ = micro_step_id();
+  for (auto& o : optimizers_) o->flush_coalesced_reduction();
+  last_flush_micro_step_id_ = micro_step_id();  // stage 1/2's setup_buckets moved it from -1 to 0
 }
 
 std::vector<double> Engine::full_params() {
-  if (auto* z3 = dynamic_cast<Zero3Optimizer*>(optimizers_[0].get())) return z3->gathered_params();
+  if (std::optional<std::vector<double>> all = optimizers_[0]->gathered_params()) return *std::move(all);
   std::vector<double> dense, experts;
   for (Parameter* p : model_.named_parameters()) {
     const std::vector<double> v = to_f64(dev_, p->data);

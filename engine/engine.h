@@ -66,7 +66,7 @@ class Engine {
     exit_coalesce(saved);
     if (error) std::rethrow_exception(error);
   }
-  bool coalescing() const { return optimizers_[0]->coalescing; }
+  bool coalescing() const { return optimizers_[0]->coalescing(); }
   // micro_step_id as the last coalesce flush saw it (I2: 0 for ZeRO-3), -1 before any flush.
   int last_flush_micro_step_id() const { return last_flush_micro_step_id_; }
 

@@ -110,7 +110,7 @@ void Zero12Optimizer::setup_buckets() {
 
 void Zero12Optimizer::on_grad_ready(Parameter& p) {
   if (!has_hooks_) return;
-  if (coalescing) return;  // SPEC 6: grads accumulate locally in .grad while coalescing
+  if (coalescing()) return;  // SPEC 6: grads accumulate locally in .grad while coalescing
   const auto it = std::find(params_.begin(), params_.end(), &p);
   ZC_ASSERT(it != params_.end(), "grad hook for unknown param {}", p.name);
   setup_buckets();
@@ -121,7 +121,7 @@ void Zero12Optimizer::on_grad_ready(Parameter& p) {
 }
 
 void Zero12Optimizer::reduce_ready_partitions_and_remove_grads(int i) {
-  if (coalescing) return;  // the coalescing guard (see Note [Flush order] in engine.cpp)
+  if (coalescing()) return;  // the coalescing guard (see Note [Flush order] in engine.cpp)
   if (partition_gradients_ || boundary_) reduce_independent_p_g_buckets_and_remove_grads(i);
 }
 
@@ -311,6 +311,17 @@ void Zero12Optimizer::wait_all() {
 }
 
 void Zero12Optimizer::wait_reduction_stream() { wait_all(); }
+
+// SPEC 6's flush at stage 1/2: wait on the reduction stream, set up the buckets (micro_step_id
+// -1 -> 0 for the whole block), reduce every param with a grad in group order, run the epilogue.
+void Zero12Optimizer::flush_coalesced_reduction() {
+  wait_reduction_stream();
+  setup_buckets();
+  for (int i = 0; i < num_params(); ++i) {
+    if (has_gradient_for_reduction(i)) reduce_ready_partitions_and_remove_grads(i);
+  }
+  independent_gradient_partition_epilogue();
+}
 
 std::pair<std::int64_t, std::int64_t> Zero12Optimizer::partition_slice(int i) const {
   const std::int64_t start = layout_.partition_start(rank_), end = start + layout_.partition_numel;

@@ -32,18 +32,19 @@ class Zero12Optimizer final : public ZeroOptimizer {
   std::vector<Tensor> master_partitions() override { return {master_}; }
   std::vector<double> gathered_grads() override;
   bool supports_coalescing() const override { return true; }
+  void flush_coalesced_reduction() override;
 
-  // DeepSpeed's names, public for Engine::coalesce_grad_reduction's flush (SPEC 6).
+  const FlatLayout& layout() const { return layout_; }
+  const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
+
+ private:
+  // DeepSpeed's names for the steps of the coalesce flush (SPEC 6).
   void setup_buckets();
   void reduce_ready_partitions_and_remove_grads(int i);
   void independent_gradient_partition_epilogue();
   void wait_reduction_stream();
   bool has_gradient_for_reduction(int i) const;
   int num_params() const { return static_cast<int>(params_.size()); }
-  const FlatLayout& layout() const { return layout_; }
-  const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
-
- private:
   struct Pending {  // an issued reduction and what to do once it completes
     std::vector<WorkPtr> works;
     std::vector<int> params;

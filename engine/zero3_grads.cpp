@@ -16,7 +16,7 @@ void Zero3Optimizer::clear_backward_seen_flag() {
 }
 
 void Zero3Optimizer::on_grad_ready(Parameter& p) {
-  if (coalescing) {  // SPEC 6: grads accumulate locally in .grad
+  if (coalescing()) {  // SPEC 6: grads accumulate locally in .grad
     // KnownBug::B4: the historical hook still marked the backward as seen, so each forward
     // inside the block advanced micro_step_id and the flush added into last step's buffer.
     if (opts_.bugs.has(KnownBug::B4_z3_seen_flag_while_coalescing)) epilogue_ran_ = true;
@@ -26,8 +26,16 @@ void Zero3Optimizer::on_grad_ready(Parameter& p) {
 }
 
 void Zero3Optimizer::reduce_ready_partitions_and_remove_grads(Parameter& p) {
-  if (coalescing) return;  // the coalescing guard (see Note [Flush order] in engine.cpp)
+  if (coalescing()) return;  // the coalescing guard (see Note [Flush order] in engine.cpp)
   reduce_independent_p_g_buckets_and_remove_grads(shard_of(p));
+}
+
+// SPEC 6's flush at stage 3: reduce every param with a grad, in model order, then the epilogue.
+void Zero3Optimizer::flush_coalesced_reduction() {
+  for (Parameter* p : model_.named_parameters()) {
+    if (p->requires_grad && p->grad.defined()) reduce_ready_partitions_and_remove_grads(*p);
+  }
+  independent_gradient_partition_epilogue();
 }
 
 void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {

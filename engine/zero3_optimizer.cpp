@@ -255,7 +255,7 @@ std::vector<double> Zero3Optimizer::gather_partitions(const Tensor& mine) {
   return out;
 }
 
-std::vector<double> Zero3Optimizer::gathered_params() {
+std::optional<std::vector<double>> Zero3Optimizer::gathered_params() {
   if (cfg_.zero.offload_param != OffloadDevice::cpu) return gather_partitions(fp16_partition_);
   Tensor src = dev_.alloc(dtype_, {fp16_partition_.numel()}, "partition_on_device");
   cpu_->to_device(src, fp16_partition_);

@@ -35,10 +35,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   std::vector<Tensor> master_partitions() override { return {master_}; }
   std::vector<double> gathered_grads() override;
   bool supports_coalescing() const override { return true; }
-
-  // DeepSpeed's names, public for Engine::coalesce_grad_reduction's flush (SPEC 6).
-  void reduce_ready_partitions_and_remove_grads(Parameter& p);
-  void independent_gradient_partition_epilogue();
+  void flush_coalesced_reduction() override;
   // ---- ParamCoordinator ----
   const BugSet& bugs() const override { return opts_.bugs; }
   Module& current_module() override;
@@ -47,12 +44,14 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void register_external_parameter(Module& module, Parameter& p) override;
   void all_gather(Parameter& p) override;
   // Gathers every param (for full_params); leaves them as they were.
-  std::vector<double> gathered_params();
+  std::optional<std::vector<double>> gathered_params() override;
   const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
   std::int64_t partition_numel() const { return partition_numel_; }
   std::int64_t prefetched() const { return prefetched_; }  // gathers started ahead of use
 
  private:
+  void reduce_ready_partitions_and_remove_grads(Parameter& p);
+  void independent_gradient_partition_epilogue();
   struct Shard {
     Parameter* p = nullptr;
     std::int64_t numel = 0;

@@ -33,6 +33,17 @@ void ZeroOptimizer::apply_step(double) {
   throw NotImplementedError(fmt::format("{} cannot share a step with other param groups", name()));
 }
 
+void ZeroOptimizer::begin_coalescing() {
+  ZC_ASSERT(!coalescing_, "{}: coalescing entered twice", name());
+  coalescing_ = true;
+}
+
+void ZeroOptimizer::flush_coalesced_reduction() {
+  ZC_ASSERT(false, "coalesce flush with optimizer {}, which does not support coalescing", name());
+}
+
+void ZeroOptimizer::register_external_parameter(Module&, Parameter&) {}
+
 bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads, Device* where) {
   Device& d = where != nullptr ? *where : dev_;
   bool local = false;

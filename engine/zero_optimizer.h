@@ -1,7 +1,8 @@
 // ZeroOptimizer: what the Engine drives, in DeepSpeed's vocabulary (ZeROOptimizer): grad hooks,
 // the backward-end reduction, step, zero_grad, and introspection for verifiers. Implementations:
-// Zero12Optimizer (DeepSpeedZeroOptimizer, stages 1-2) and DenseOptimizer (stage 0's FP16/BF16/
-// fp32 optimizers, and the BF16_Optimizer wrapper DeepSpeed picks for ZeRO-1 + bf16 + fp32 grads).
+// Zero12Optimizer (DeepSpeedZeroOptimizer, stages 1-2), Zero3Optimizer (stage 3) and
+// DenseOptimizer (stage 0's FP16/BF16/fp32 optimizers, and the BF16_Optimizer wrapper DeepSpeed
+// picks for ZeRO-1 + bf16 + fp32 grads). The Engine reaches every stage through this interface.
 #pragma once
 
 #include "engine/comm.h"
@@ -13,6 +14,8 @@
 #include "engine/trace.h"
 
 #include <memory>
+#include <optional>
+#include <vector>
 
 namespace zc {
 
@@ -78,6 +81,23 @@ class ZeroOptimizer {
   Comm& comm() { return comm_; }
   virtual void zero_grad() = 0;
 
+  // ---- coalesce_grad_reduction (SPEC 6) ----
+  // Whether this wrapper can defer its reductions (DeepSpeed's BF16_Optimizer cannot).
+  virtual bool supports_coalescing() const { return false; }
+  // Engine::coalesce_grad_reduction's flag: while it is set, the grad hooks leave grads in .grad
+  // and the reductions return at once. Set once on entry; cleared on exit before the flush
+  // (Note [Flush order] in engine.cpp), and again after it (idempotent).
+  void begin_coalescing();
+  void end_coalescing() { coalescing_ = false; }
+  bool coalescing() const { return coalescing_; }
+  // The flush on exit: reduce every grad left in .grad, then run the partition epilogue. Only
+  // called on a wrapper that supports_coalescing().
+  virtual void flush_coalesced_reduction();
+
+  // ZeRO-3: `module` also uses `p` (owned elsewhere), so its hooks gather and release it too.
+  // Stages 0-2 hold every param whole: nothing to do.
+  virtual void register_external_parameter(Module& module, Parameter& p);
+
   // ---- introspection ----
   // This rank's flat gradient partition per group ([partition_numel] accumulation dtype), as the
   // next step() will consume it; empty before the boundary.
@@ -86,11 +106,13 @@ class ZeroOptimizer {
   virtual std::vector<Tensor> master_partitions() = 0;
   // Full averaged gradient in param order, as f64 values. A collective: every rank calls it.
   virtual std::vector<double> gathered_grads() = 0;
+  // Every param's full value in param order, as f64 values, when this wrapper partitions the
+  // params (ZeRO-3: a collective, every rank calls it); std::nullopt when each rank holds them
+  // whole (stages 0-2: read them from the params).
+  virtual std::optional<std::vector<double>> gathered_params() { return std::nullopt; }
   int micro_step_id() const { return micro_step_id_; }
   double loss_scale() const { return scaler_.cur_scale(); }
   bool overflow() const { return overflow_; }
-  virtual bool supports_coalescing() const { return false; }
-  bool coalescing = false;  // set by Engine::coalesce_grad_reduction
 
  protected:
   // True on every rank if any rank has an inf/NaN in `grads` (all-reduce MAX).
@@ -123,6 +145,9 @@ class ZeroOptimizer {
   int micro_step_id_ = -1;  // DeepSpeed's INITIAL_MICRO_STEP_ID
   bool overflow_ = false;
   LossScaler scaler_;
+
+ private:
+  bool coalescing_ = false;
 };
 
 std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,
