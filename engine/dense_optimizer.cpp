@@ -108,46 +108,61 @@ Tensor DenseOptimizer::grads_flat() {
   return g;
 }
 
-bool DenseOptimizer::step() {
+// FP16_Optimizer (runtime/fp16/fused_optimizer.py step; stage 0's bf16 too) flattens the grads
+// into fp32 (fp32_groups_flat[i].grad) before it takes their norm, and BF16_Optimizer
+// (runtime/bf16_optimizer.py) takes the norm of its fp32 grads: the f32 copy comes first. The norm
+// is all-reduced only when the optimizer state is partitioned (the ZeRO-1 wrapper: one f32
+// element). The combined scale is f64: FP16_Optimizer.unscale_and_clip_grads is Python float
+// arithmetic on get_global_norm's float.
+StepPlan DenseOptimizer::step_plan() const {
+  return StepPlan{.sum_sq_before_overflow = false,
+                  .fp32_grads_before_norm = true,
+                  .norm_partitioned = partitioned_,
+                  .norm_dtype = DType::f32,
+                  .combined_dtype = DType::f64,
+                  .fp32_grads_label = "fp32_grad"};
+}
+
+// Unreduced grads (a skipped reduction, as KnownBug::B8 skips it) are stepped on as they are,
+// as DeepSpeed's stage-0 optimizers would: every rank then diverges.
+StepPrep DenseOptimizer::prepare_step() {
   micro_step_id_ = -1;
   if (!have_grads_) {
     throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
   }
-  // Unreduced grads (a skipped reduction, as KnownBug::B8 skips it) are stepped on as they are,
-  // as DeepSpeed's stage-0 optimizers would: every rank then diverges.
-  const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
-  Tensor grads = grads_flat().narrow(layout_.partition_start(part), pn);  // this rank's slice of the reduced grads
-  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  overflow_ = check && any_rank_overflow({grads});
-  const double prev_scale = scaler_.cur_scale();
-  scaler_.update_scale(overflow_);
-  if (overflow_) {
-    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
-    zero_grad();
-    return false;
-  }
-  Tensor grad32 = dev_.alloc(DType::f32, {pn}, "fp32_grad");  // [pn] f32
-  dev_.cast(grad32, grads);
-  std::string how;
-  if (!partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0) {
-    // An fp32 model without ZeRO: the engine's clip_fp32_gradients, not an optimizer wrapper.
-    const float coef = clip_grad_norm_coef(grad32);
-    dev_.scale(grad32, static_cast<double>(coef));
-    how = fmt::format("clip_grad_norm_ coef {:.9g}", coef);
-  } else {
-    const double norm = global_norm(dev_.sum_sq(grads), partitioned_);
-    const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping);
-    dev_.scale(grad32, 1.0 / combined);
-    how = fmt::format("norm {:.9g} combined scale {:.9g}", norm, combined);
-  }
-  base_->step(master_, grad32);
-  Tensor mine = flat_.narrow(layout_.partition_start(part), pn);
+  // this rank's slice of the reduced grads
+  return StepPrep{.grads = grads_flat().narrow(layout_.partition_start(part), layout_.partition_numel),
+                  .where = &dev_};
+}
+
+// An fp32 model without ZeRO and with clipping has no wrapper: DeepSpeed's engine clips the fp32
+// grads itself (engine.py _take_model_step: clip_fp32_gradients) and steps the torch optimizer;
+// nothing is tested for overflow and there is no loss scale. Every other case is a wrapper's step.
+bool DenseOptimizer::step() {
+  const bool engine_clips = !partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0;
+  if (!engine_clips) return step_param_groups({this});
+  const StepPrep prep = prepare_step();
+  Tensor grads32 = dev_.alloc(DType::f32, prep.grads.shape(), "fp32_grad");  // [pn] f32
+  dev_.cast(grads32, prep.grads);
+  const float coef = clip_grad_norm_coef(grads32);
+  dev_.scale(grads32, static_cast<double>(coef));
+  finish_step(grads32, fmt::format("clip_grad_norm_ coef {:.9g}", coef));
+  return true;
+}
+
+void DenseOptimizer::update(const Tensor& grads32, double norm, double combined) {
+  finish_step(grads32, fmt::format("norm {:.9g} combined scale {:.9g}", norm, combined));
+}
+
+void DenseOptimizer::finish_step(const Tensor& grads32, std::string_view how) {
+  const std::int64_t pn = layout_.partition_numel;
+  base_->step(master_, grads32);
+  Tensor mine = flat_.narrow(layout_.partition_start(partitioned_ ? rank_ : 0), pn);
   dev_.cast(mine, master_);
   zero_grad();
   if (partitioned_ && comm_.size() > 1) comm_.all_gather(flat_, mine);  // as zero12_step.cpp: none at world 1
   record(fmt::format("step {}: {}", base_->steps(), how));
-  return true;
 }
 
 // DeepSpeed's runtime/utils.py clip_grad_norm_, as the engine calls it for an fp32 model without

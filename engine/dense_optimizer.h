@@ -26,7 +26,15 @@ class DenseOptimizer final : public ZeroOptimizer {
   std::vector<Tensor> master_partitions() override { return {master_}; }
   std::vector<double> gathered_grads() override;
 
+ protected:
+  StepPlan step_plan() const override;
+  StepPrep prepare_step() override;
+  void update(const Tensor& grads32, double norm, double combined) override;
+
  private:
+  // The base optimizer's step on grads32 ([partition_numel] f32, unscaled and clipped), the
+  // 16-bit params' refresh, and the trace record ending in `how`.
+  void finish_step(const Tensor& grads32, std::string_view how);
   Tensor grads_flat();  // [padded] accumulation dtype: the reduced grads, flattened
   float clip_grad_norm_coef(const Tensor& grad32);  // DeepSpeed's clip_grad_norm_ (fp32, no ZeRO)
   void buffered_allreduce();

@@ -276,7 +276,12 @@ void Engine::step() {
                      "first; it is illegal to step inside it");
   }
   if (is_gradient_accumulation_boundary()) {
-    const bool applied = optimizers_.size() == 1 ? optimizers_[0]->step() : step_param_groups();
+    // Several param groups (MoE) share one overflow decision, one global norm over the world and
+    // one loss scale; every rank's expert partition is a distinct piece of some expert, so the
+    // world sum of partition squares is the whole model's.
+    std::vector<ZeroOptimizer*> groups;
+    for (auto& o : optimizers_) groups.push_back(o.get());
+    const bool applied = groups.size() == 1 ? groups[0]->step() : ZeroOptimizer::step_param_groups(groups);
     for (auto& o : optimizers_) o->zero_grad();
     if (!applied) ++skipped_steps_;
     ++global_steps_;
@@ -284,33 +289,6 @@ void Engine::step() {
                        loss_scale()));
   }
   ++micro_steps_;
-}
-
-// Several param groups (MoE): one overflow decision and one global norm over the world, one loss
-// scale, then each group updates its partition. Every rank's expert partition is a distinct piece
-// of some expert, so the world sum of partition squares is the whole model's.
-bool Engine::step_param_groups() {
-  std::vector<StepPrep> preps;
-  bool local_overflow = false;
-  double sum_sq = 0.0;
-  for (auto& o : optimizers_) {
-    preps.push_back(o->prepare_step());
-    local_overflow |= preps.back().local_overflow;
-    sum_sq += preps.back().local_sum_sq;
-  }
-  ZeroOptimizer& dense = *optimizers_[0];
-  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  const bool overflow = check && dense.any_rank_overflow(local_overflow);
-  const double prev_scale = loss_scale();
-  for (auto& o : optimizers_) o->loss_scaler().update_scale(overflow);
-  if (overflow) {
-    for (auto& o : optimizers_) o->skip_step();
-    return false;
-  }
-  const double norm = dense.global_norm(sum_sq, true);
-  const double combined = combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping, DType::f32);  // ZeRO-1/2
-  for (auto& o : optimizers_) o->apply_step(combined);
-  return true;
 }
 
 void Engine::zero_grad() {

@@ -135,7 +135,6 @@ class Engine {
   // expert-data-parallel group. They share the boundary, overflow decision, norm and loss scale.
   std::vector<std::unique_ptr<ZeroOptimizer>> optimizers_;
   ZeroOptimizer* optimizer_of(const Parameter& p);
-  bool step_param_groups();
   std::vector<double> append_experts(std::vector<double> dense, std::vector<double> local_experts);
   std::int64_t micro_steps_ = 0;
   std::int64_t global_steps_ = 0;

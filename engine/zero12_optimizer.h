@@ -23,10 +23,6 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void on_grad_ready(Parameter& p) override;
   void allreduce_gradients() override;
   void backward_epilogue() override;
-  bool step() override;
-  bool supports_split_step() const override { return true; }
-  StepPrep prepare_step() override;
-  void apply_step(double combined_scale) override;
   void zero_grad() override;
   std::vector<Tensor> averaged_gradients() override;
   std::vector<Tensor> master_partitions() override { return {master_}; }
@@ -36,6 +32,11 @@ class Zero12Optimizer final : public ZeroOptimizer {
 
   const FlatLayout& layout() const { return layout_; }
   const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
+
+ protected:
+  StepPlan step_plan() const override;
+  StepPrep prepare_step() override;
+  void update(const Tensor& grads32, double norm, double combined) override;
 
  private:
   // DeepSpeed's names for the steps of the coalesce flush (SPEC 6).

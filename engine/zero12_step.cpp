@@ -122,6 +122,21 @@ void Zero12Optimizer::check_partition_buffers() const {
   }
 }
 
+// stage_1_and_2.py: the norm is all-reduced as one f32 element (get_grad_norm_direct's .float(),
+// the offload path's FloatTensor) and the combined scale is torch arithmetic on that f32 tensor
+// (unscale_and_clip_grads); the f32 copy is single_grad_partition, made after the norm. The local
+// sum of squares is taken with the inf/NaN test, before the overflow all-reduce, where DeepSpeed's
+// step takes the whole norm after check_overflow (scaled_global_norm): the values are the same,
+// only this rank's device ops come in another order (kept from the MoE split step).
+StepPlan Zero12Optimizer::step_plan() const {
+  return StepPlan{.sum_sq_before_overflow = true,
+                  .fp32_grads_before_norm = false,
+                  .norm_partitioned = true,
+                  .norm_dtype = DType::f32,
+                  .combined_dtype = DType::f32,
+                  .fp32_grads_label = "single_grad_partition"};
+}
+
 StepPrep Zero12Optimizer::prepare_step() {
   micro_step_id_ = -1;
   check_partition_buffers();  // paired with FlatLayout::build (Note [Coverage at step time])
@@ -130,20 +145,13 @@ StepPrep Zero12Optimizer::prepare_step() {
                                  "gradients ({}, {} params): call backward() at the boundary first",
                                  rank_, name(), params_.size()));
   }
-  Device& where = cpu_offload_ ? cpu_->cpu() : dev_;
-  const Tensor grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;
-  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  return StepPrep{check && where.has_inf_nan(grads), where.sum_sq(grads)};
+  if (cpu_offload_) return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
+  return StepPrep{.grads = averaged_, .where = &dev_};
 }
 
-void Zero12Optimizer::apply_step(double combined) {
-  Device& where = cpu_offload_ ? cpu_->cpu() : dev_;
-  const Tensor grads = cpu_offload_ ? fp32_grad_cpu_ : averaged_;
+void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
   const std::int64_t pn = layout_.partition_numel;
-  Tensor grad32 = where.alloc(DType::f32, {pn}, "single_grad_partition");  // [pn] f32
-  where.cast(grad32, grads);
-  where.scale(grad32, 1.0 / combined);
-  base_->step(master_, grad32);
+  base_->step(master_, grads32);
   Tensor mine = flat_.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_) {
     cpu_->to_device(mine, master_);  // through the bit16 buffer, as DeepSpeed does
@@ -155,22 +163,6 @@ void Zero12Optimizer::apply_step(double combined) {
   // skips the gather there (runtime/utils.py:1012-1015, all_gather_into_tensor_dp_groups).
   if (comm_.size() > 1) comm_.all_gather(flat_, mine);
   record(fmt::format("step {}: combined scale {:.9g}", base_->steps(), combined));
-}
-
-bool Zero12Optimizer::step() {
-  const StepPrep prep = prepare_step();
-  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  overflow_ = check && any_rank_overflow(prep.local_overflow);
-  const double prev_scale = scaler_.cur_scale();
-  scaler_.update_scale(overflow_);
-  if (overflow_) {
-    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
-    skip_step();
-    return false;
-  }
-  const double norm = global_norm(prep.local_sum_sq, true);
-  apply_step(combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping, DType::f32));
-  return true;
 }
 
 std::vector<Tensor> Zero12Optimizer::averaged_gradients() {

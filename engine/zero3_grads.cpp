@@ -138,7 +138,20 @@ void Zero3Optimizer::independent_gradient_partition_epilogue() {
   record(fmt::format("zero3 epilogue: micro_step_id {} boundary {}", micro_step_id_, boundary_));
 }
 
-bool Zero3Optimizer::step() {
+// stage3.py: the norm is a double tensor (get_norm_dtype()), or a FloatTensor under
+// offload_optimizer, and the combined scale is torch arithmetic on it (unscale_and_clip_grads);
+// the f32 copy is made after the norm.
+StepPlan Zero3Optimizer::step_plan() const {
+  const DType dt = cfg_.zero.offload_optimizer == OffloadDevice::cpu ? DType::f32 : DType::f64;
+  return StepPlan{.sum_sq_before_overflow = false,
+                  .fp32_grads_before_norm = false,
+                  .norm_partitioned = true,
+                  .norm_dtype = dt,
+                  .combined_dtype = dt,
+                  .fp32_grads_label = "fp32_grad"};
+}
+
+StepPrep Zero3Optimizer::prepare_step() {
   wait_all();
   micro_step_id_ = 0;      // _pre_step: the next forward must not count the last backward
   epilogue_ran_ = false;
@@ -146,27 +159,19 @@ bool Zero3Optimizer::step() {
     throw UsageError(fmt::format("rank {}: step() at an accumulation boundary without reduced "
                                  "gradients ({}): call backward() at the boundary first", rank_, name()));
   }
+  if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
+  return StepPrep{.grads = grad_partition_, .where = &dev_};
+}
+
+void Zero3Optimizer::skip_step() {
+  zero_grad();
+  any_partitioned_grads_ = false;
+  if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
+}
+
+void Zero3Optimizer::update(const Tensor& grads32, double norm, double combined) {
   const bool offload_opt = cfg_.zero.offload_optimizer == OffloadDevice::cpu;
-  Device& where = offload_opt ? cpu_->cpu() : dev_;
-  const Tensor grads = offload_opt ? fp32_grad_cpu_ : grad_partition_;
-  const bool check = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  overflow_ = check && any_rank_overflow({grads}, &where);
-  const double prev_scale = scaler_.cur_scale();
-  scaler_.update_scale(overflow_);
-  if (overflow_) {
-    record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, scaler_.cur_scale()));
-    zero_grad();
-    any_partitioned_grads_ = false;
-    if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
-    return false;
-  }
-  const double norm = global_norm(where.sum_sq(grads), true, offload_opt ? DType::f32 : DType::f64);
-  const double combined =
-      combined_unscale_factor(prev_scale, norm, cfg_.gradient_clipping, offload_opt ? DType::f32 : DType::f64);
-  Tensor grad32 = where.alloc(DType::f32, grads.shape(), "fp32_grad");
-  where.cast(grad32, grads);
-  where.scale(grad32, 1.0 / combined);
-  base_->step(master_, grad32);
+  base_->step(master_, grads32);
   if (cfg_.zero.offload_param == OffloadDevice::cpu) {
     if (offload_opt) {
       cpu_->cpu().cast(fp16_partition_, master_);  // both on the CPU
@@ -188,7 +193,6 @@ bool Zero3Optimizer::step() {
   if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
   any_partitioned_grads_ = false;
   record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));
-  return true;
 }
 
 void Zero3Optimizer::zero_grad() {

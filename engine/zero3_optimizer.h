@@ -29,7 +29,6 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void clear_backward_seen_flag() override;
   void on_grad_ready(Parameter& p) override;
   void allreduce_gradients() override { independent_gradient_partition_epilogue(); }
-  bool step() override;
   void zero_grad() override;
   std::vector<Tensor> averaged_gradients() override;
   std::vector<Tensor> master_partitions() override { return {master_}; }
@@ -48,6 +47,12 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
   std::int64_t partition_numel() const { return partition_numel_; }
   std::int64_t prefetched() const { return prefetched_; }  // gathers started ahead of use
+
+ protected:
+  StepPlan step_plan() const override;
+  StepPrep prepare_step() override;
+  void skip_step() override;
+  void update(const Tensor& grads32, double norm, double combined) override;
 
  private:
   void reduce_ready_partitions_and_remove_grads(Parameter& p);

@@ -24,13 +24,67 @@ ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm
   }
 }
 
-StepPrep ZeroOptimizer::prepare_step() {
-  throw NotImplementedError(fmt::format("{} cannot share a step with other param groups (MoE needs "
-                                        "ZeRO stage 1 or 2)", name()));
+bool checks_grad_overflow(const Config& cfg) {
+  return cfg.fp16.enabled || (cfg.bf16.enabled && cfg.bf16.check_grad_overflow);
 }
 
-void ZeroOptimizer::apply_step(double) {
-  throw NotImplementedError(fmt::format("{} cannot share a step with other param groups", name()));
+// Note [Step sequence]
+// Every wrapper's step is one sequence, DeepSpeed's: (1) this rank's inf/NaN test of the grads
+// and (2) one all-reduce MAX of it, both only when checks_grad_overflow; (3) the loss scaler's
+// update; (4) on overflow, drop the grads and skip; (5) the global norm from each rank's sum of
+// squares; (6) the combined unscale-and-clip factor from the loss scale before the update; (7)
+// the grads in f32 divided by it and the base optimizer's step. The wrappers differ only in
+// where the grads live (prepare_step), in what they do after the update (update), and in the
+// StepPlan: DenseOptimizer (FP16_Optimizer, BF16_Optimizer), Zero12Optimizer
+// (DeepSpeedZeroOptimizer) and Zero3Optimizer (DeepSpeedZeroOptimizer_Stage3) each say there
+// which DeepSpeed file each of its parameters follows. Every step below is a device op or a
+// collective in the order the rank issues it, so the order is part of the sequence.
+bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups) {
+  ZC_ASSERT(!groups.empty(), "a step over no param groups");
+  ZeroOptimizer& lead = *groups[0];
+  const StepPlan plan = lead.step_plan();
+  const bool check = checks_grad_overflow(lead.cfg_);
+  std::vector<StepPrep> preps;
+  bool local_overflow = false;
+  for (ZeroOptimizer* g : groups) {
+    ZC_ASSERT(g->step_plan() == plan, "param groups {} and {} step differently", lead.name(), g->name());
+    StepPrep& prep = preps.emplace_back(g->prepare_step());
+    ZC_ASSERT(prep.grads.defined() && prep.where != nullptr, "{} prepared no grads", g->name());
+    const bool mine = check && prep.where->has_inf_nan(prep.grads);  // every group tests its own
+    local_overflow = local_overflow || mine;
+    if (plan.sum_sq_before_overflow) prep.local_sum_sq = prep.where->sum_sq(prep.grads);
+  }
+  const bool overflow = check && lead.any_rank_overflow(local_overflow);
+  const double prev_scale = lead.scaler_.cur_scale();
+  for (ZeroOptimizer* g : groups) g->scaler_.update_scale(overflow);
+  if (overflow) {
+    // A lone group records the skip; the MoE path (several groups) never has.
+    if (groups.size() == 1) {
+      lead.record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, lead.scaler_.cur_scale()));
+    }
+    for (ZeroOptimizer* g : groups) g->skip_step();
+    return false;
+  }
+  auto make_fp32 = [&](StepPrep& prep) {
+    prep.grads32 = prep.where->alloc(DType::f32, prep.grads.shape(), std::string(plan.fp32_grads_label));
+    prep.where->cast(prep.grads32, prep.grads);
+  };
+  double sum_sq = 0.0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    StepPrep& prep = preps[i];
+    if (plan.fp32_grads_before_norm) make_fp32(prep);
+    if (!plan.sum_sq_before_overflow) prep.local_sum_sq = prep.where->sum_sq(prep.grads);
+    sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
+  }
+  const double norm = lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype);
+  const double combined = combined_unscale_factor(prev_scale, norm, lead.cfg_.gradient_clipping, plan.combined_dtype);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    StepPrep& prep = preps[i];
+    if (!plan.fp32_grads_before_norm) make_fp32(prep);
+    prep.where->scale(prep.grads32, 1.0 / combined);
+    groups[i]->update(prep.grads32, norm, combined);
+  }
+  return true;
 }
 
 void ZeroOptimizer::begin_coalescing() {
@@ -43,15 +97,6 @@ void ZeroOptimizer::flush_coalesced_reduction() {
 }
 
 void ZeroOptimizer::register_external_parameter(Module&, Parameter&) {}
-
-bool ZeroOptimizer::any_rank_overflow(const std::vector<Tensor>& grads, Device* where) {
-  Device& d = where != nullptr ? *where : dev_;
-  bool local = false;
-  for (const Tensor& g : grads) {
-    if (g.defined() && d.has_inf_nan(g)) local = true;
-  }
-  return any_rank_overflow(local);
-}
 
 bool ZeroOptimizer::any_rank_overflow(bool local) {
   Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag");  // [1] f32

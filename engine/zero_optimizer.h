@@ -41,10 +41,33 @@ struct Options {
 // process group: the dense params, or the MoE expert params).
 enum class ParamSelect : std::uint8_t { all, dense, expert };
 
-// What a step needs from each param group before the shared decisions (overflow, norm).
+// Whether a step tests the grads for inf/NaN and may skip: fp16 always, bf16 when
+// bf16.check_grad_overflow (DeepSpeed: `dtype == torch.float16 or check_grad_overflow`). The same
+// predicate at every stage and for every param group.
+bool checks_grad_overflow(const Config& cfg);
+
+// The per-stage parameters of the step sequence (Note [Step sequence] in zero_optimizer.cpp).
+// Each one models a difference between DeepSpeed's wrappers; every wrapper says which in its
+// step_plan().
+struct StepPlan {
+  // The norm's local sum of squares is taken before the overflow all-reduce, not after the
+  // decision.
+  bool sum_sq_before_overflow = false;
+  // The f32 copy of the grads that the base optimizer reads is made before the norm, not after.
+  bool fp32_grads_before_norm = false;
+  bool norm_partitioned = true;       // the norm is all-reduced over the group (global_norm)
+  DType norm_dtype = DType::f32;      // that all-reduce's element and its root
+  DType combined_dtype = DType::f32;  // combined_unscale_factor's arithmetic
+  std::string_view fp32_grads_label;  // the f32 copy's allocation label
+  bool operator==(const StepPlan&) const = default;
+};
+
+// One param group's grads for a step, from prepare_step.
 struct StepPrep {
-  bool local_overflow = false;
-  double local_sum_sq = 0.0;  // this rank's partition
+  Tensor grads{};           // [partition_numel] the grads the step reads, on *where
+  Device* where = nullptr;  // the device holding them (the CPU space's under offload)
+  double local_sum_sq = 0.0;  // this rank's partition, once the sequence has taken it
+  Tensor grads32{};         // [partition_numel] f32 on *where, once the sequence has made it
 };
 
 class ZeroOptimizer {
@@ -66,14 +89,12 @@ class ZeroOptimizer {
   virtual void allreduce_gradients() = 0;
   virtual void backward_epilogue() {}
   // One optimizer step; false when skipped for overflow.
-  virtual bool step() = 0;
-  // The same step in three phases, for several param groups sharing one overflow decision, one
-  // global norm and one loss scale (MoE). Only DeepSpeedZeroOptimizer (stages 1-2) has them.
-  virtual bool supports_split_step() const { return false; }
-  virtual StepPrep prepare_step();
-  virtual void apply_step(double combined_scale);
-  virtual void skip_step() { zero_grad(); }
-  LossScaler& loss_scaler() { return scaler_; }
+  virtual bool step() { return step_param_groups({this}); }
+  // The step sequence, written once (Note [Step sequence]), over param groups that share one
+  // overflow decision, one global norm and one loss scale (MoE: the dense group, then the expert
+  // group). groups[0] leads: its group reduces the decision and the norm, and its loss scale
+  // before the update is the one the grads carry. Every group has the same step_plan().
+  static bool step_param_groups(const std::vector<ZeroOptimizer*>& groups);
   // DeepSpeed divides grads by the data-parallel world even for expert params, whose reduction
   // group is smaller (stage_1_and_2.average_tensor); set for the expert group's optimizer.
   void set_averaging_world(int w) { averaging_world_ = w; }
@@ -112,25 +133,27 @@ class ZeroOptimizer {
   virtual std::optional<std::vector<double>> gathered_params() { return std::nullopt; }
   int micro_step_id() const { return micro_step_id_; }
   double loss_scale() const { return scaler_.cur_scale(); }
-  bool overflow() const { return overflow_; }
 
  protected:
-  // True on every rank if any rank has an inf/NaN in `grads` (all-reduce MAX).
-  // `where` is the device holding the grads (the CPU space's under offload); default dev_.
-  bool any_rank_overflow(const std::vector<Tensor>& grads, Device* where = nullptr);
- public:
+  // ---- the per-stage pieces of step_param_groups (Note [Step sequence]) ----
+  virtual StepPlan step_plan() const = 0;
+  // The step's preconditions and bookkeeping, and the grads it reads.
+  virtual StepPrep prepare_step() = 0;
+  // After an overflow: drop this step's grads.
+  virtual void skip_step() { zero_grad(); }
+  // The base optimizer's step on `grads32` (already divided by the combined scale), the refresh
+  // of the 16-bit params from the master, and the step's trace record.
+  virtual void update(const Tensor& grads32, double norm, double combined) = 0;
+
   // True on every rank of this optimizer's group if any rank's `local` is true (all-reduce MAX).
   bool any_rank_overflow(bool local);
- protected:
-  void record(std::string_view what);
- public:
   // sqrt of the sum over ranks of each rank's sum of squares: one all-reduce SUM of a
   // `reduce_dtype` element and the root in that dtype, as DeepSpeed 0.19.8 does: f32 at stages 1/2
   // (get_grad_norm_direct's .float(), the offload path's FloatTensor) and at stage 3 under
   // offload_optimizer (FloatTensor), f64 at stage 3 otherwise (get_norm_dtype() is double on CPU
   // and CUDA). Unpartitioned: the root of the local sum in f64, no collective.
   double global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype = DType::f32);
- protected:
+  void record(std::string_view what);
 
   Config cfg_;
   Module& model_;
@@ -143,7 +166,6 @@ class ZeroOptimizer {
   bool boundary_ = true;
   int averaging_world_;
   int micro_step_id_ = -1;  // DeepSpeed's INITIAL_MICRO_STEP_ID
-  bool overflow_ = false;
   LossScaler scaler_;
 
  private:
