@@ -334,10 +334,6 @@ std::vector<double> Engine::full_grads() {
 }
 
 std::optional<bool> Engine::enter_coalesce() {
-  if (!cfg_.managed_gradient_accumulation) {
-    throw UsageError("coalesce_grad_reduction is not supported with managed_gradient_accumulation=False; "
-                     "the caller already owns the accumulation boundary via step()");
-  }
   if (cfg_.zero.stage < 1 || cfg_.zero.stage > 3) {
     throw NotImplementedError(fmt::format("coalesce_grad_reduction requires ZeRO stage 1/2/3, got stage {}", cfg_.zero.stage));
   }

@@ -49,9 +49,10 @@ class Engine {
   }
 
   // Defers ZeRO 1/2/3 gradient reduction across every backward() in body and flushes once on
-  // exit (SPEC 6): one with-block is one optimizer step. Errors, in order: unmanaged
-  // accumulation; stage 0 (NotImplementedError); pipeline; an optimizer wrapper that cannot
-  // coalesce (NotImplementedError); nesting inside no_sync. On exit, also when body throws: the
+  // exit (SPEC 6): one with-block is one optimizer step. Errors, in order: stage 0
+  // (NotImplementedError); pipeline; an optimizer wrapper that cannot coalesce
+  // (NotImplementedError); nesting inside no_sync. (Unmanaged accumulation, DeepSpeed's first
+  // check, never reaches here: the config refuses it.) On exit, also when body throws: the
   // coalescing flag is cleared first, then no_sync; the boundary is forced true for the flush;
   // the saved boundary is restored; then body's exception propagates.
   template <class Body>
