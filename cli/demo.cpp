@@ -1,7 +1,8 @@
-// `zerocheck demo`: the simulated cluster at work until the verify job exists. Every rank runs a
-// ZeRO-style gradient round trip (async all_reduce overlapped with compute, then reduce_scatter +
-// all_gather) on exactly predictable values, checks the results, and the run is repeated to show
-// the trace hash is reproducible; then a deliberately racy variant shows the race detector.
+// `zerocheck demo`: a short tour of the simulated cluster (the main job is `zerocheck verify`).
+// Every rank runs a ZeRO-style gradient round trip (async all_reduce overlapped with compute, then
+// reduce_scatter + all_gather) on exactly predictable values, checks the results, and the run is
+// repeated to show the trace hash is reproducible; then a deliberately racy variant shows the race
+// detector.
 #include "cli/demo.h"
 
 #include "engine/errors.h"
@@ -68,7 +69,6 @@ int run_demo(const DemoOptions& opts) {
   } catch (const DataRace& e) {
     fmt::print("  racy variant caught:\n    {}\n", e.what());
   }
-  fmt::print("Note: `zerocheck verify` (the main job) is not built yet; see the README.\n");
   return a.trace_hash == b.trace_hash ? 0 : 1;
 }
 
