@@ -130,17 +130,17 @@ StepPrep DenseOptimizer::prepare_step() {
   if (!have_grads_) {
     throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
   }
-  const int part = partitioned_ ? rank_ : 0;
+  const std::int64_t start = layout_.partition_start(partitioned_ ? rank_ : 0);
   // this rank's slice of the reduced grads
-  return StepPrep{.grads = grads_flat().narrow(layout_.partition_start(part), layout_.partition_numel),
-                  .where = &dev_};
+  return StepPrep{.grads = grads_flat().narrow(start, layout_.partition_numel), .where = &dev_};
 }
 
 // An fp32 model without ZeRO and with clipping has no wrapper: DeepSpeed's engine clips the fp32
 // grads itself (engine.py _take_model_step: clip_fp32_gradients) and steps the torch optimizer;
 // nothing is tested for overflow and there is no loss scale. Every other case is a wrapper's step.
 bool DenseOptimizer::step() {
-  const bool engine_clips = !partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0;
+  const bool engine_clips =
+      !partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0;
   if (!engine_clips) return step_param_groups({this});
   const StepPrep prep = prepare_step();
   Tensor grads32 = dev_.alloc(DType::f32, prep.grads.shape(), "fp32_grad");  // [pn] f32

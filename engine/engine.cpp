@@ -281,7 +281,8 @@ void Engine::step() {
     // world sum of partition squares is the whole model's.
     std::vector<ZeroOptimizer*> groups;
     for (auto& o : optimizers_) groups.push_back(o.get());
-    const bool applied = groups.size() == 1 ? groups[0]->step() : ZeroOptimizer::step_param_groups(groups);
+    const bool applied =
+        groups.size() == 1 ? groups[0]->step() : ZeroOptimizer::step_param_groups(groups);
     for (auto& o : optimizers_) o->zero_grad();
     if (!applied) ++skipped_steps_;
     ++global_steps_;
@@ -390,7 +391,9 @@ void Engine::flush_coalesced_reduction() {
 }
 
 std::vector<double> Engine::full_params() {
-  if (std::optional<std::vector<double>> all = optimizers_[0]->gathered_params()) return *std::move(all);
+  if (std::optional<std::vector<double>> all = optimizers_[0]->gathered_params()) {
+    return *std::move(all);  // ZeRO-3: partitioned, gathered
+  }
   std::vector<double> dense, experts;
   for (Parameter* p : model_.named_parameters()) {
     const std::vector<double> v = to_f64(dev_, p->data);

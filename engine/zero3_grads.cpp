@@ -159,7 +159,9 @@ StepPrep Zero3Optimizer::prepare_step() {
     throw UsageError(fmt::format("rank {}: step() at an accumulation boundary without reduced "
                                  "gradients ({}): call backward() at the boundary first", rank_, name()));
   }
-  if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
+  if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) {
+    return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
+  }
   return StepPrep{.grads = grad_partition_, .where = &dev_};
 }
 

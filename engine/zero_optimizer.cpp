@@ -47,7 +47,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
   std::vector<StepPrep> preps;
   bool local_overflow = false;
   for (ZeroOptimizer* g : groups) {
-    ZC_ASSERT(g->step_plan() == plan, "param groups {} and {} step differently", lead.name(), g->name());
+    ZC_ASSERT(g->step_plan() == plan, "param groups {} and {} step differently", lead.name(),
+              g->name());
     StepPrep& prep = preps.emplace_back(g->prepare_step());
     ZC_ASSERT(prep.grads.defined() && prep.where != nullptr, "{} prepared no grads", g->name());
     const bool mine = check && prep.where->has_inf_nan(prep.grads);  // every group tests its own
@@ -60,13 +61,15 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
   if (overflow) {
     // A lone group records the skip; the MoE path (several groups) never has.
     if (groups.size() == 1) {
-      lead.record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale, lead.scaler_.cur_scale()));
+      lead.record(fmt::format("step skipped: overflow, loss scale {} -> {}", prev_scale,
+                              lead.scaler_.cur_scale()));
     }
     for (ZeroOptimizer* g : groups) g->skip_step();
     return false;
   }
   auto make_fp32 = [&](StepPrep& prep) {
-    prep.grads32 = prep.where->alloc(DType::f32, prep.grads.shape(), std::string(plan.fp32_grads_label));
+    const std::string label(plan.fp32_grads_label);
+    prep.grads32 = prep.where->alloc(DType::f32, prep.grads.shape(), label);  // [partition_numel]
     prep.where->cast(prep.grads32, prep.grads);
   };
   double sum_sq = 0.0;
@@ -77,7 +80,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
   const double norm = lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype);
-  const double combined = combined_unscale_factor(prev_scale, norm, lead.cfg_.gradient_clipping, plan.combined_dtype);
+  const double combined = combined_unscale_factor(prev_scale, norm, lead.cfg_.gradient_clipping,
+                                                  plan.combined_dtype);
   for (std::size_t i = 0; i < groups.size(); ++i) {
     StepPrep& prep = preps[i];
     if (!plan.fp32_grads_before_norm) make_fp32(prep);

@@ -95,7 +95,7 @@ std::string exact_infeasible(const RunSpec& spec, DType dtype) {
 }
 
 void expect_parity(const RunSpec& spec, DType dtype) {
-  ASSERT_EQ(exact_infeasible(spec, dtype), "") << "this case has no exact data: drop it from its table";
+  ASSERT_EQ(exact_infeasible(spec, dtype), "") << "no exact data: drop the case from its table";
 
   const RunResult sharded = run_on_sim(spec);
   const RunResult ref = run_on_sim(single_rank_reference(spec));
