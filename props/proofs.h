@@ -30,6 +30,6 @@ std::pair<std::string, std::string> int64_overflow_hunt(std::int64_t max_numel, 
 
 // The exact-domain lemma for one dtype: a sum of two integers with |a|, |b|, |a + b| <= max_k,
 // computed as the engine does, is exact ("proved"), or Z3's counterexample.
-ProofResult exact_integer_sum_lemma(DType dtype, int max_k, unsigned timeout_ms);
+ProofResult exact_integer_sum_lemma(DType dtype, std::int64_t max_k, unsigned timeout_ms);
 
 }  // namespace zc::props

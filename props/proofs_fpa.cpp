@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "models/synthetic.h"
 #include "props/proofs.h"
+#include "props/scenario.h"
 #include "props/stopwatch.h"
 #include "sim/sim_cluster.h"
 
@@ -136,27 +137,31 @@ ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
 // scaling by 2^-e changes no rounding while nothing underflows. (The 3-term form, both orders
 // asked at once, costs z3 4.8.12 22 s for bf16 alone and does not finish for f32; the lemma takes
 // seconds per dtype.)
-ProofResult exact_add_lemma(Fmt f, int max_k, unsigned timeout_ms) {
+ProofResult exact_add_lemma(Fmt f, std::int64_t max_k, unsigned timeout_ms) {
   const Stopwatch watch;
   ProofResult r;
   r.name = fmt::format("exact-domain-integer-sums-exact-{}-|partial|<={}", dtype_name(f.dtype), max_k);
   r.expected = "proved";
   z3::context c;
   Arith a{c, f};
-  const int kbits = 16;
-  auto to_dtype = [&](const z3::expr& k) {  // exact for |k| < 2^sbits
-    return z3::expr(c, Z3_mk_fpa_to_fp_signed(c, c.fpa_rounding_mode(), k, a.sd()));
+  // a and b range over the dtype's values that are integers within K; their sum is taken exactly
+  // in f64 (53 bits hold every such sum) and must equal the engine's sum bit for bit.
+  const z3::expr x = c.fpa_const("a", f.ebits, f.sbits), y = c.fpa_const("b", f.ebits, f.sbits);
+  const z3::sort s64 = c.fpa_sort(11, 53);
+  const z3::expr limit = c.fpa_val(static_cast<double>(max_k));
+  auto to64 = [&](const z3::expr& v) { return z3::fpa_to_fpa(v, s64); };
+  auto integral_within = [&](const z3::expr& v) {
+    const z3::expr v64 = to64(v);
+    return !v.mk_is_nan() && !v.mk_is_inf() &&
+           z3::expr(c, Z3_mk_fpa_round_to_integral(c, c.fpa_rounding_mode(), v64)) == v64 && z3::abs(v64) <= limit;
   };
-  auto within = [&](const z3::expr& k) {
-    return z3::sge(k, c.bv_val(-max_k, kbits)) && z3::sle(k, c.bv_val(max_k, kbits));
-  };
-  const z3::expr x = c.bv_const("a", kbits), y = c.bv_const("b", kbits);
+  const z3::expr exact = to64(x) + to64(y);
   z3::solver s(c);
   z3::params p(c);
   p.set("timeout", timeout_ms);
   s.set(p);
-  s.add(within(x) && within(y) && within(x + y) &&
-        !z3::expr(c, Z3_mk_fpa_eq(c, a.add(to_dtype(x), to_dtype(y)), to_dtype(x + y))));
+  s.add(integral_within(x) && integral_within(y) && z3::abs(exact) <= limit &&
+        !z3::expr(c, Z3_mk_fpa_eq(c, to64(a.add(x, y)), exact)));
   const z3::check_result res = s.check();
   r.verdict = res == z3::unsat ? "proved" : res == z3::sat ? "counterexample" : "unknown";
   if (res == z3::sat) r.detail = s.get_model().to_string();
@@ -171,7 +176,7 @@ ProofResult exact_add_lemma(Fmt f, int max_k, unsigned timeout_ms) {
 
 }  // namespace
 
-ProofResult exact_integer_sum_lemma(DType dtype, int max_k, unsigned timeout_ms) {
+ProofResult exact_integer_sum_lemma(DType dtype, std::int64_t max_k, unsigned timeout_ms) {
   const Fmt f = dtype == DType::f32 ? Fmt{dtype, 8, 24} : dtype == DType::bf16 ? Fmt{dtype, 8, 8} : Fmt{dtype, 5, 11};
   return exact_add_lemma(f, max_k, timeout_ms);
 }
@@ -194,14 +199,12 @@ std::vector<ProofResult> fpa_proofs(unsigned timeout_ms) {
   for (Fmt f : {f32, bf16, f16}) {
     out.push_back(guarded(fmt::format("fpa-{}", dtype_name(f.dtype)), "found", [&] { return rounding_witness(f, timeout_ms); }));
   }
-  // |partial sums| <= 255: bf16's whole exact-integer range (8 significand bits), and the same
-  // bound for f16 and f32 to keep each under 8 s on z3 4.8.12.
+  // Each dtype at the bound its generated exact data keeps to (exact_domain_max_integer).
   for (Fmt f : {f32, bf16, f16}) {
-    out.push_back(guarded(fmt::format("exact-{}", dtype_name(f.dtype)), "proved", [&] { return exact_add_lemma(f, 255, timeout_ms); }));
+    out.push_back(guarded(fmt::format("exact-{}", dtype_name(f.dtype)), "proved",
+                          [&] { return exact_add_lemma(f, exact_domain_max_integer(f.dtype), timeout_ms); }));
   }
   return out;
 }
-
-namespace {}  // namespace
 
 }  // namespace zc::props

@@ -277,10 +277,11 @@ std::string exact_infeasible(const Scenario& s) {
   const std::int64_t span = largest_sum(s) * s.n;
   const int span_bits = bits_for(span);
   const DType accum = s.grad_accum_dtype.empty() ? dtype_of(s) : DType::f32;
-  const int mantissa = std::min(dtype_mantissa_bits(dtype_of(s)), dtype_mantissa_bits(accum));
-  if (odd_bits + span_bits <= mantissa) return "";
+  // Every integer the data reaches is below 2^(odd_bits + span_bits).
+  const std::int64_t bound = std::min(exact_domain_max_integer(dtype_of(s)), exact_domain_max_integer(accum));
+  if (odd_bits + span_bits < 63 && (std::int64_t{1} << (odd_bits + span_bits)) - 1 <= bound) return "";
   return fmt::format("no exact data: odd part {} of the divisors ({} bits) and sums of up to {} terms ({} bits) "
-                     "exceed {}'s {} mantissa bits", odd, odd_bits, span, span_bits, s.dtype, mantissa);
+                     "exceed the exact-domain bound {} of {}", odd, odd_bits, span, span_bits, bound, s.dtype);
 }
 
 bool grads_param_independent(const Scenario& s) { return s.model != "mlp" || s.shape.size() == 2; }

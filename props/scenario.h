@@ -85,6 +85,14 @@ ExactSpec exact_spec(const Scenario& s);
 // "" when exact data exists for the scenario, else why not (the odd part of the divisors and
 // the largest partial sum do not fit the dtype's mantissa together).
 std::string exact_infeasible(const Scenario& s);
+
+// The largest |integer| (in units of the data's smallest power of two) that exact data may reach in
+// any partial sum of a reduction in `dtype`: every integer below 2^p is representable with p
+// significand bits. exact_infeasible keeps generated scenarios within it, and the exact-domain
+// proof (zerocheck prove) is over exactly this bound, so what is proved is what is generated.
+constexpr std::int64_t exact_domain_max_integer(DType dtype) {
+  return (std::int64_t{1} << dtype_mantissa_bits(dtype)) - 1;
+}
 // True when the model's gradient is exact at every step (it does not depend on the params):
 // Synthetic, a module tree, and an MLP with one layer. Deeper MLPs are exact on their first step only.
 bool grads_param_independent(const Scenario& s);

@@ -172,6 +172,10 @@ TEST(Proofs, TheInt64OverflowHuntFindsOneWhereItExists) {
 TEST(Proofs, TheExactDomainLemmaFailsPastTheMantissa) {
   EXPECT_EQ(exact_integer_sum_lemma(DType::bf16, 300, 60000).verdict, "counterexample");
   EXPECT_EQ(exact_integer_sum_lemma(DType::bf16, 64, 60000).verdict, "proved");
+  // One past the generators' bound (exact_domain_max_integer) there is a sum that rounds: 2048 + 1.
+  EXPECT_EQ(exact_integer_sum_lemma(DType::f16, exact_domain_max_integer(DType::f16) + 2, 60000).verdict, "counterexample");
+  EXPECT_EQ(exact_domain_max_integer(DType::f32), (1 << 24) - 1);
+  EXPECT_EQ(exact_domain_max_integer(DType::bf16), 255);
 }
 
 }  // namespace
