@@ -12,17 +12,18 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
   layout_ = FlatLayout::build(numels, partitioned_ ? world_ : 1, partitioned_);
-  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat");
+  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat", MemCategory::params);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
     dev_.cast(view, p.data);
     p.data = view.view(p.shape);
   }
-  if (use_hp_) hp_ = dev_.alloc(DType::f32, {layout_.padded}, "fp32_groups_gradients_flat");
+  if (use_hp_) hp_ = dev_.alloc(DType::f32, {layout_.padded}, "fp32_groups_gradients_flat",
+                                MemCategory::grads);
   const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
-  master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition");
+  master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition", MemCategory::master);
   dev_.cast(master_, flat_.narrow(layout_.partition_start(part), pn));
   // DeepSpeed steps a stage-0 fp32 model's params one tensor at a time (the torch optimizer over
   // model.parameters()); FP16_Optimizer and BF16_Optimizer step one flat fp32 tensor.
@@ -35,7 +36,8 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
     // FP16_Optimizer (fp16, and bf16 as DeepSpeed's DDP_BFLOAT16) steps once with zero gradients at
     // construction (fused_optimizer.py initialize_optimizer_states): the step count becomes 1 and
     // weight decay acts once on the fp32 master, which is not copied back to the 16-bit params.
-    base_->step(master_, dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad"));
+    base_->step(master_, dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad",
+                                    MemCategory::temporaries));
   }
   record(fmt::format("{} init: {} params, {} elements", name(), params_.size(), layout_.numel));
 }
@@ -75,11 +77,13 @@ void DenseOptimizer::buffered_allreduce() {
       while (j < params_.size() && (j == i || total + params_[j]->numel() <= kMemoryOptAllreduceSize)) {
         total += params_[j++]->numel();
       }
-      Tensor flat = dev_.alloc(dtype_, {total}, "allreduce_bucket");  // [total] model dtype
+      Tensor flat = dev_.alloc(dtype_, {total}, "allreduce_bucket",
+                               MemCategory::ipg_buckets);  // [total] model dtype
       std::int64_t at = 0;
       for (std::size_t k = i; k < j; ++k) {
         Parameter& p = *params_[k];
-        if (!p.grad.defined()) p.grad = dev_.alloc(dtype_, p.shape, p.name + ".grad");
+        if (!p.grad.defined()) p.grad = dev_.alloc(dtype_, p.shape, p.name + ".grad",
+                                                   MemCategory::grads);
         dev_.copy(flat.narrow(at, p.numel()), p.grad.view({p.numel()}));
         at += p.numel();
       }
@@ -99,7 +103,7 @@ void DenseOptimizer::buffered_allreduce() {
 
 Tensor DenseOptimizer::grads_flat() {
   if (use_hp_) return hp_;
-  Tensor g = dev_.alloc(accum_dtype_, {layout_.padded}, "grads_flat");
+  Tensor g = dev_.alloc(accum_dtype_, {layout_.padded}, "grads_flat", MemCategory::grads);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (params_[i]->grad.defined()) {
       dev_.cast(g.narrow(layout_.offsets[i], params_[i]->numel()), params_[i]->grad.view({params_[i]->numel()}));
@@ -143,7 +147,8 @@ bool DenseOptimizer::step() {
       !partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0;
   if (!engine_clips) return step_param_groups({this});
   const StepPrep prep = prepare_step();
-  Tensor grads32 = dev_.alloc(DType::f32, prep.grads.shape(), "fp32_grad");  // [pn] f32
+  Tensor grads32 = dev_.alloc(DType::f32, prep.grads.shape(), "fp32_grad",
+                              MemCategory::grads);  // [pn] f32
   dev_.cast(grads32, prep.grads);
   const float coef = clip_grad_norm_coef(grads32);
   dev_.scale(grads32, static_cast<double>(coef));
@@ -179,10 +184,10 @@ float DenseOptimizer::clip_grad_norm_coef(const Tensor& grad32) {
     total = total + pn * pn;
   }
   const float scaled = std::sqrt(total) * 1.0f / static_cast<float>(world_);
-  Tensor t = dev_.alloc(DType::f32, {1}, "clip_total_norm");  // [1] f32
+  Tensor t = dev_.alloc(DType::f32, {1}, "clip_total_norm", MemCategory::temporaries);  // [1] f32
   dev_.fill(t, static_cast<double>(scaled));
   comm_.all_reduce(t);
-  const float avg = static_cast<float>(to_f64(dev_, t)[0]);
+  const float avg = static_cast<float>(item(dev_, t, 0.0));  // meta: a norm of 0
   const float coef = static_cast<float>(cfg_.gradient_clipping) / (avg + static_cast<float>(1e-6));
   return std::min(1.0f, coef);
 }

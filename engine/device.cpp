@@ -8,6 +8,18 @@
 
 namespace zc {
 
+Tensor Device::alloc(DType dtype, Shape shape, std::string label, MemCategory category) {
+  Tensor t = do_alloc(dtype, std::move(shape), std::move(label), category);
+  if (accounts_allocations_) {
+    Storage& s = *t.storage();
+    ZC_ASSERT(!s.ledger, "{}: alloc returned an allocation another ledger counts", name());
+    s.ledger = ledger_;
+    s.category = category;
+    ledger_->on_alloc(category, s.bytes, s.name);
+  }
+  return t;
+}
+
 std::vector<std::byte> to_bytes(Device& dev, const Tensor& t) {
   std::vector<std::byte> out(static_cast<std::size_t>(t.nbytes()));
   if (t.defined() && t.placement() == Placement::host && dev.placement() != Placement::host) {
@@ -28,6 +40,14 @@ std::vector<double> to_f64(Device& dev, const Tensor& t) {
   return out;
 }
 
+double item(Device& dev, const Tensor& t, double meta_value) {
+  if (t.numel() != 1) {
+    throw UsageError(fmt::format("item() of {} with {} elements", t.describe(), t.numel()));
+  }
+  if (t.is_meta()) return meta_value;
+  return to_f64(dev, t)[0];
+}
+
 void write_f64(Device& dev, const Tensor& t, std::span<const double> values) {
   if (static_cast<std::int64_t>(values.size()) != t.numel()) {
     throw UsageError(fmt::format("write_f64: {} values into {} of {} elements", values.size(),
@@ -45,8 +65,8 @@ void write_f64(Device& dev, const Tensor& t, std::span<const double> values) {
 }
 
 Tensor tensor_from_f64(Device& dev, DType dtype, Shape shape, std::span<const double> values,
-                       std::string label) {
-  Tensor t = dev.alloc(dtype, std::move(shape), std::move(label));
+                       std::string label, MemCategory category) {
+  Tensor t = dev.alloc(dtype, std::move(shape), std::move(label), category);
   write_f64(dev, t, values);
   return t;
 }

@@ -94,8 +94,11 @@ class Device {
   virtual std::string name() const = 0;
 
   // ---- memory ----
-  // A new zero-filled tensor; `label` names it in error messages and race reports.
-  virtual Tensor alloc(DType dtype, Shape shape, std::string label = {}) = 0;
+  // A new zero-filled tensor; `label` names it in error messages and race reports, `category`
+  // says what it is for (memory.h; the engine and the models always name one). The device's
+  // ledger counts it until the last view is gone.
+  Tensor alloc(DType dtype, Shape shape, std::string label = {},
+               MemCategory category = MemCategory::unattributed);
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same dtype and numel
   virtual void fill(const Tensor& t, double value) = 0;
   virtual void upload(const Tensor& dst, std::span<const std::byte> src) = 0;  // host bytes in
@@ -174,11 +177,27 @@ class Device {
                             std::int64_t c, std::int64_t d) = 0;
 
   const DeviceCounters& counters() const { return counters_; }
-  // Bytes of this device's storage still referenced by some tensor (freed when the last view
-  // of an allocation goes away). The meta device counts what it would hold.
-  virtual std::int64_t live_bytes() const { return *live_bytes_; }
+  // This device's memory by category: live bytes, high-water marks, the composition at the peak
+  // (memory.h). The meta device counts what it would hold, byte for byte what a host run holds.
+  virtual const MemoryLedger& memory() const { return *ledger_; }
+  virtual MemoryLedger& memory() { return *ledger_; }
+  // Bytes of this device's storage still referenced by some tensor.
+  std::int64_t live_bytes() const { return memory().live_total(); }
+  // The allocator's own accounting, where the backend keeps one apart from memory() (HostDevice);
+  // null otherwise.
+  virtual const AllocatorStats* allocator_stats() const { return nullptr; }
+  // Starts new high-water marks from what is live now, in memory() and the allocator's stats.
+  void reset_peak() {
+    memory().reset_peak();
+    reset_allocator_peak();
+  }
+  virtual void reset_allocator_peak() {}
 
  protected:
+  // The backend's allocation: a fresh Storage of exactly numel * dtype_size bytes, zero-filled.
+  virtual Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) = 0;
+  // False for a device that forwards to another one's alloc (and its ledger).
+  bool accounts_allocations_ = true;
   // One kernel launched, with its FLOPs and bytes (every backend counts alike).
   void count_kernel(std::int64_t flops, std::int64_t read, std::int64_t written) {
     counters_.kernels += 1;
@@ -187,7 +206,7 @@ class Device {
     counters_.bytes_written += written;
   }
   DeviceCounters counters_;
-  std::shared_ptr<std::int64_t> live_bytes_ = std::make_shared<std::int64_t>(0);
+  std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
 };
 
 // Note [Canonical reduction order]
@@ -201,9 +220,13 @@ static_assert((kReduceBlock & (kReduceBlock - 1)) == 0, "reduction blocks are a 
 // ---- host-side conveniences built on upload/download (tests, props, reports) ----
 std::vector<std::byte> to_bytes(Device& dev, const Tensor& t);
 std::vector<double> to_f64(Device& dev, const Tensor& t);  // exact for every dtype
+// A one-element tensor's value read back to the host (torch's .item()), what the engine's
+// data-dependent decisions read; `meta_value` for a meta tensor (Note [Meta mode] in model.h).
+double item(Device& dev, const Tensor& t, double meta_value);
 // Rounds each value once to `dtype` (via f32 for 16-bit) and uploads.
 void write_f64(Device& dev, const Tensor& t, std::span<const double> values);
 Tensor tensor_from_f64(Device& dev, DType dtype, Shape shape, std::span<const double> values,
-                       std::string label = {});
+                       std::string label = {},
+                       MemCategory category = MemCategory::unattributed);
 
 }  // namespace zc

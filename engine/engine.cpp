@@ -313,7 +313,8 @@ std::vector<double> Engine::append_experts(std::vector<double> dense, std::vecto
   // Every expert-parallel rank holds different experts: gather them in global expert order.
   Comm& ep = *opts_.expert_parallel;
   Tensor mine = tensor_from_f64(dev_, DType::f64, {static_cast<std::int64_t>(local.size())}, local, "local_experts");
-  Tensor all = dev_.alloc(DType::f64, {mine.numel() * ep.size()}, "all_experts");
+  Tensor all = dev_.alloc(DType::f64, {mine.numel() * ep.size()}, "all_experts",
+                          MemCategory::temporaries);
   ep.all_gather(all, mine);
   const std::vector<double> v = to_f64(dev_, all);
   dense.insert(dense.end(), v.begin(), v.end());

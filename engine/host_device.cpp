@@ -132,16 +132,16 @@ void HostDevice::on_or_cpu(const char* op, const Tensor& t) const {
   on(op, t, placement_);
 }
 
-Tensor HostDevice::alloc(DType dtype, Shape shape, std::string label) {
+Tensor HostDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) {
   const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
   auto storage = std::make_shared<Storage>();
   // calloc: zero-filled, and the deleter runs when the last view is gone.
   void* data = std::calloc(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), 1);
   if (data == nullptr) throw UsageError(fmt::format("alloc: out of host memory ({} bytes)", bytes));
   storage->data = data;
-  *live_bytes_ += bytes;
-  storage->owner = std::shared_ptr<void>(data, [live = live_bytes_, bytes](void* ptr) {
-    *live -= bytes;
+  alloc_stats_->on_alloc(category, bytes);
+  storage->owner = std::shared_ptr<void>(data, [stats = alloc_stats_, category, bytes](void* ptr) {
+    stats->on_free(category, bytes);
     std::free(ptr);
   });
   storage->bytes = bytes;

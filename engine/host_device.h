@@ -13,11 +13,13 @@ class HostDevice final : public Device {
   Placement placement() const override { return placement_; }
   std::string name() const override { return placement_ == Placement::host ? "host" : "host-as-" + std::string(placement_name(placement_)); }
 
-  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
   void download(std::span<std::byte> dst, const Tensor& src) override;
+  // What calloc/free saw, per category (independent of memory()).
+  const AllocatorStats* allocator_stats() const override { return alloc_stats_.get(); }
+  void reset_allocator_peak() override { alloc_stats_->reset_peak(); }
 
   void cast(const Tensor& dst, const Tensor& src) override;
   void axpy(const Tensor& y, double alpha, const Tensor& x) override;
@@ -58,10 +60,14 @@ class HostDevice final : public Device {
   void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                     std::int64_t c, std::int64_t d) override;
 
+ protected:
+  Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
+
  private:
   void on_or_cpu(const char* op, const Tensor& t) const;
   Placement placement_ = Placement::host;
   std::uint64_t next_storage_id_ = 0;
+  std::shared_ptr<AllocatorStats> alloc_stats_ = std::make_shared<AllocatorStats>();
 };
 
 // Note [Emulated placement]
@@ -76,7 +82,6 @@ class MetaDevice final : public Device {
   Placement placement() const override { return Placement::meta; }
   std::string name() const override { return "meta"; }
 
-  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
@@ -120,6 +125,12 @@ class MetaDevice final : public Device {
   void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override;
   void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                     std::int64_t c, std::int64_t d) override;
+
+ protected:
+  Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
+
+ private:
+  std::uint64_t next_storage_id_ = 0;
 };
 
 // Shape checks shared by every Device implementation; throw UsageError naming the op.

@@ -19,9 +19,16 @@ void all_meta(const char* op, std::initializer_list<const Tensor*> ts) {
 }
 }  // namespace
 
-Tensor MetaDevice::alloc(DType dtype, Shape shape, std::string /*label*/) {
-  counters_.bytes_allocated += shape_numel(shape) * dtype_size(dtype);
-  return Tensor(dtype, std::move(shape), Placement::meta, nullptr);
+// A Storage without data: the allocation's identity and lifetime, no bytes.
+Tensor MetaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory) {
+  const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+  auto storage = std::make_shared<Storage>();
+  storage->bytes = bytes;
+  storage->placement = Placement::meta;
+  storage->id = next_storage_id_++;
+  storage->name = std::move(label);
+  counters_.bytes_allocated += bytes;
+  return Tensor(dtype, std::move(shape), Placement::meta, std::move(storage));
 }
 
 void MetaDevice::copy(const Tensor& dst, const Tensor& src) {
@@ -102,9 +109,14 @@ void MetaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   }
   tally(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
+// Note [Meta mode]: balanced routing, row r to column r % C.
 std::vector<std::int64_t> MetaDevice::argmax_rows(const Tensor& x) {
-  throw UsageError(fmt::format("argmax_rows of meta tensor {}: routing needs values; trace MoE "
-                               "models on a host or cuda device", x.describe()));
+  all_meta("argmax_rows", {&x});
+  if (x.ndim() != 2) throw UsageError(fmt::format("argmax_rows: {} must be 2-D", x.describe()));
+  tally(counters_, x.numel(), x.nbytes(), 0);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(x.dim(0)));
+  for (std::int64_t r = 0; r < x.dim(0); ++r) out[static_cast<std::size_t>(r)] = r % x.dim(1);
+  return out;
 }
 void MetaDevice::scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) {
   all_meta("scale_rows", {&out, &x, &s});

@@ -36,11 +36,28 @@ const Tensor& Batch::at(const std::string& name) const {
 Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype) {
   Batch b;
   b.samples = hb.samples;
+  const bool meta = dev.placement() == Placement::meta;
   for (const auto& [name, a] : hb.arrays) {
     const DType dt = name == "labels" ? DType::f32 : dtype;
-    b.tensors.emplace(name, tensor_from_f64(dev, dt, a.shape, a.values, "batch." + name));
+    if (meta) {  // Note [Meta mode]: shapes only, whatever values the array holds
+      b.tensors.emplace(name, dev.alloc(dt, a.shape, "batch." + name, MemCategory::activations));
+      continue;
+    }
+    if (a.values.empty() && shape_numel(a.shape) > 0) {
+      throw UsageError(fmt::format("batch array '{}' {} has no values (a meta batch): upload it to "
+                                   "a meta device, or draw it with make_batch",
+                                   name, shape_str(a.shape)));
+    }
+    b.tensors.emplace(name, tensor_from_f64(dev, dt, a.shape, a.values, "batch." + name,
+                                            MemCategory::activations));
   }
   return b;
+}
+
+HostBatch Model::batch_shapes(std::int64_t) const {
+  throw NotImplementedError(fmt::format(
+      "model '{}' ({}) has no meta batch: meta mode (zerocheck plan) runs the transformer "
+      "presets, Synthetic, MLP and module trees", name(), kind()));
 }
 
 double draw_value(Rng& rng, DataDomain domain, const ExactSpec& ex, double gaussian_scale) {
@@ -51,15 +68,19 @@ double draw_value(Rng& rng, DataDomain domain, const ExactSpec& ex, double gauss
 
 void Model::init_param(Device& dev, Parameter& p, DType dtype, DataDomain domain,
                        const ExactSpec& ex, Rng& rng, double gaussian_scale) {
+  p.dtype = dtype;
+  if (dev.placement() == Placement::meta) {  // Note [Meta mode]: no values drawn or held
+    p.data = dev.alloc(dtype, p.shape, p.name, MemCategory::params);
+    return;
+  }
   std::vector<double> v(static_cast<std::size_t>(p.numel()));
   for (double& x : v) x = draw_value(rng, domain, ex, gaussian_scale);
-  p.dtype = dtype;
-  p.data = tensor_from_f64(dev, dtype, p.shape, v, p.name);
+  p.data = tensor_from_f64(dev, dtype, p.shape, v, p.name, MemCategory::params);
 }
 
 void Model::accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
                                        double loss_scale, std::int64_t ga) {
-  Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp");  // [numel]
+  Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp", MemCategory::temporaries);  // [numel]
   dev.sum_rows(grad, g, false);
   dev.div(grad, static_cast<double>(samples));
   dev.scale(grad, loss_scale);

@@ -58,6 +58,20 @@ struct ModelParallelism {
   int sp_size = 1;               // the sequence-parallel group it was built over
 };
 
+// Note [Meta mode]
+// On a meta device (MetaDevice, or the simulator with SimOptions::meta) the same engine and model
+// code runs on shapes: every allocation is counted (memory.h) and none is made, every op checks
+// its shapes and counts its FLOPs and bytes, and every collective meets, checks and is timed, with
+// no data. Nothing holds host data either: init_param allocates without drawing values, batches
+// come from batch_shapes(), upload_batch only allocates. Reads that would depend on data get
+// defined meta values, so that a meta run takes the path a clean host run takes:
+//   sum_sq, dot, max_abs -> 0 (a gradient norm of 0: clipping never binds; a loss of 0);
+//   has_inf_nan -> false (no overflow: no skipped step, the loss scale only grows on schedule);
+//   argmax_rows -> row r picks column r % C (balanced MoE routing);
+//   download / to_f64 -> UsageError (there are no values to read).
+// With these, a meta run allocates exactly what a host run of the same scenario allocates, when
+// the host run's own data takes that path (no overflow, no clipping); props/memory_checks.h
+// checks it category by category.
 class Model : public Module {
  public:
   explicit Model(std::string name) : Module(std::move(name)) {}
@@ -67,6 +81,9 @@ class Model : public Module {
                            Rng& rng) = 0;
   virtual HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
                                const ExactSpec& ex) const = 0;
+  // The arrays make_batch gives, shapes only (no values): the batch of meta mode (Note [Meta
+  // mode]). NotImplementedError for a model without one.
+  virtual HostBatch batch_shapes(std::int64_t samples) const;
   // Runs forward on this rank's micro-batch, keeps what backward needs, returns the loss.
   virtual double forward(Device& dev, const Batch& batch) = 0;
   // Accumulates grads of (loss * loss_scale / ga) into the params, firing grad-ready hooks in

@@ -365,7 +365,7 @@ void Module::accumulate_grad(Device& dev, Parameter& p, const Tensor& g) {
             p.numel());
   if (!p.requires_grad) return;
   if (!p.grad.defined()) {
-    p.grad = dev.alloc(p.dtype, p.shape, p.name + ".grad");
+    p.grad = dev.alloc(p.dtype, p.shape, p.name + ".grad", MemCategory::grads);
     dev.cast(p.grad, g);
   } else {
     dev.axpy(p.grad, 1.0, g);

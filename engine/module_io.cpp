@@ -82,7 +82,7 @@ Tensor tensor_from_json(Device& dev, const nlohmann::json& j, const std::string&
   if (j.value("placement", "") == "meta") {
     return Tensor(dtype, std::move(shape), Placement::meta, nullptr);
   }
-  Tensor t = dev.alloc(dtype, std::move(shape), label);
+  Tensor t = dev.alloc(dtype, std::move(shape), label, MemCategory::params);
   const std::vector<std::byte> bytes = from_hex(j.at("bytes").get<std::string>(), label);
   if (static_cast<std::int64_t>(bytes.size()) != t.nbytes()) {
     throw UsageError(fmt::format("deserialize: {} holds {} bytes for {} ({} bytes)", label,

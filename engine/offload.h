@@ -16,9 +16,13 @@ struct OffloadStats {
 
 class CpuSpace {
  public:
-  explicit CpuSpace(Device& accel) : accel_(accel) {}
-  Tensor alloc(DType dtype, Shape shape, std::string label) {
-    return cpu_.alloc(dtype, std::move(shape), "cpu:" + label);
+  // `cpu` is the CPU device the environment hands in (Options::cpu_device: a meta device in meta
+  // mode, so that the CPU side is counted and never allocated); null: one of its own.
+  CpuSpace(Device& accel, Device* cpu) : accel_(accel), cpu_(cpu != nullptr ? cpu : &own_) {}
+  CpuSpace(const CpuSpace&) = delete;
+  CpuSpace& operator=(const CpuSpace&) = delete;
+  Tensor alloc(DType dtype, Shape shape, std::string label, MemCategory category) {
+    return cpu_->alloc(dtype, std::move(shape), "cpu:" + label, category);
   }
   // dst (cpu) = src (device), converting dtype if they differ.
   void to_cpu(const Tensor& dst, const Tensor& src) {
@@ -32,12 +36,13 @@ class CpuSpace {
     stats_.to_device_bytes += src.nbytes();
     ++stats_.transfers;
   }
-  Device& cpu() { return cpu_; }
+  Device& cpu() { return *cpu_; }
   const OffloadStats& stats() const { return stats_; }
 
  private:
   Device& accel_;
-  HostDevice cpu_;
+  HostDevice own_;
+  Device* cpu_;
   OffloadStats stats_;
 };
 

@@ -55,8 +55,10 @@ BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64
   for (const auto& [off, len] : segments_) {
     ZC_ASSERT(off >= 0 && len >= 0 && off + len <= numel, "optimizer segment [{}, +{}) outside [0, {})", off, len, numel);
   }
-  state_a_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg");
-  if (cfg.type != OptimizerType::sgd) state_b_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg_sq");
+  state_a_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg", MemCategory::optimizer_states);
+  if (cfg.type != OptimizerType::sgd) {
+    state_b_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg_sq", MemCategory::optimizer_states);
+  }
 }
 
 void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {

@@ -33,7 +33,10 @@ Tensor::Tensor(DType dtype, Shape shape, Placement placement, std::shared_ptr<St
     : defined_(true), dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)),
       placement_(placement), storage_(std::move(storage)), offset_numel_(offset_numel) {
   if (placement_ == Placement::meta) {
-    ZC_ASSERT(storage_ == nullptr, "a meta tensor has no storage");
+    ZC_ASSERT(storage_ == nullptr || storage_->data == nullptr, "a meta tensor has no data");
+    ZC_ASSERT(storage_ == nullptr || (offset_numel_ >= 0 && byte_end() <= storage_->bytes),
+              "meta view [{}, {}) bytes outside an allocation of {} bytes", byte_begin(),
+              byte_end(), storage_ ? storage_->bytes : 0);
   } else {
     ZC_ASSERT(storage_ != nullptr, "a {} tensor needs storage", placement_name(placement_));
     ZC_ASSERT(offset_numel_ >= 0 && byte_end() <= storage_->bytes,
@@ -48,7 +51,7 @@ Tensor Tensor::narrow(std::int64_t start, std::int64_t count) const {
                                  numel_));
   }
   return Tensor(dtype_, Shape{count}, placement_, storage_,
-                is_meta() ? 0 : offset_numel_ + start);
+                storage_ ? offset_numel_ + start : 0);
 }
 
 Tensor Tensor::view(Shape shape) const {
@@ -60,13 +63,19 @@ Tensor Tensor::view(Shape shape) const {
 }
 
 void* Tensor::raw() const {
-  if (!storage_) return nullptr;
+  if (!storage_ || !storage_->data) return nullptr;
   return static_cast<char*>(storage_->data) + byte_begin();
 }
 
 std::string Tensor::describe() const {
   if (!defined_) return "<undefined>";
-  if (is_meta()) return fmt::format("<meta {}{}>", dtype_name(dtype_), shape_str(shape_));
+  if (is_meta() && (!storage_ || storage_->name.empty())) {
+    return fmt::format("<meta {}{}>", dtype_name(dtype_), shape_str(shape_));
+  }
+  if (is_meta()) {
+    return fmt::format("<meta {}[{}:{}] {}>", storage_->name, offset_numel_,
+                       offset_numel_ + numel_, dtype_name(dtype_));
+  }
   const std::string base =
       storage_->name.empty() ? fmt::format("buffer#{}", storage_->id) : storage_->name;
   return fmt::format("{}[{}:{}] {}", base, offset_numel_, offset_numel_ + numel_,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "engine/dtype.h"
+#include "engine/memory.h"
 
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,8 @@ std::string shape_str(const Shape& shape);
 
 // A block of device memory. Owned through shared_ptr by every tensor that views it; the device's
 // deleter frees it. id is a per-device counter, used to name buffers without printing pointers.
+// A meta allocation is a Storage without data: it gives meta tensors an identity (views, race
+// checks) and a lifetime (memory accounting) with no bytes behind them.
 struct Storage {
   void* data = nullptr;
   std::int64_t bytes = 0;
@@ -28,6 +31,15 @@ struct Storage {
   std::uint64_t id = 0;
   std::string name;  // debug label of the allocation, e.g. "ipg_bucket_0"
   std::shared_ptr<void> owner;  // frees data when the last view is gone
+  // The allocating device's ledger, told of the free when the last view is gone.
+  std::shared_ptr<MemoryLedger> ledger;
+  MemCategory category = MemCategory::unattributed;
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (ledger) ledger->on_free(category, bytes);
+  }
 };
 
 class Tensor {
@@ -51,14 +63,15 @@ class Tensor {
   // The same elements with another shape of equal numel.
   Tensor view(Shape shape) const;
 
-  // Storage access for Device implementations and race checks; nullptr for meta tensors.
+  // Storage access for Device implementations and race checks; a meta tensor's has no data.
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   std::int64_t offset_numel() const { return offset_numel_; }
   std::int64_t byte_begin() const { return offset_numel_ * dtype_size(dtype_); }
   std::int64_t byte_end() const { return byte_begin() + nbytes(); }
   void* raw() const;
 
-  // "name[lo:hi]" (elements), or "<meta f32[4,4]>": for error messages; never a pointer.
+  // "name[lo:hi] f32", or "<meta f32[4,4]>" (with its allocation's name when it has one): for
+  // error messages; never a pointer.
   std::string describe() const;
   // True when both views touch a common byte of one storage.
   bool overlaps(const Tensor& other) const;

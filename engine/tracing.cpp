@@ -27,7 +27,8 @@ Batch meta_batch(MetaDevice& meta, const Model& model, std::int64_t samples) {
   b.samples = hb.samples;
   for (const auto& [name, a] : hb.arrays) {
     b.tensors.emplace(name,
-                      meta.alloc(name == "labels" ? DType::f32 : model.dtype(), a.shape, name));
+                      meta.alloc(name == "labels" ? DType::f32 : model.dtype(), a.shape, name,
+                                 MemCategory::activations));
   }
   return b;
 }

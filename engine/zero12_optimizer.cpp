@@ -26,12 +26,13 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
       bucket_size_(cfg.zero.reduce_bucket_size),
       cpu_offload_(cfg.zero.offload_optimizer == OffloadDevice::cpu) {
   // DeepSpeed: "CPU-Offload requires contiguous gradients".
-  if (cpu_offload_) cpu_.emplace(dev_);
+  if (cpu_offload_) cpu_.emplace(dev_, opts.cpu_device);
   has_hooks_ = partition_gradients_ || overlap_ || contiguous_ || use_accum_attr_;
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
   layout_ = FlatLayout::build(numels, world_, true);
-  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat");  // [padded] model dtype
+  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat",
+                     MemCategory::params);  // [padded] model dtype
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
@@ -40,12 +41,15 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
   }
   const std::int64_t pn = layout_.partition_numel;
   if (cpu_offload_) {
-    master_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32, CPU
+    master_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups",
+                          MemCategory::master);  // [pn] f32, CPU
     cpu_->to_cpu(master_, flat_.narrow(layout_.partition_start(rank_), pn));
-    fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad");
+    fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad",
+                                   MemCategory::grads);
     base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer", opts.adam_simd_width);  // CPU Adam
   } else {
-    master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups");  // [pn] f32
+    master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups",
+                         MemCategory::master);  // [pn] f32
     dev_.cast(master_, flat_.narrow(layout_.partition_start(rank_), pn));
     base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width);
   }
@@ -73,7 +77,8 @@ Tensor Zero12Optimizer::gradient_for_reduction(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
   if (!use_accum_attr_) return p.grad;
   if (!p.grad_accum.defined()) return Tensor();
-  Tensor g = dev_.alloc(dtype_, p.shape, p.name + ".grad_reduc");  // [shape] model dtype
+  Tensor g = dev_.alloc(dtype_, p.shape, p.name + ".grad_reduc",
+                        MemCategory::grads);  // [shape] model dtype
   dev_.cast(g, p.grad_accum);
   return g;
 }
@@ -81,7 +86,7 @@ Tensor Zero12Optimizer::gradient_for_reduction(int i) {
 void Zero12Optimizer::fill_grad_accum(Parameter& p) {
   if (!p.grad.defined()) return;
   if (!p.grad_accum.defined()) {
-    p.grad_accum = dev_.alloc(accum_dtype_, p.shape, p.name + ".grad_accum");
+    p.grad_accum = dev_.alloc(accum_dtype_, p.shape, p.name + ".grad_accum", MemCategory::grads);
     dev_.cast(p.grad_accum, p.grad);
   } else {
     dev_.axpy(p.grad_accum, 1.0, p.grad);
@@ -101,8 +106,10 @@ void Zero12Optimizer::setup_buckets() {
   micro_step_id_ += 1;
   if (contiguous_) {
     buffers_.clear();
-    buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_0"));  // [cap] model dtype
-    if (overlap_) buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_1"));
+    buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_0",
+                                  MemCategory::ipg_buckets));  // [cap] model dtype
+    if (overlap_) buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_1",
+                                                MemCategory::ipg_buckets));
     bucket_index_ = 0;
   }
   ready_for_gradients_ = true;
@@ -176,7 +183,8 @@ void Zero12Optimizer::reduce_ipg_grads() {
     pend.buffer = bucket_index_;
   } else {
     // buffered_reduce_fallback: flatten, reduce, copy back into every grad.
-    Tensor flat = dev_.alloc(dtype_, {bucket_elements_}, "reduce_fallback_flat");  // [elements]
+    Tensor flat = dev_.alloc(dtype_, {bucket_elements_}, "reduce_fallback_flat",
+                             MemCategory::comm_buffers);  // [elements]
     std::int64_t at = 0;
     std::vector<std::pair<Tensor, Tensor>> back;
     for (const Tensor& g : bucket_grads_) {
@@ -260,7 +268,7 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
   for (auto& [dst, slices] : per_dst) {
     std::int64_t total = 0;
     for (const Tensor& s : slices) total += s.numel();
-    Tensor tmp = dev_.alloc(dtype_, {total}, "reduce_to_owner");
+    Tensor tmp = dev_.alloc(dtype_, {total}, "reduce_to_owner", MemCategory::comm_buffers);
     std::int64_t off = 0;
     for (const Tensor& s : slices) {
       dev_.copy(tmp.narrow(off, s.numel()), s);
@@ -339,10 +347,12 @@ void Zero12Optimizer::async_accumulate_grad_in_cpu_via_gpu(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
   auto it = accumulated_grads_in_cpu_.find(i);
   if (it == accumulated_grads_in_cpu_.end()) {
-    it = accumulated_grads_in_cpu_.emplace(i, cpu_->alloc(dtype_, {p.numel()}, p.name + ".accumulated_grads_in_cpu")).first;
+    it = accumulated_grads_in_cpu_.emplace(i, cpu_->alloc(dtype_, {p.numel()}, p.name + ".accumulated_grads_in_cpu",
+                                                  MemCategory::grads)).first;
   }
   if (micro_step_id_ > 0) {  // bring the running sum back and add this backward's grad
-    Tensor tmp = dev_.alloc(dtype_, {p.numel()}, "temp_grad_buffer_for_gpu_offload");
+    Tensor tmp = dev_.alloc(dtype_, {p.numel()}, "temp_grad_buffer_for_gpu_offload",
+                              MemCategory::temporaries);
     cpu_->to_device(tmp, it->second);
     dev_.axpy(p.grad.view({p.numel()}), 1.0, tmp);
   }
@@ -363,7 +373,7 @@ void Zero12Optimizer::copy_grads_in_partition(int i) {
   if (cpu_offload_ && compact_) {  // every backward adds into the fp32 partition (see compact_)
     const auto [src, n] = partition_slice(i);
     const std::int64_t dest = layout_.offsets[static_cast<std::size_t>(i)] + src - layout_.partition_start(rank_);
-    Tensor piece = cpu_->alloc(dtype_, {n}, "compact_grad_partition_piece");
+    Tensor piece = cpu_->alloc(dtype_, {n}, "compact_grad_partition_piece", MemCategory::grads);
     cpu_->to_cpu(piece, p.grad.view({p.numel()}).narrow(src, n));
     cpu_->cpu().axpy(fp32_grad_cpu_.narrow(dest, n), 1.0, piece);
     p.grad = Tensor();
@@ -380,7 +390,8 @@ void Zero12Optimizer::copy_grads_in_partition(int i) {
   }
   if (!grads_in_partition_.defined()) {
     grads_in_partition_ = dev_.alloc(dtype_, {std::max<std::int64_t>(grads_in_partition_numel_, 1)},
-                                     "grads_in_partition");  // [sum numel in partition] model dtype
+                                     "grads_in_partition",
+                                     MemCategory::grads);  // [sum numel in partition] model dtype
   }
   Tensor slot = grads_in_partition_.narrow(partition_pos_[static_cast<std::size_t>(i)], p.numel());
   dev_.copy(slot, p.grad.view({p.numel()}));

@@ -47,7 +47,8 @@ void Zero12Optimizer::accumulate_partition() {
   for (std::size_t k = 0; k < in_partition_.size(); ++k) {
     Parameter& p = *params_[static_cast<std::size_t>(in_partition_[k])];
     if (!accum_set_) {
-      accum_[k] = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".all_grad_tensors");
+      accum_[k] = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".all_grad_tensors",
+                             MemCategory::grads);
       if (p.grad.defined()) dev_.cast(accum_[k], p.grad.view({p.numel()}));
     } else if (p.grad.defined()) {
       dev_.axpy(accum_[k], 1.0, p.grad.view({p.numel()}));
@@ -60,7 +61,8 @@ void Zero12Optimizer::accumulate_partition() {
 void Zero12Optimizer::build_averaged() {
   const std::int64_t start = layout_.partition_start(rank_);
   const std::int64_t end = start + layout_.partition_numel;
-  averaged_ = dev_.alloc(accum_dtype_, {layout_.partition_numel}, "averaged_gradients");
+  averaged_ = dev_.alloc(accum_dtype_, {layout_.partition_numel}, "averaged_gradients",
+                         MemCategory::grads);
   for (std::size_t k = 0; k < in_partition_.size(); ++k) {
     const int i = in_partition_[k];
     const std::int64_t off = layout_.offsets[static_cast<std::size_t>(i)];
@@ -174,7 +176,8 @@ std::vector<Tensor> Zero12Optimizer::averaged_gradients() {
 std::vector<double> Zero12Optimizer::gathered_grads() {
   const std::int64_t pn = layout_.partition_numel;
   const DType dt = cpu_offload_ ? DType::f32 : accum_dtype_;
-  Tensor full = dev_.alloc(dt, {layout_.padded}, "gathered_grads");  // [padded]
+  Tensor full = dev_.alloc(dt, {layout_.padded}, "gathered_grads",
+                           MemCategory::temporaries);  // [padded]
   Tensor mine = full.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_ && offload_grads_ready_) {
     cpu_->to_device(mine, fp32_grad_cpu_);

@@ -68,7 +68,8 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   std::sort(params.begin(), params.end(), [](Shard* a, Shard* b) { return a->p->id < b->p->id; });
   std::int64_t chunks = 0;
   for (Shard* s : params) chunks += s->shard_numel;
-  Tensor in = dev_.alloc(dtype_, {chunks * world_}, "reduce_scatter_in");  // [world * chunks]
+  Tensor in = dev_.alloc(dtype_, {chunks * world_}, "reduce_scatter_in",
+                         MemCategory::comm_buffers);  // [world * chunks]
   for (int r = 0; r < world_; ++r) {
     std::int64_t at = decide::shard_start<std::int64_t>(chunks, r);
     for (Shard* s : params) {
@@ -83,7 +84,7 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   pend.params = std::move(params);
   pend.in = in;  // a real backend reads it asynchronously: keep it alive until the wait
   if (cfg_.zero.reduce_scatter) {
-    pend.out = dev_.alloc(dtype_, {chunks}, "reduce_scatter_out");
+    pend.out = dev_.alloc(dtype_, {chunks}, "reduce_scatter_out", MemCategory::comm_buffers);
     pend.work = comm_.reduce_scatter(pend.out, in, {.op = ReduceOp::sum, .async_op = overlap_});
   } else {  // all-reduce the whole bucket and keep this rank's section
     pend.work = comm_.all_reduce(in, {.op = ReduceOp::sum, .async_op = overlap_});
@@ -189,7 +190,7 @@ void Zero3Optimizer::update(const Tensor& grads32, double norm, double combined)
     if (s.p->ds_status != ZeroStatus::available) continue;
     s.p->data = Tensor();
     s.p->ds_status = ZeroStatus::not_available;
-    begin_gather(s);
+    begin_gather(s, MemCategory::gathered_params);
     finish_gather(s);
   }
   if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
@@ -209,7 +210,8 @@ std::vector<Tensor> Zero3Optimizer::averaged_gradients() {
 }
 
 std::vector<double> Zero3Optimizer::gathered_grads() {
-  Tensor mine = dev_.alloc(accum_dtype_, {grad_partition_.numel()}, "grad_partition_copy");
+  Tensor mine = dev_.alloc(accum_dtype_, {grad_partition_.numel()}, "grad_partition_copy",
+                           MemCategory::temporaries);
   if (any_partitioned_grads_) dev_.copy(mine, grad_partition_);
   return gather_partitions(mine);
 }

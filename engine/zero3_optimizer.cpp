@@ -16,7 +16,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
       bucket_size_(cfg.zero.reduce_bucket_size) {
   const bool offload_opt = cfg.zero.offload_optimizer == OffloadDevice::cpu;
   const bool offload_par = cfg.zero.offload_param == OffloadDevice::cpu;
-  if (offload_opt || offload_par) cpu_.emplace(dev_);
+  if (offload_opt || offload_par) cpu_.emplace(dev_, opts.cpu_device);
   std::int64_t total = 0;
   for (Parameter* p : params_) {
     Shard s;
@@ -31,8 +31,10 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     shards_.push_back(s);
   }
   const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
-  fp16_partition_ = offload_par ? cpu_->alloc(dtype_, {pn}, "fp16_partitioned_groups_flat")
-                                : dev_.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat");
+  fp16_partition_ = offload_par ? cpu_->alloc(dtype_, {pn}, "fp16_partitioned_groups_flat",
+                                              MemCategory::params)
+                                : dev_.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat",
+                                             MemCategory::params);
   for (Shard& s : shards_) {
     Parameter& p = *s.p;
     const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s.numel, world_, rank_);
@@ -50,7 +52,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     p.ds_status = ZeroStatus::not_available;
   }
   Device& opt_dev = offload_opt ? cpu_->cpu() : dev_;
-  master_ = opt_dev.alloc(DType::f32, {pn}, "fp32_partitioned_groups_flat");
+  master_ = opt_dev.alloc(DType::f32, {pn}, "fp32_partitioned_groups_flat", MemCategory::master);
   if (offload_opt == offload_par) {  // both on the CPU, or both on the device
     (offload_par ? cpu_->cpu() : dev_).cast(master_, fp16_partition_);
   } else if (offload_opt) {
@@ -59,10 +61,12 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     cpu_->to_device(master_, fp16_partition_);
   }
   base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer", opts.adam_simd_width);
-  grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions");
-  if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition");
+  grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions", MemCategory::grads);
+  if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition",
+                                                MemCategory::grads);
   bucket_capacity_ = std::max<std::int64_t>(1, std::min(bucket_size_, total));
-  if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer");
+  if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer",
+                                        MemCategory::ipg_buckets);
   already_reduced_.assign(shards_.size(), 0);
   micro_step_id_ = 0;  // SPEC 5: 0 at init for ZeRO-3
   check_external_params(model_);  // registered before the engine (DeepSpeed's zero.Init idiom)
@@ -125,7 +129,7 @@ Module& Zero3Optimizer::current_module() {
 
 void Zero3Optimizer::all_gather(Parameter& p) {
   Shard& s = shard_of(p);
-  if (p.ds_status == ZeroStatus::not_available) begin_gather(s);
+  if (p.ds_status == ZeroStatus::not_available) begin_gather(s, MemCategory::gathered_params);
   if (p.ds_status == ZeroStatus::inflight) finish_gather(s);
 }
 
@@ -158,16 +162,20 @@ void Zero3Optimizer::install_hooks(Module& m) {
   for (auto& c : m.children()) install_hooks(*c);
 }
 
-void Zero3Optimizer::begin_gather(Shard& s) {
+// `why`: gathered_params for a module about to use it, prefetch ahead of use; a persistent
+// param's buffer is counted as persistent either way (it is never released).
+void Zero3Optimizer::begin_gather(Shard& s, MemCategory why) {
   Parameter& p = *s.p;
   ZC_ASSERT(p.ds_status == ZeroStatus::not_available, "gather of {} in status {}", p.name,
             zero_status_name(p.ds_status));
   Tensor src = p.ds_shard;
   if (cfg_.zero.offload_param == OffloadDevice::cpu) {  // bring the shard to the device first
-    src = dev_.alloc(dtype_, {s.shard_numel}, p.name + ".shard_on_device");
+    src = dev_.alloc(dtype_, {s.shard_numel}, p.name + ".shard_on_device",
+                     MemCategory::comm_buffers);
     cpu_->to_device(src, p.ds_shard);
   }
-  s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, p.name + ".gathered");
+  s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, p.name + ".gathered",
+                            s.persistent ? MemCategory::persistent : why);
   s.inflight = comm_.all_gather(s.gather_buf, src, {.async_op = true});
   p.ds_status = ZeroStatus::inflight;
 }
@@ -187,7 +195,7 @@ void Zero3Optimizer::fetch_module(Module& m) {
     Shard& s = shard_of(*p);
     ++s.active;
     if (p->ds_status == ZeroStatus::available) continue;
-    if (p->ds_status == ZeroStatus::not_available) begin_gather(s);
+    if (p->ds_status == ZeroStatus::not_available) begin_gather(s, MemCategory::gathered_params);
     finish_gather(s);
   }
 }
@@ -232,7 +240,7 @@ void Zero3Optimizer::prefetch_after(Module& m) {
     for (Parameter* p : params_of(**it)) {
       Shard& s = shard_of(*p);
       if (p->ds_status != ZeroStatus::not_available || s.numel > budget) continue;
-      begin_gather(s);
+      begin_gather(s, MemCategory::prefetch);
       budget -= s.numel;
       ++prefetched_;
     }
@@ -243,7 +251,8 @@ void Zero3Optimizer::prefetch_after(Module& m) {
 // param's full values, in param order (shard r of param p sits at r * pn + offset_p).
 std::vector<double> Zero3Optimizer::gather_partitions(const Tensor& mine) {
   const std::int64_t pn = mine.numel();
-  Tensor all = dev_.alloc(mine.dtype(), {pn * world_}, "gathered_partitions");
+  Tensor all = dev_.alloc(mine.dtype(), {pn * world_}, "gathered_partitions",
+                          MemCategory::temporaries);
   comm_.all_gather(all, mine);
   const std::vector<double> v = to_f64(dev_, all);
   std::vector<double> out;
@@ -257,7 +266,8 @@ std::vector<double> Zero3Optimizer::gather_partitions(const Tensor& mine) {
 
 std::optional<std::vector<double>> Zero3Optimizer::gathered_params() {
   if (cfg_.zero.offload_param != OffloadDevice::cpu) return gather_partitions(fp16_partition_);
-  Tensor src = dev_.alloc(dtype_, {fp16_partition_.numel()}, "partition_on_device");
+  Tensor src = dev_.alloc(dtype_, {fp16_partition_.numel()}, "partition_on_device",
+                          MemCategory::temporaries);
   cpu_->to_device(src, fp16_partition_);
   return gather_partitions(src);
 }

@@ -78,7 +78,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void fetch_module(Module& m);
   void release_module(Module& m);
   void prefetch_after(Module& m);
-  void begin_gather(Shard& s);
+  void begin_gather(Shard& s, MemCategory why);
   void finish_gather(Shard& s);
   void release(Shard& s);
   void reduce_independent_p_g_buckets_and_remove_grads(Shard& s);

@@ -69,7 +69,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
   }
   auto make_fp32 = [&](StepPrep& prep) {
     const std::string label(plan.fp32_grads_label);
-    prep.grads32 = prep.where->alloc(DType::f32, prep.grads.shape(), label);  // [partition_numel]
+    prep.grads32 = prep.where->alloc(DType::f32, prep.grads.shape(), label,
+                                     MemCategory::grads);  // [partition_numel]
     prep.where->cast(prep.grads32, prep.grads);
   };
   double sum_sq = 0.0;
@@ -103,19 +104,19 @@ void ZeroOptimizer::flush_coalesced_reduction() {
 void ZeroOptimizer::register_external_parameter(Module&, Parameter&) {}
 
 bool ZeroOptimizer::any_rank_overflow(bool local) {
-  Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag");  // [1] f32
+  Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag", MemCategory::temporaries);  // [1] f32
   dev_.fill(flag, local ? 1.0 : 0.0);
   comm_.all_reduce(flag, {.op = ReduceOp::max});
-  return to_f64(dev_, flag)[0] != 0.0;
+  return item(dev_, flag, 0.0) != 0.0;  // meta: no overflow
 }
 
 double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype) {
   if (!partitioned) return std::sqrt(local_sum_sq);
   ZC_ASSERT(reduce_dtype == DType::f32 || reduce_dtype == DType::f64, "norm reduced in {}", dtype_name(reduce_dtype));
-  Tensor t = dev_.alloc(reduce_dtype, {1}, "total_norm");  // [1]
+  Tensor t = dev_.alloc(reduce_dtype, {1}, "total_norm", MemCategory::temporaries);  // [1]
   dev_.fill(t, local_sum_sq);                              // rounded once to reduce_dtype
   comm_.all_reduce(t);
-  const double sum = to_f64(dev_, t)[0];
+  const double sum = item(dev_, t, 0.0);  // meta: a norm of 0
   return reduce_dtype == DType::f32 ? static_cast<double>(std::sqrt(static_cast<float>(sum))) : std::sqrt(sum);
 }
 

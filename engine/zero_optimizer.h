@@ -35,6 +35,10 @@ struct Options {
   // 16 when DeepSpeed compiled it with -D__AVX512__, 8 with -D__AVX256__. The bits of every
   // element past the last multiple of it depend on it.
   int adam_simd_width = 16;
+  // The CPU side of ZeRO-Offload (DeepSpeedCPUAdam's memory), handed in by the environment: the
+  // simulator gives each rank one (a meta device in meta mode). Null: the optimizer uses a host
+  // device of its own.
+  Device* cpu_device = nullptr;
 };
 
 // Which of the model's params an optimizer owns (DeepSpeed's param groups with their own

@@ -50,7 +50,8 @@ HostBatch Contrastive::make_batch(Rng& rng, std::int64_t samples, DataDomain dom
 
 Tensor Contrastive::encode_pairs(Device& dev, const Batch& b, bool keep) {
   const std::int64_t S = b.samples;
-  Tensor x = dev.alloc(dtype_, {2 * S, in_}, "pairs");  // [2S, in]: queries then keys
+  Tensor x = dev.alloc(dtype_, {2 * S, in_}, "pairs",
+                       MemCategory::activations);  // [2S, in]: queries then keys
   dev.copy(x.narrow(0, S * in_), b.at("xq").view({S * in_}));
   dev.copy(x.narrow(S * in_, S * in_), b.at("xk").view({S * in_}));
   return keep ? encoder().forward_features(dev, x) : encoder().encode(dev, x);
@@ -60,8 +61,8 @@ double Contrastive::rep_grads(Device& dev, const Batch& full, Tensor& gq, Tensor
   const std::int64_t S = full.samples;
   const Tensor reps = encode_pairs(dev, full, false);
   const Tensor Q = reps.narrow(0, S * dim_).view({S, dim_}), K = reps.narrow(S * dim_, S * dim_).view({S, dim_});
-  gq = dev.alloc(dtype_, {S, dim_}, "dQ");
-  gk = dev.alloc(dtype_, {S, dim_}, "dK");
+  gq = dev.alloc(dtype_, {S, dim_}, "dQ", MemCategory::activations);
+  gk = dev.alloc(dtype_, {S, dim_}, "dK", MemCategory::activations);
   if (loss_ == LossKind::linear) {  // L = (1/S) sum_i s_i <q_i, k_i>
     const Tensor& s = full.at("s");
     dev.mul(gq, s, K);
@@ -72,10 +73,10 @@ double Contrastive::rep_grads(Device& dev, const Batch& full, Tensor& gq, Tensor
     return loss;
   }
   // InfoNCE: logits = Q K^T, the positive of q_i is k_i.
-  Tensor logits = dev.alloc(DType::f32, {S, S}, "logits");
+  Tensor logits = dev.alloc(DType::f32, {S, S}, "logits", MemCategory::activations);
   dev.matmul(logits, Q, K, false, true, false);
-  Tensor dlogits = dev.alloc(DType::f32, {S, S}, "dlogits");
-  Tensor rows = dev.alloc(DType::f32, {S}, "row_loss");
+  Tensor dlogits = dev.alloc(DType::f32, {S, S}, "dlogits", MemCategory::activations);
+  Tensor rows = dev.alloc(DType::f32, {S}, "row_loss", MemCategory::temporaries);
   std::vector<double> positives(static_cast<std::size_t>(S));  // q_i's positive is k_i
   for (std::int64_t i = 0; i < S; ++i) positives[static_cast<std::size_t>(i)] = static_cast<double>(i);
   const Tensor labels = tensor_from_f64(dev, DType::f32, {S}, positives, "labels");
@@ -83,7 +84,7 @@ double Contrastive::rep_grads(Device& dev, const Batch& full, Tensor& gq, Tensor
   dev.div(dlogits, static_cast<double>(S));
   dev.matmul(gq, dlogits, K, false, false, false);
   dev.matmul(gk, dlogits, Q, true, false, false);
-  Tensor ones = dev.alloc(DType::f32, {S});
+  Tensor ones = dev.alloc(DType::f32, {S}, "ones", MemCategory::temporaries);
   dev.fill(ones, 1.0);
   return dev.dot(rows, ones) / static_cast<double>(S);
 }
@@ -92,7 +93,7 @@ double Contrastive::forward(Device& dev, const Batch& batch) {
   run_pre_forward();
   const std::int64_t S = batch.samples;
   const Tensor reps = encode_pairs(dev, batch, true);
-  grad_cache_ = dev.alloc(dtype_, {2 * S, dim_}, "grad_cache");
+  grad_cache_ = dev.alloc(dtype_, {2 * S, dim_}, "grad_cache", MemCategory::activations);
   dev.copy(grad_cache_.narrow(0, S * dim_), batch.at("gq").view({S * dim_}));
   dev.copy(grad_cache_.narrow(S * dim_, S * dim_), batch.at("gk").view({S * dim_}));
   const double surrogate = dev.dot(grad_cache_, reps);
@@ -102,7 +103,7 @@ double Contrastive::forward(Device& dev, const Batch& batch) {
 
 void Contrastive::backward(Device& dev, double loss_scale, std::int64_t ga) {
   run_pre_backward();
-  Tensor dy = dev.alloc(dtype_, grad_cache_.shape(), "drep");
+  Tensor dy = dev.alloc(dtype_, grad_cache_.shape(), "drep", MemCategory::activations);
   dev.copy(dy, grad_cache_);
   dev.scale(dy, loss_scale);
   dev.div(dy, static_cast<double>(ga));

@@ -54,6 +54,18 @@ void Mlp::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSp
   }
 }
 
+HostBatch Mlp::batch_shapes(std::int64_t samples) const {
+  HostBatch hb;
+  hb.samples = samples;
+  hb.arrays.emplace("x", HostArray{{samples, spec_.dims.front()}, {}});
+  if (spec_.loss == LossKind::linear) {
+    hb.arrays.emplace("c", HostArray{{samples, spec_.dims.back()}, {}});
+  } else {
+    hb.arrays.emplace("labels", HostArray{{samples}, {}});
+  }
+  return hb;
+}
+
 HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, const ExactSpec& ex) const {
   HostBatch hb;
   hb.samples = samples;
@@ -97,7 +109,8 @@ HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, con
 
 Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x) {
   l.run_pre_forward();
-  Tensor h = dev.alloc(dtype_, {x.dim(0), l.out_features}, l.path() + ".out");  // [B, out]
+  Tensor h = dev.alloc(dtype_, {x.dim(0), l.out_features}, l.path() + ".out",
+                       MemCategory::activations);  // [B, out]
   dev.matmul(h, x, l.weight().data, false, true, false);
   dev.add_row_vector(h, l.bias().data);
   l.run_post_forward();
@@ -122,7 +135,7 @@ Tensor Mlp::forward_features(Device& dev, const Tensor& x) {
     Tensor h = layer_forward(dev, layer(l), acts_.back());
     pre_.push_back(h);
     if (spec_.relu && l + 1 < num_layers()) {
-      Tensor a = dev.alloc(dtype_, h.shape());
+      Tensor a = dev.alloc(dtype_, h.shape(), layer(l).path() + ".relu", MemCategory::activations);
       dev.relu(a, h);
       acts_.push_back(a);
     } else {
@@ -141,10 +154,10 @@ double Mlp::forward(Device& dev, const Batch& batch) {
     coeff_ = batch.at("c");
     loss = dev.dot(coeff_, out) / static_cast<double>(batch_);
   } else {
-    dlogits_ = dev.alloc(dtype_, out.shape(), "dlogits");
-    Tensor rows = dev.alloc(DType::f32, {batch_}, "row_loss");
+    dlogits_ = dev.alloc(dtype_, out.shape(), "dlogits", MemCategory::activations);
+    Tensor rows = dev.alloc(DType::f32, {batch_}, "row_loss", MemCategory::temporaries);
     dev.softmax_xent(dlogits_, rows, out, batch.at("labels"));
-    Tensor ones = dev.alloc(DType::f32, {batch_});
+    Tensor ones = dev.alloc(DType::f32, {batch_}, "ones", MemCategory::temporaries);
     dev.fill(ones, 1.0);
     loss = dev.dot(rows, ones) / static_cast<double>(batch_);
   }
@@ -154,7 +167,8 @@ double Mlp::forward(Device& dev, const Batch& batch) {
 
 void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
   ZC_ASSERT(acts_.size() == num_layers() + 1, "backward without forward");
-  Tensor dy = dev.alloc(dtype_, acts_.back().shape(), "dout");  // [B, out]
+  Tensor dy = dev.alloc(dtype_, acts_.back().shape(), "dout",
+                        MemCategory::activations);  // [B, out]
   dev.copy(dy, spec_.loss == LossKind::linear ? coeff_ : dlogits_);
   dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch
   dev.scale(dy, loss_scale);                   // the fp16 loss scale (a power of two)
@@ -169,13 +183,13 @@ void Mlp::backward_from(Device& dev, Tensor dy) {
     l.run_pre_backward();
     if (spec_.relu && li + 1 < num_layers()) dev.relu_backward(dy, dy, pre_[li]);
     const Tensor& x = acts_[li];  // [B, in]
-    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW");  // [out, in]
+    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW", MemCategory::temporaries);  // [out, in]
     dev.matmul(dw, dy, x, true, false, false);
-    Tensor db = dev.alloc(dtype_, l.bias().shape, "db");  // [out]
+    Tensor db = dev.alloc(dtype_, l.bias().shape, "db", MemCategory::temporaries);  // [out]
     dev.sum_rows(db, dy, false);
     Tensor dx;
     if (li > 0) {
-      dx = dev.alloc(dtype_, x.shape(), "dx");  // [B, in]
+      dx = dev.alloc(dtype_, x.shape(), "dx", MemCategory::activations);  // [B, in]
       dev.matmul(dx, dy, l.weight().data, false, false, false);
     }
     accumulate_grad(dev, l.weight(), dw);

@@ -41,6 +41,7 @@ class Mlp : public Model {
                    Rng& rng) override;
   HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
                        const ExactSpec& ex) const override;
+  HostBatch batch_shapes(std::int64_t samples) const override;
   double forward(Device& dev, const Batch& batch) override;
   void backward(Device& dev, double loss_scale, std::int64_t ga) override;
   std::string describe() const override;

@@ -66,16 +66,19 @@ HostBatch SimpleMoE::make_batch(Rng& rng, std::int64_t samples, DataDomain domai
 
 std::vector<Tensor> SimpleMoE::dispatch(Device& dev, const Tensor& rows) {
   const std::int64_t C = batch_, d = spec_.dim, E = ep_.size(), L = local_;
-  Tensor send = dev.alloc(dtype_, {E * L * C * d}, "moe_dispatch_send");  // [E, L, C, d]
+  Tensor send = dev.alloc(dtype_, {E * L * C * d}, "moe_dispatch_send",
+                          MemCategory::activations);  // [E, L, C, d]
   for (std::int64_t b = 0; b < C; ++b) {
     const std::int64_t slot = (route_[static_cast<std::size_t>(b)] * C + b) * d;  // route = dst*L + k
     dev.copy(send.narrow(slot, d), rows.narrow(b * d, d));
   }
-  Tensor recv = dev.alloc(dtype_, {E * L * C * d}, "moe_dispatch_recv");  // [src, L, C, d]
+  Tensor recv = dev.alloc(dtype_, {E * L * C * d}, "moe_dispatch_recv",
+                          MemCategory::activations);  // [src, L, C, d]
   ep_.all_to_all(recv, send);
   std::vector<Tensor> per_expert;
   for (std::int64_t k = 0; k < L; ++k) {
-    Tensor in = dev.alloc(dtype_, {E * C, d}, "moe_expert_in");  // [src * C, d]
+    Tensor in = dev.alloc(dtype_, {E * C, d}, "moe_expert_in",
+                          MemCategory::activations);  // [src * C, d]
     for (std::int64_t src = 0; src < E; ++src) {
       dev.copy(in.narrow(src * C * d, C * d), recv.narrow(((src * L + k) * C) * d, C * d));
     }
@@ -86,15 +89,17 @@ std::vector<Tensor> SimpleMoE::dispatch(Device& dev, const Tensor& rows) {
 
 Tensor SimpleMoE::combine(Device& dev, const std::vector<Tensor>& per_expert) {
   const std::int64_t C = batch_, d = spec_.dim, E = ep_.size(), L = local_;
-  Tensor send = dev.alloc(dtype_, {E * L * C * d}, "moe_combine_send");  // [src, L, C, d]
+  Tensor send = dev.alloc(dtype_, {E * L * C * d}, "moe_combine_send",
+                          MemCategory::activations);  // [src, L, C, d]
   for (std::int64_t k = 0; k < L; ++k) {
     for (std::int64_t src = 0; src < E; ++src) {
       dev.copy(send.narrow(((src * L + k) * C) * d, C * d), per_expert[static_cast<std::size_t>(k)].view({E * C * d}).narrow(src * C * d, C * d));
     }
   }
-  Tensor recv = dev.alloc(dtype_, {E * L * C * d}, "moe_combine_recv");  // [dst, L, C, d]
+  Tensor recv = dev.alloc(dtype_, {E * L * C * d}, "moe_combine_recv",
+                          MemCategory::activations);  // [dst, L, C, d]
   ep_.all_to_all(recv, send);
-  Tensor out = dev.alloc(dtype_, {C, d}, "moe_out");
+  Tensor out = dev.alloc(dtype_, {C, d}, "moe_out", MemCategory::activations);
   for (std::int64_t b = 0; b < C; ++b) {
     dev.copy(out.narrow(b * d, d), recv.narrow((route_[static_cast<std::size_t>(b)] * C + b) * d, d));
   }
@@ -107,26 +112,26 @@ double SimpleMoE::forward(Device& dev, const Batch& batch) {
   coeff_ = batch.at("c");
   batch_ = batch.samples;
   const std::int64_t B = batch_, d = spec_.dim, X = spec_.num_experts;
-  h_ = dev.alloc(dtype_, {B, d}, "moe_h");
+  h_ = dev.alloc(dtype_, {B, d}, "moe_h", MemCategory::activations);
   dev.matmul(h_, x_, pre().weight().data, false, true, false);
   dev.add_row_vector(h_, pre().bias().data);
-  logits_ = dev.alloc(dtype_, {B, X}, "gate_logits");
+  logits_ = dev.alloc(dtype_, {B, X}, "gate_logits", MemCategory::activations);
   dev.matmul(logits_, h_, gate().weight().data, false, true, false);
   dev.add_row_vector(logits_, gate().bias().data);
   route_ = dev.argmax_rows(logits_);
-  l_ = dev.alloc(dtype_, {B}, "gate_value");
+  l_ = dev.alloc(dtype_, {B}, "gate_value", MemCategory::activations);
   for (std::int64_t b = 0; b < B; ++b) dev.copy(l_.narrow(b, 1), logits_.narrow(b * X + route_[static_cast<std::size_t>(b)], 1));
   expert_in_ = dispatch(dev, h_);
   std::vector<Tensor> outs;
   for (int k = 0; k < local_; ++k) {
     Linear& e = expert(static_cast<std::size_t>(k));
-    Tensor y = dev.alloc(dtype_, {ep_.size() * B, d}, "expert_out");
+    Tensor y = dev.alloc(dtype_, {ep_.size() * B, d}, "expert_out", MemCategory::activations);
     dev.matmul(y, expert_in_[static_cast<std::size_t>(k)], e.weight().data, false, true, false);
     dev.add_row_vector(y, e.bias().data);
     outs.push_back(y);
   }
   e_ = combine(dev, outs);
-  Tensor y = dev.alloc(dtype_, {B, d}, "moe_y");
+  Tensor y = dev.alloc(dtype_, {B, d}, "moe_y", MemCategory::activations);
   dev.scale_rows(y, e_, l_);
   const double loss = dev.dot(coeff_, y) / static_cast<double>(B);
   run_post_forward();
@@ -136,16 +141,16 @@ double SimpleMoE::forward(Device& dev, const Batch& batch) {
 void SimpleMoE::backward(Device& dev, double loss_scale, std::int64_t ga) {
   run_pre_backward();
   const std::int64_t B = batch_, d = spec_.dim, X = spec_.num_experts;
-  Tensor dy = dev.alloc(dtype_, {B, d}, "moe_dy");
+  Tensor dy = dev.alloc(dtype_, {B, d}, "moe_dy", MemCategory::activations);
   dev.copy(dy, coeff_);
   dev.div(dy, static_cast<double>(B));
   dev.scale(dy, loss_scale);
   dev.div(dy, static_cast<double>(ga));
-  Tensor de = dev.alloc(dtype_, {B, d}, "moe_de");  // d(l e)/de = l
+  Tensor de = dev.alloc(dtype_, {B, d}, "moe_de", MemCategory::activations);  // d(l e)/de = l
   dev.scale_rows(de, dy, l_);
-  Tensor dl = dev.alloc(dtype_, {B}, "moe_dl");  // d(l e)/dl = e
+  Tensor dl = dev.alloc(dtype_, {B}, "moe_dl", MemCategory::activations);  // d(l e)/dl = e
   dev.row_dot(dl, dy, e_);
-  Tensor dlogits = dev.alloc(dtype_, {B, X}, "dlogits");
+  Tensor dlogits = dev.alloc(dtype_, {B, X}, "dlogits", MemCategory::activations);
   for (std::int64_t b = 0; b < B; ++b) dev.copy(dlogits.narrow(b * X + route_[static_cast<std::size_t>(b)], 1), dl.narrow(b, 1));
   // Experts: dY arrives where their inputs came from.
   const std::vector<Tensor> dys = dispatch(dev, de);
@@ -154,33 +159,33 @@ void SimpleMoE::backward(Device& dev, double loss_scale, std::int64_t ga) {
     Linear& e = expert(static_cast<std::size_t>(k));
     e.run_pre_backward();
     const Tensor& dY = dys[static_cast<std::size_t>(k)];
-    Tensor dw = dev.alloc(dtype_, e.weight().shape, "dW");
+    Tensor dw = dev.alloc(dtype_, e.weight().shape, "dW", MemCategory::temporaries);
     dev.matmul(dw, dY, expert_in_[static_cast<std::size_t>(k)], true, false, false);
-    Tensor db = dev.alloc(dtype_, e.bias().shape, "db");
+    Tensor db = dev.alloc(dtype_, e.bias().shape, "db", MemCategory::temporaries);
     dev.sum_rows(db, dY, false);
     accumulate_grad(dev, e.weight(), dw);
     accumulate_grad(dev, e.bias(), db);
     e.run_post_backward();
   }
   for (int k = 0; k < local_; ++k) {
-    Tensor dx = dev.alloc(dtype_, {ep_.size() * B, d}, "expert_dx");
+    Tensor dx = dev.alloc(dtype_, {ep_.size() * B, d}, "expert_dx", MemCategory::activations);
     dev.matmul(dx, dys[static_cast<std::size_t>(k)], expert(static_cast<std::size_t>(k)).weight().data,
                false, false, false);
     dxs.push_back(dx);
   }
   Tensor dh = combine(dev, dxs);
   // Gate: logits = h Wg^T + bg.
-  Tensor dwg = dev.alloc(dtype_, gate().weight().shape, "dWg");
+  Tensor dwg = dev.alloc(dtype_, gate().weight().shape, "dWg", MemCategory::temporaries);
   dev.matmul(dwg, dlogits, h_, true, false, false);
-  Tensor dbg = dev.alloc(dtype_, gate().bias().shape, "dbg");
+  Tensor dbg = dev.alloc(dtype_, gate().bias().shape, "dbg", MemCategory::temporaries);
   dev.sum_rows(dbg, dlogits, false);
   dev.matmul(dh, dlogits, gate().weight().data, false, false, true);
   accumulate_grad(dev, gate().weight(), dwg);
   accumulate_grad(dev, gate().bias(), dbg);
   // Pre: h = x Wp^T + bp.
-  Tensor dwp = dev.alloc(dtype_, pre().weight().shape, "dWp");
+  Tensor dwp = dev.alloc(dtype_, pre().weight().shape, "dWp", MemCategory::temporaries);
   dev.matmul(dwp, dh, x_, true, false, false);
-  Tensor dbp = dev.alloc(dtype_, pre().bias().shape, "dbp");
+  Tensor dbp = dev.alloc(dtype_, pre().bias().shape, "dbp", MemCategory::temporaries);
   dev.sum_rows(dbp, dh, false);
   accumulate_grad(dev, pre().weight(), dwp);
   accumulate_grad(dev, pre().bias(), dbp);

@@ -54,6 +54,15 @@ HostBatch Synthetic::make_batch(Rng& rng, std::int64_t samples, DataDomain domai
   return hb;
 }
 
+HostBatch Synthetic::batch_shapes(std::int64_t samples) const {
+  HostBatch hb;
+  hb.samples = samples;
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    hb.arrays.emplace(fmt::format("g{}", i), HostArray{{samples, shape_numel(shapes_[i])}, {}});
+  }
+  return hb;
+}
+
 double Synthetic::forward(Device& dev, const Batch& batch) {
   run_pre_forward();
   held_ = batch;
@@ -61,7 +70,7 @@ double Synthetic::forward(Device& dev, const Batch& batch) {
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const Tensor& g = held_.at(fmt::format("g{}", i));  // [B, numel]
     const Parameter& p = param(i);
-    Tensor mean = dev.alloc(dtype_, {p.numel()});
+    Tensor mean = dev.alloc(dtype_, {p.numel()}, "g_mean", MemCategory::temporaries);
     dev.sum_rows(mean, g, false);
     loss += dev.dot(mean, p.data) / static_cast<double>(batch.samples);
   }

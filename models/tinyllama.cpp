@@ -219,11 +219,14 @@ Tensor TinyLlama::to_heads(Device& dev, const Tensor& x) {
   const std::int64_t sp = sp_size();
   if (sp == 1) return x;
   const std::int64_t B = batch_, Sl = seq_local_, w = local_heads() * (spec_.dim / spec_.heads);
-  Tensor send = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_heads_send");  // [sp, B*Sl, Hl*dh]
+  Tensor send = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_heads_send",
+                          MemCategory::activations);  // [sp, B*Sl, Hl*dh]
   dev.permute_0213(send, x, 1, B * Sl, sp, w);
-  Tensor recv = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_heads_recv");  // [src, B, Sl, Hl*dh]
+  Tensor recv = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_heads_recv",
+                          MemCategory::activations);  // [src, B, Sl, Hl*dh]
   groups_.sp->all_to_all(recv, send);
-  Tensor out = dev.alloc(dtype_, {B * sp * Sl, w}, "ulysses_heads");  // [B, S, Hl*dh]
+  Tensor out = dev.alloc(dtype_, {B * sp * Sl, w}, "ulysses_heads",
+                         MemCategory::activations);  // [B, S, Hl*dh]
   dev.permute_0213(out, recv, 1, sp, B, Sl * w);
   return out;
 }
@@ -232,11 +235,14 @@ Tensor TinyLlama::to_tokens(Device& dev, const Tensor& y) {
   const std::int64_t sp = sp_size();
   if (sp == 1) return y;
   const std::int64_t B = batch_, Sl = seq_local_, w = local_heads() * (spec_.dim / spec_.heads);
-  Tensor send = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_tokens_send");  // [sp, B, Sl*Hl*dh]
+  Tensor send = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_tokens_send",
+                          MemCategory::activations);  // [sp, B, Sl*Hl*dh]
   dev.permute_0213(send, y, 1, B, sp, Sl * w);
-  Tensor recv = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_tokens_recv");  // [src, B*Sl, Hl*dh]
+  Tensor recv = dev.alloc(dtype_, {sp * B * Sl * w}, "ulysses_tokens_recv",
+                          MemCategory::activations);  // [src, B*Sl, Hl*dh]
   groups_.sp->all_to_all(recv, send);
-  Tensor out = dev.alloc(dtype_, {B * Sl, sp * w}, "ulysses_tokens");  // [B*Sl, H*dh]
+  Tensor out = dev.alloc(dtype_, {B * Sl, sp * w}, "ulysses_tokens",
+                         MemCategory::activations);  // [B*Sl, H*dh]
   dev.permute_0213(out, recv, 1, sp, B * Sl, w);
   return out;
 }
@@ -244,28 +250,32 @@ Tensor TinyLlama::to_tokens(Device& dev, const Tensor& y) {
 // Causal attention on the head layout [B, S, Hl, dh]: per (b, h) scores = q k^T / sqrt(dh).
 Tensor TinyLlama::attention_forward(Device& dev, BlockActs& a) {
   const std::int64_t B = batch_, S = spec_.seq, Hl = local_heads(), dh = spec_.dim / spec_.heads;
-  Tensor qh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_qh"),
-         kh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_kh"),
-         vh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_vh");  // [B, Hl, S, dh] each
+  Tensor qh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_qh", MemCategory::activations),
+         kh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_kh", MemCategory::activations),
+         vh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_vh",
+                        MemCategory::activations);  // [B, Hl, S, dh] each
   dev.permute_0213(qh, a.q, B, S, Hl, dh);
   dev.permute_0213(kh, a.k, B, S, Hl, dh);
   dev.permute_0213(vh, a.v, B, S, Hl, dh);
-  Tensor scores = dev.alloc(dtype_, {B * Hl * S, S}, "attn_scores");  // [B*Hl*S, S]
+  Tensor scores = dev.alloc(dtype_, {B * Hl * S, S}, "attn_scores",
+                            MemCategory::activations);  // [B*Hl*S, S]
   for (std::int64_t bh = 0; bh < B * Hl; ++bh) {
     dev.matmul(scores.narrow(bh * S * S, S * S).view({S, S}),
                qh.narrow(bh * S * dh, S * dh).view({S, dh}),
                kh.narrow(bh * S * dh, S * dh).view({S, dh}), false, true, false);
   }
   dev.scale(scores, 1.0 / std::sqrt(static_cast<double>(dh)));
-  a.p = dev.alloc(dtype_, {B * Hl * S, S}, "attn_probs");
+  a.p = dev.alloc(dtype_, {B * Hl * S, S}, "attn_probs", MemCategory::activations);
   dev.causal_softmax(a.p, scores);
-  Tensor oh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_oh");  // [B, Hl, S, dh]
+  Tensor oh = dev.alloc(dtype_, {B * Hl * S * dh}, "attn_oh",
+                        MemCategory::activations);  // [B, Hl, S, dh]
   for (std::int64_t bh = 0; bh < B * Hl; ++bh) {
     dev.matmul(oh.narrow(bh * S * dh, S * dh).view({S, dh}),
                a.p.narrow(bh * S * S, S * S).view({S, S}),
                vh.narrow(bh * S * dh, S * dh).view({S, dh}), false, false, false);
   }
-  Tensor o = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_o");  // [B, S, Hl, dh]
+  Tensor o = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_o",
+                       MemCategory::activations);  // [B, S, Hl, dh]
   dev.permute_0213(o, oh, B, Hl, S, dh);
   return o;
 }
@@ -274,15 +284,18 @@ void TinyLlama::attention_backward(Device& dev, BlockActs& a, const Tensor& do_h
                                    Tensor& dk, Tensor& dv) {
   const std::int64_t B = batch_, S = spec_.seq, Hl = local_heads(), dh = spec_.dim / spec_.heads;
   const std::int64_t n = B * Hl * S * dh;
-  Tensor qh = dev.alloc(dtype_, {n}, "attn_qh"), kh = dev.alloc(dtype_, {n}, "attn_kh"),
-         vh = dev.alloc(dtype_, {n}, "attn_vh"), doh = dev.alloc(dtype_, {n}, "attn_doh");
+  Tensor qh = dev.alloc(dtype_, {n}, "attn_qh", MemCategory::activations);
+  Tensor kh = dev.alloc(dtype_, {n}, "attn_kh", MemCategory::activations);
+  Tensor vh = dev.alloc(dtype_, {n}, "attn_vh", MemCategory::activations);
+  Tensor doh = dev.alloc(dtype_, {n}, "attn_doh", MemCategory::activations);
   dev.permute_0213(qh, a.q, B, S, Hl, dh);
   dev.permute_0213(kh, a.k, B, S, Hl, dh);
   dev.permute_0213(vh, a.v, B, S, Hl, dh);
   dev.permute_0213(doh, do_heads, B, S, Hl, dh);
-  Tensor dp = dev.alloc(dtype_, {B * Hl * S, S}, "attn_dprobs");
-  Tensor dqh = dev.alloc(dtype_, {n}, "attn_dqh"), dkh = dev.alloc(dtype_, {n}, "attn_dkh"),
-         dvh = dev.alloc(dtype_, {n}, "attn_dvh");  // [B, Hl, S, dh]
+  Tensor dp = dev.alloc(dtype_, {B * Hl * S, S}, "attn_dprobs", MemCategory::activations);
+  Tensor dqh = dev.alloc(dtype_, {n}, "attn_dqh", MemCategory::activations);
+  Tensor dkh = dev.alloc(dtype_, {n}, "attn_dkh", MemCategory::activations);
+  Tensor dvh = dev.alloc(dtype_, {n}, "attn_dvh", MemCategory::activations);  // [B, Hl, S, dh]
   auto mat = [&](const Tensor& t, std::int64_t bh, std::int64_t cols) {
     return t.narrow(bh * S * cols, S * cols).view({S, cols});
   };
@@ -290,16 +303,16 @@ void TinyLlama::attention_backward(Device& dev, BlockActs& a, const Tensor& do_h
     dev.matmul(mat(dp, bh, S), mat(doh, bh, dh), mat(vh, bh, dh), false, true, false);    // dO V^T
     dev.matmul(mat(dvh, bh, dh), mat(a.p, bh, S), mat(doh, bh, dh), true, false, false);  // P^T dO
   }
-  Tensor ds = dev.alloc(dtype_, {B * Hl * S, S}, "attn_dscores");
+  Tensor ds = dev.alloc(dtype_, {B * Hl * S, S}, "attn_dscores", MemCategory::activations);
   dev.softmax_backward(ds, dp, a.p);
   dev.scale(ds, 1.0 / std::sqrt(static_cast<double>(dh)));
   for (std::int64_t bh = 0; bh < B * Hl; ++bh) {
     dev.matmul(mat(dqh, bh, dh), mat(ds, bh, S), mat(kh, bh, dh), false, false, false);  // dS K
     dev.matmul(mat(dkh, bh, dh), mat(ds, bh, S), mat(qh, bh, dh), true, false, false);   // dS^T Q
   }
-  dq = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_dq");
-  dk = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_dk");
-  dv = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_dv");
+  dq = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_dq", MemCategory::activations);
+  dk = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_dk", MemCategory::activations);
+  dv = dev.alloc(dtype_, {B * S, Hl * dh}, "attn_dv", MemCategory::activations);
   dev.permute_0213(dq, dqh, B, Hl, S, dh);
   dev.permute_0213(dk, dkh, B, Hl, S, dh);
   dev.permute_0213(dv, dvh, B, Hl, S, dh);
@@ -309,11 +322,12 @@ Tensor TinyLlama::block_forward(Device& dev, LlamaBlock& b, BlockActs& a, const 
   b.run_pre_forward();
   const std::int64_t N = x.dim(0), d = spec_.dim, ql = b.qkv_local, hl = b.hidden_local;
   a.x = x;
-  a.h1 = dev.alloc(dtype_, {N, d}, "h1");
-  a.rstd1 = dev.alloc(dtype_, {N}, "rstd1");
+  a.h1 = dev.alloc(dtype_, {N, d}, "h1", MemCategory::activations);
+  a.rstd1 = dev.alloc(dtype_, {N}, "rstd1", MemCategory::activations);
   dev.rmsnorm(a.h1, a.rstd1, x, b.p("attn_norm"), spec_.eps);
-  Tensor q = dev.alloc(dtype_, {N, ql}, "q"), k = dev.alloc(dtype_, {N, ql}, "k"),
-         v = dev.alloc(dtype_, {N, ql}, "v");
+  Tensor q = dev.alloc(dtype_, {N, ql}, "q", MemCategory::activations);
+  Tensor k = dev.alloc(dtype_, {N, ql}, "k", MemCategory::activations);
+  Tensor v = dev.alloc(dtype_, {N, ql}, "v", MemCategory::activations);
   dev.matmul(q, a.h1, b.p("wq"), false, true, false);
   dev.matmul(k, a.h1, b.p("wk"), false, true, false);
   dev.matmul(v, a.h1, b.p("wv"), false, true, false);
@@ -321,22 +335,22 @@ Tensor TinyLlama::block_forward(Device& dev, LlamaBlock& b, BlockActs& a, const 
   a.k = to_heads(dev, k);
   a.v = to_heads(dev, v);
   a.o = to_tokens(dev, attention_forward(dev, a));
-  Tensor attn = dev.alloc(dtype_, {N, d}, "attn_out");
+  Tensor attn = dev.alloc(dtype_, {N, d}, "attn_out", MemCategory::activations);
   dev.matmul(attn, a.o, b.p("wo"), false, true, false);
   tp_all_reduce(attn);  // "g": row-parallel partial sums
-  a.x2 = dev.alloc(dtype_, {N, d}, "x2");
+  a.x2 = dev.alloc(dtype_, {N, d}, "x2", MemCategory::activations);
   dev.add(a.x2, x, attn);
-  a.h2 = dev.alloc(dtype_, {N, d}, "h2");
-  a.rstd2 = dev.alloc(dtype_, {N}, "rstd2");
+  a.h2 = dev.alloc(dtype_, {N, d}, "h2", MemCategory::activations);
+  a.rstd2 = dev.alloc(dtype_, {N}, "rstd2", MemCategory::activations);
   dev.rmsnorm(a.h2, a.rstd2, a.x2, b.p("mlp_norm"), spec_.eps);
-  a.u = dev.alloc(dtype_, {N, hl}, "mlp_u");
+  a.u = dev.alloc(dtype_, {N, hl}, "mlp_u", MemCategory::activations);
   dev.matmul(a.u, a.h2, b.p("w_up"), false, true, false);
-  a.r = dev.alloc(dtype_, {N, hl}, "mlp_r");
+  a.r = dev.alloc(dtype_, {N, hl}, "mlp_r", MemCategory::activations);
   dev.relu(a.r, a.u);
-  Tensor m = dev.alloc(dtype_, {N, d}, "mlp_out");
+  Tensor m = dev.alloc(dtype_, {N, d}, "mlp_out", MemCategory::activations);
   dev.matmul(m, a.r, b.p("w_down"), false, true, false);
   tp_all_reduce(m);  // "g"
-  Tensor x3 = dev.alloc(dtype_, {N, d}, "x3");
+  Tensor x3 = dev.alloc(dtype_, {N, d}, "x3", MemCategory::activations);
   dev.add(x3, a.x2, m);
   b.run_post_forward();
   return x3;
@@ -359,21 +373,23 @@ double TinyLlama::forward(Device& dev, const Batch& batch) {
   std::vector<double> pos;  // [N] global positions of this rank's tokens
   for (std::int64_t i = 0; i < N; ++i) pos.push_back(static_cast<double>(first + i % seq_local_));
   pos_ = tensor_from_f64(dev, dtype_, {N}, pos, "positions");
-  Tensor x = dev.alloc(dtype_, {N, d}, "x0"), pe = dev.alloc(dtype_, {N, d}, "pos_x");
+  Tensor x = dev.alloc(dtype_, {N, d}, "x0", MemCategory::activations);
+  Tensor pe = dev.alloc(dtype_, {N, d}, "pos_x", MemCategory::activations);
   dev.embedding(x, root_param("tok_emb"), ids_);
   dev.embedding(pe, root_param("pos_emb"), pos_);
   dev.add(x, x, pe);
   acts_.assign(children().size(), BlockActs{});
   for (std::size_t l = 0; l < children().size(); ++l) x = block_forward(dev, block(l), acts_[l], x);
   xf_ = x;
-  hf_ = dev.alloc(dtype_, {N, d}, "hf");
-  rstdf_ = dev.alloc(dtype_, {N}, "rstdf");
+  hf_ = dev.alloc(dtype_, {N, d}, "hf", MemCategory::activations);
+  rstdf_ = dev.alloc(dtype_, {N}, "rstdf", MemCategory::activations);
   dev.rmsnorm(hf_, rstdf_, xf_, root_param("norm"), spec_.eps);
-  Tensor logits = dev.alloc(dtype_, {N, V}, "logits");
+  Tensor logits = dev.alloc(dtype_, {N, V}, "logits", MemCategory::activations);
   dev.matmul(logits, hf_, root_param("lm_head"), false, true, false);
   const DType loss_dtype = dtype_ == DType::f64 ? DType::f64 : DType::f32;
-  dlogits_ = dev.alloc(dtype_, {N, V}, "dlogits");
-  Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss"), ones = dev.alloc(loss_dtype, {N}, "ones");
+  dlogits_ = dev.alloc(dtype_, {N, V}, "dlogits", MemCategory::activations);
+  Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
+  Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
   dev.softmax_xent(dlogits_, rows, logits, labels_.view({N}));
   dev.fill(ones, 1.0);
   const double loss = dev.dot(rows, ones) / static_cast<double>(N);
@@ -385,22 +401,26 @@ Tensor TinyLlama::block_backward(Device& dev, LlamaBlock& b, BlockActs& a, const
   b.run_pre_backward();
   const std::int64_t N = dx3.dim(0), d = spec_.dim, ql = b.qkv_local, hl = b.hidden_local;
   // MLP: m = relu(h2 Wup^T) Wdown^T.
-  Tensor dwd = dev.alloc(dtype_, {d, hl}, "dW_down"), dr = dev.alloc(dtype_, {N, hl}, "dr");
+  Tensor dwd = dev.alloc(dtype_, {d, hl}, "dW_down", MemCategory::temporaries);
+  Tensor dr = dev.alloc(dtype_, {N, hl}, "dr", MemCategory::activations);
   dev.matmul(dwd, dx3, a.r, true, false, false);
   dev.matmul(dr, dx3, b.p("w_down"), false, false, false);
   dev.relu_backward(dr, dr, a.u);
-  Tensor dwu = dev.alloc(dtype_, {hl, d}, "dW_up"), dh2 = dev.alloc(dtype_, {N, d}, "dh2");
+  Tensor dwu = dev.alloc(dtype_, {hl, d}, "dW_up", MemCategory::temporaries);
+  Tensor dh2 = dev.alloc(dtype_, {N, d}, "dh2", MemCategory::activations);
   dev.matmul(dwu, dr, a.h2, true, false, false);
   dev.matmul(dh2, dr, b.p("w_up"), false, false, false);
   tp_all_reduce(dh2);  // "f": the column-parallel input's grad
-  Tensor dx2 = dev.alloc(dtype_, {N, d}, "dx2"), dg2 = dev.alloc(dtype_, {d}, "dmlp_norm");
+  Tensor dx2 = dev.alloc(dtype_, {N, d}, "dx2", MemCategory::activations);
+  Tensor dg2 = dev.alloc(dtype_, {d}, "dmlp_norm", MemCategory::temporaries);
   dev.rmsnorm_backward(dx2, dg2, dh2, a.x2, b.p("mlp_norm"), a.rstd2);
   dev.add(dx2, dx2, dx3);
   accumulate_grad(dev, param_of(b, "w_down"), dwd);
   accumulate_grad(dev, param_of(b, "w_up"), dwu);
   accumulate_grad(dev, param_of(b, "mlp_norm"), dg2);
   // Attention: attn = o Wo^T.
-  Tensor dwo = dev.alloc(dtype_, {d, ql}, "dWo"), dout = dev.alloc(dtype_, {N, ql}, "do");
+  Tensor dwo = dev.alloc(dtype_, {d, ql}, "dWo", MemCategory::temporaries);
+  Tensor dout = dev.alloc(dtype_, {N, ql}, "do", MemCategory::activations);
   dev.matmul(dwo, dx2, a.o, true, false, false);
   dev.matmul(dout, dx2, b.p("wo"), false, false, false);
   Tensor dq, dk, dv;
@@ -408,8 +428,10 @@ Tensor TinyLlama::block_backward(Device& dev, LlamaBlock& b, BlockActs& a, const
   dq = to_tokens(dev, dq);
   dk = to_tokens(dev, dk);
   dv = to_tokens(dev, dv);
-  Tensor dwq = dev.alloc(dtype_, {ql, d}, "dWq"), dwk = dev.alloc(dtype_, {ql, d}, "dWk"),
-         dwv = dev.alloc(dtype_, {ql, d}, "dWv"), dh1 = dev.alloc(dtype_, {N, d}, "dh1");
+  Tensor dwq = dev.alloc(dtype_, {ql, d}, "dWq", MemCategory::temporaries);
+  Tensor dwk = dev.alloc(dtype_, {ql, d}, "dWk", MemCategory::temporaries);
+  Tensor dwv = dev.alloc(dtype_, {ql, d}, "dWv", MemCategory::temporaries);
+  Tensor dh1 = dev.alloc(dtype_, {N, d}, "dh1", MemCategory::activations);
   dev.matmul(dwq, dq, a.h1, true, false, false);
   dev.matmul(dwk, dk, a.h1, true, false, false);
   dev.matmul(dwv, dv, a.h1, true, false, false);
@@ -417,7 +439,8 @@ Tensor TinyLlama::block_backward(Device& dev, LlamaBlock& b, BlockActs& a, const
   dev.matmul(dh1, dk, b.p("wk"), false, false, true);
   dev.matmul(dh1, dv, b.p("wv"), false, false, true);
   tp_all_reduce(dh1);  // "f"
-  Tensor dx = dev.alloc(dtype_, {N, d}, "dx"), dg1 = dev.alloc(dtype_, {d}, "dattn_norm");
+  Tensor dx = dev.alloc(dtype_, {N, d}, "dx", MemCategory::activations);
+  Tensor dg1 = dev.alloc(dtype_, {d}, "dattn_norm", MemCategory::temporaries);
   dev.rmsnorm_backward(dx, dg1, dh1, a.x, b.p("attn_norm"), a.rstd1);
   dev.add(dx, dx, dx2);
   accumulate_grad(dev, param_of(b, "wo"), dwo);
@@ -433,23 +456,25 @@ void TinyLlama::backward(Device& dev, double loss_scale, std::int64_t ga) {
   ZC_ASSERT(acts_.size() == children().size() && dlogits_.defined(), "backward without forward");
   run_pre_backward();
   const std::int64_t N = batch_ * seq_local_, d = spec_.dim, V = spec_.vocab;
-  Tensor dlogits = dev.alloc(dtype_, {N, V}, "dlogits_scaled");
+  Tensor dlogits = dev.alloc(dtype_, {N, V}, "dlogits_scaled", MemCategory::activations);
   dev.copy(dlogits, dlogits_);
   dev.div(dlogits,
           static_cast<double>(N));  // mean over this rank's tokens (Note [Ulysses loss scaling])
   dev.scale(dlogits, loss_scale);
   dev.div(dlogits, static_cast<double>(ga));
-  Tensor dhead = dev.alloc(dtype_, {V, d}, "dlm_head"), dhf = dev.alloc(dtype_, {N, d}, "dhf");
+  Tensor dhead = dev.alloc(dtype_, {V, d}, "dlm_head", MemCategory::temporaries);
+  Tensor dhf = dev.alloc(dtype_, {N, d}, "dhf", MemCategory::activations);
   dev.matmul(dhead, dlogits, hf_, true, false, false);
   dev.matmul(dhf, dlogits, root_param("lm_head"), false, false, false);
-  Tensor dx = dev.alloc(dtype_, {N, d}, "dxf"), dgf = dev.alloc(dtype_, {d}, "dnorm");
+  Tensor dx = dev.alloc(dtype_, {N, d}, "dxf", MemCategory::activations);
+  Tensor dgf = dev.alloc(dtype_, {d}, "dnorm", MemCategory::temporaries);
   dev.rmsnorm_backward(dx, dgf, dhf, xf_, root_param("norm"), rstdf_);
   accumulate_grad(dev, param_of(*this, "lm_head"), dhead);
   accumulate_grad(dev, param_of(*this, "norm"), dgf);
   for (std::size_t l = children().size(); l-- > 0;)
     dx = block_backward(dev, block(l), acts_[l], dx);
-  Tensor dpos = dev.alloc(dtype_, {spec_.seq, d}, "dpos_emb"),
-         dtok = dev.alloc(dtype_, {V, d}, "dtok_emb");
+  Tensor dpos = dev.alloc(dtype_, {spec_.seq, d}, "dpos_emb", MemCategory::temporaries),
+         dtok = dev.alloc(dtype_, {V, d}, "dtok_emb", MemCategory::temporaries);
   dev.embedding_backward(dpos, dx, pos_);
   dev.embedding_backward(dtok, dx, ids_);
   accumulate_grad(dev, param_of(*this, "pos_emb"), dpos);

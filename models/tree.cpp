@@ -213,13 +213,22 @@ HostBatch TreeModel::make_batch(Rng& rng, std::int64_t samples, DataDomain domai
   return hb;
 }
 
+HostBatch TreeModel::batch_shapes(std::int64_t samples) const {
+  HostBatch hb;
+  hb.samples = samples;
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    hb.arrays.emplace(fmt::format("g{}", i), HostArray{{samples, numels_[i]}, {}});
+  }
+  return hb;
+}
+
 double TreeModel::node_forward(Device& dev, Module& m) {
   m.run_pre_forward();
   double loss = 0;
   for (const auto& entry : m.params()) {
     const Parameter& p = *m.params().get(entry.first);
     const Tensor& g = held_.at(fmt::format("g{}", p.id));  // [B, numel]
-    Tensor mean = dev.alloc(dtype_, {p.numel()}, "g_mean");  // [numel]
+    Tensor mean = dev.alloc(dtype_, {p.numel()}, "g_mean", MemCategory::temporaries);  // [numel]
     dev.sum_rows(mean, g, false);
     loss += dev.dot(mean, p.data) / static_cast<double>(held_.samples);
   }

@@ -38,6 +38,7 @@ class TreeModel : public Model {
   // "g{id}" [samples, numel of param id] for every param.
   HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
                        const ExactSpec& ex) const override;
+  HostBatch batch_shapes(std::int64_t samples) const override;
   double forward(Device& dev, const Batch& batch) override;
   void backward(Device& dev, double loss_scale, std::int64_t ga) override;
   std::string describe() const override;

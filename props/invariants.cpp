@@ -3,6 +3,7 @@
 
 #include "engine/errors.h"
 #include "engine/rng.h"
+#include "props/memory_checks.h"
 #include "props/module_checks.h"
 #include "props/module_checks_gen.h"
 #include "props/scenario_gen.h"
@@ -485,6 +486,26 @@ const char* kStateMachine =
     "stale loss, boundary, step, zero_grad, no_sync, coalesce, compile, destroy) on two simulated ranks, against a "
     "model that predicts the engine's counters and flags and which calls must raise (and with what).";
 
+const char* kMetaMemory =
+    "The same scenario trained twice on the simulator, on host devices and in meta mode (shapes only: "
+    "no data allocated, moved or read; zerocheck plan runs this way at real sizes): every rank's memory "
+    "high-water mark, per category (params, grads, fp32 master, optimizer states, ipg buckets, comm "
+    "buffers, gathered, prefetched and persistent ZeRO-3 params, activations, temporaries), its total "
+    "and its composition at the peak are the same bytes, on the accelerator and on the CPU side of "
+    "offload, for construction and for the steps, and so are the collectives. The host figures are "
+    "the host allocator's own count (kept around calloc and free), not the ledger the meta figures "
+    "come from. A host run that skips a step for overflow leaves meta mode's path and is discarded.";
+
+Verdict check_meta_memory(const Scenario& s, const CheckContext& ctx) {
+  if (!s.fault.empty()) return not_applicable();
+  const MemoryComparison c = compare_meta_with_host(to_run_spec(s, ctx.bugs, ctx.hooks));
+  if (!c.applies) return not_applicable();
+  Verdict v;
+  v.trace_hash = c.trace_hash;
+  if (!c.difference.empty()) return fail(v, c.difference);
+  return v;
+}
+
 std::vector<Invariant> make_invariants() {
   std::vector<Invariant> out;
   out.push_back({"I1-coalesced-bit-exact", kI1Exact, [] { return gen_scenario(GenDomain::coalescing()); }, check_i1_exact});
@@ -511,6 +532,8 @@ std::vector<Invariant> make_invariants() {
   out.push_back({"schedule-independence", kSchedule, [] { return gen_scenario(GenDomain::anything()); }, check_schedule_independence});
   out.push_back({"failure-modes-clear-errors", kFailureModes, [] { return gen_scenario(GenDomain::faulty()); }, check_failure_modes});
   out.push_back({"engine-lifecycle-state-machine", kStateMachine, [] { return gen_lifecycle_scenario(); }, check_lifecycle});
+  out.push_back({"meta-memory-equals-host", kMetaMemory, [] { return gen_scenario(GenDomain::anything()); },
+                 check_meta_memory});
   return out;
 }
 

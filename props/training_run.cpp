@@ -169,8 +169,23 @@ auto counted_apart(Comm& world, CommStats& into, F&& body) {
   return result;
 }
 
-RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace, BatchCache& cache) {
+DeviceMemory snapshot(const Device& dev) {
+  DeviceMemory m;
+  m.construction = dev.memory();
+  if (const AllocatorStats* a = dev.allocator_stats()) m.allocator_construction = *a;
+  return m;
+}
+
+void finish(DeviceMemory& m, const Device& dev) {
+  m.steps = dev.memory();
+  if (const AllocatorStats* a = dev.allocator_stats()) m.allocator_steps = *a;
+}
+
+RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
+                 BatchCache& cache, Device* cpu) {
   const int W = world.size();
+  const bool meta = dev.placement() == Placement::meta;
+  const bool read_back = spec.record_values && !meta;
   RankRecord rec;
   const Config cfg = Config::from_json(effective_config(spec), W);
   std::unique_ptr<Comm> ep, edp;
@@ -187,11 +202,22 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   opts.bugs = spec.bugs;
   opts.trace = trace;
   opts.adam_simd_width = spec.adam_simd_width;
+  opts.cpu_device = cpu;
   std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
   opts.deepcompile_loader = loader.get();
   Engine engine(cfg, *model, dev, world, opts);
   if (spec.after_init) spec.after_init(rank, engine);
   if (spec.compile) engine.compile(*spec.compile);
+  rec.memory.device = snapshot(dev);
+  dev.reset_peak();
+  if (cpu != nullptr) {
+    rec.memory.cpu = snapshot(*cpu);
+    cpu->reset_peak();
+  }
+  auto batch = [&](int s, int m, int c) {
+    if (meta) return upload_batch(dev, model->batch_shapes(spec.micro_batch), cfg.model_dtype());
+    return upload_batch(dev, cache.slice_for(*model, s, m, c, rank), cfg.model_dtype());
+  };
   const std::int64_t ga = cfg.gradient_accumulation_steps;
   if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
   for (int s = 0; s < spec.steps; ++s) {
@@ -199,7 +225,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     for (int m = 0; m < ga; ++m) {
       auto chunks = [&] {
         for (int c = 0; c < spec.n_backward; ++c) {
-          const Batch mine = upload_batch(dev, cache.slice_for(*model, s, static_cast<int>(m), c, rank), cfg.model_dtype());
+          const Batch mine = batch(s, static_cast<int>(m), c);
           if (spec.explicit_boundary && !spec.coalesce) {
             engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
           }
@@ -215,20 +241,24 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
         chunks();
       }
       if (m + 1 == ga) {
-        if (spec.collect_grads) rec.grads.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_grads(); }));
+        if (spec.collect_grads && read_back) rec.grads.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_grads(); }));
         rec.loss_scales.push_back(engine.loss_scale());
       }
       engine.step();
     }
-    rec.params.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_params(); }));
     rec.skipped_steps.push_back(engine.skipped_steps());
-    rec.masters.push_back(to_f64(dev, engine.master_partitions().at(0)));
+    if (read_back) {  // a meta run has no values to read back
+      rec.params.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_params(); }));
+      rec.masters.push_back(to_f64(dev, engine.master_partitions().at(0)));
+    }
     const double mean_loss = loss_sum / static_cast<double>(ga * spec.n_backward);
     rec.losses.push_back(mean_loss);
     if (spec.after_step) spec.after_step(rank, s, engine, mean_loss);
   }
   if (spec.destroy_at_end) engine.destroy();
   rec.comm = world.stats();
+  finish(rec.memory.device, dev);
+  if (cpu != nullptr) finish(rec.memory.cpu, *cpu);
   return rec;
 }
 
@@ -240,9 +270,10 @@ std::unique_ptr<Model> initial_model(const RunSpec& spec, Device& dev, DType dty
   return model;
 }
 
-RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace) {
+RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
+                      Device* cpu) {
   BatchCache cache(spec, 1);
-  return train(spec, rank, dev, world, trace, cache);
+  return train(spec, rank, dev, world, trace, cache, cpu);
 }
 
 RunResult run_on_sim(const RunSpec& spec) {
@@ -252,7 +283,8 @@ RunResult run_on_sim(const RunSpec& spec) {
   BatchCache cache(spec, W);
   sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, spec.sim);
   result.sim = cluster.run([&](sim::RankContext& ctx) {
-    recs[static_cast<std::size_t>(ctx.rank)] = train(spec, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache);
+    recs[static_cast<std::size_t>(ctx.rank)] =
+        train(spec, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache, &ctx.cpu);
   });
   const RankRecord& r0 = recs[0];
   result.params = r0.params;
@@ -262,7 +294,8 @@ RunResult run_on_sim(const RunSpec& spec) {
   result.loss_scales = r0.loss_scales;
   result.flush_micro_step_ids = r0.flush_micro_step_ids;
   result.skipped_steps = r0.skipped_steps;
-  for (const RankRecord& r : recs) {
+  for (RankRecord& r : recs) {
+    result.memory.push_back(std::move(r.memory));
     result.comm.push_back(r.comm);
     CommStats engine_only = r.comm;
     for (int k = 0; k < kCollectiveKinds; ++k) {
@@ -283,7 +316,7 @@ RunResult run_on_sim(const RunSpec& spec) {
                        named ? param_element_name(*named, at) : fmt::format("element {}", at), b[*i],
                        std::bit_cast<std::uint64_t>(b[*i]), a[*i], std::bit_cast<std::uint64_t>(a[*i]));
   };
-  for (int r = 1; r < W && result.ranks_agree; ++r) {
+  for (int r = 1; r < W && result.ranks_agree && !r0.params.empty(); ++r) {
     const RankRecord& other = recs[static_cast<std::size_t>(r)];
     for (int s = 0; s < spec.steps; ++s) {
       const auto at = static_cast<std::size_t>(s);

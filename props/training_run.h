@@ -42,12 +42,18 @@ struct RunSpec {
   std::uint64_t sched_seed = 0;  // the simulator's interleaving; 0 = seed
   bool same_batch_every_step = false;
   bool collect_grads = true;  // gather full grads each step (a collective; off for plain training)
+  // Read back params and masters after each step (params: a collective at ZeRO-3). Off: the
+  // record has no values and the run's memory and collectives are the engine's alone. A meta
+  // run (sim.meta) never reads back.
+  bool record_values = true;
   BugSet bugs;
   // Options::adam_simd_width. 1 here, a position-independent Adam (every element in the vector
   // body's order), so that I1 compares partitionings, not where each rank's vector tail falls:
   // with DeepSpeed's real build (16 on AVX-512) Adam's bits move with the partition boundaries
   // (SPEC 5, I1). The DeepSpeed comparison sets the width DeepSpeed was built with.
   int adam_simd_width = 1;
+  // sim.meta: a meta run (Note [Meta mode]): batches from batch_shapes(), nothing read back, so
+  // the record holds no values; its memory and collectives are what the run is for.
   sim::SimOptions sim;
   // engine.destroy() after the last step (the lifecycle I3 checks).
   bool destroy_at_end = false;
@@ -56,6 +62,18 @@ struct RunSpec {
   std::function<void(int, Engine&)> after_init;
   // Called on every rank after each step with (rank, step, engine, this rank's mean loss).
   std::function<void(int, int, Engine&, double)> after_step;
+};
+
+// One device's memory over a run (memory.h): the ledger as construction left it (the model built
+// and the engine initialised), and as the steps left it, its high-water marks counted from the
+// end of construction; with the allocator's own stats where the device keeps them (HostDevice).
+struct DeviceMemory {
+  MemoryLedger construction, steps;
+  std::optional<AllocatorStats> allocator_construction, allocator_steps;
+};
+struct RankMemory {
+  DeviceMemory device;  // the accelerator (the rank's Device)
+  DeviceMemory cpu;     // the CPU side of offload (RankContext::cpu)
 };
 
 struct RunResult {
@@ -70,6 +88,7 @@ struct RunResult {
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
   std::vector<CommStats> engine_comm;       // per rank: comm less the record's own getters (full grads/params)
+  std::vector<RankMemory> memory;           // per rank
   sim::SimResult sim;
 };
 
@@ -81,13 +100,16 @@ struct RankRecord {
   std::vector<std::int64_t> skipped_steps;
   CommStats comm;
   CommStats getter_comm;  // the collectives of full_grads()/full_params() (part of comm)
+  RankMemory memory;
 };
 
 RunResult run_on_sim(const RunSpec& spec);
 // The same training on one rank of any backend (MPI processes, GPUs): every rank calls it with
 // its own Device and its world Comm; data and init are drawn from the seed exactly as on the
 // simulator, so the records compare bit for bit.
-RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace);
+// `cpu` is the CPU side of offload (null: the optimizer's own host memory).
+RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
+                      Device* cpu = nullptr);
 // The model every rank of the run starts from: built, and initialised on `dev` in `dtype` from the
 // spec's seed (the DeepSpeed reference writes these weights for its twin).
 std::unique_ptr<Model> initial_model(const RunSpec& spec, Device& dev, DType dtype);

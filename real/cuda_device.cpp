@@ -98,7 +98,7 @@ std::string CudaDevice::gpu_name() const { return st_->gpu; }
 void* CudaDevice::stream() const { return st_->stream; }
 void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(st_->stream)); }
 
-Tensor CudaDevice::alloc(DType dtype, Shape shape, std::string label) {
+Tensor CudaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory) {
   const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
   void* data = nullptr;
   const cudaError_t rc = cudaMallocAsync(&data, static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), st_->stream);
@@ -110,9 +110,7 @@ Tensor CudaDevice::alloc(DType dtype, Shape shape, std::string label) {
   CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<std::size_t>(bytes), st_->stream));
   auto storage = std::make_shared<Storage>();
   storage->data = data;
-  *live_bytes_ += bytes;
-  storage->owner = std::shared_ptr<void>(data, [live = live_bytes_, bytes, st = st_](void* ptr) {
-    *live -= bytes;
+  storage->owner = std::shared_ptr<void>(data, [st = st_](void* ptr) {
     // Stream-ordered: after every kernel already queued on the compute stream. A failure here
     // (the runtime already torn down at exit) cannot be raised from a deleter and frees nothing.
     (void)cudaFreeAsync(ptr, st->stream);

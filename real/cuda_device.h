@@ -39,7 +39,6 @@ class CudaDevice final : public Device {
   void* stream() const;  // the compute stream, a cudaStream_t
   void synchronize();    // waits for the compute stream, raising any kernel error
 
-  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
@@ -85,6 +84,9 @@ class CudaDevice final : public Device {
                     std::int64_t c, std::int64_t d) override;
 
   struct State;  // device index, stream, allocator bookkeeping (shared with storage deleters)
+
+ protected:
+  Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
 
  private:
   double reduce(const Tensor& x, const Tensor* y, int kind);

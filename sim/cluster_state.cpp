@@ -24,6 +24,12 @@ namespace zc::sim {
 namespace ctx = boost::context;
 
 std::string CallSig::str() const {
+  std::string s = describe_call();
+  if (meta) s.insert(s.size() - 1, ", meta");
+  return s;
+}
+
+std::string CallSig::describe_call() const {
   switch (kind) {
     case CollectiveKind::barrier: return "barrier()";
     case CollectiveKind::split: return "split()";
@@ -59,14 +65,24 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
   for (int r = 0; r < world_size; ++r) {
     auto rs = std::make_unique<RankState>(options.limits.max_trace_events_kept);
     rs->rank = r;
-    rs->host = std::make_unique<HostDevice>();
-    rs->device = std::make_unique<SimDevice>(*this, r, *rs->host);
+    if (options.meta) {
+      rs->inner = std::make_unique<MetaDevice>();
+      rs->cpu = std::make_unique<MetaDevice>();
+    } else {
+      rs->inner = std::make_unique<HostDevice>();
+      rs->cpu = std::make_unique<HostDevice>();
+    }
+    rs->device = std::make_unique<SimDevice>(*this, r, *rs->inner);
     rs->world = std::make_unique<SimComm>(*this, r, world, r);
     ranks_.push_back(std::move(rs));
   }
   runnable_pos_.assign(static_cast<std::size_t>(world_size), -1);
   for (const Fault& f : options.faults) {
     if (f.kind == FaultKind::slow_rank) rank_state(f.rank).slowdown *= f.slowdown;  // checked by SimCluster
+    if (options.meta && (f.kind == FaultKind::bit_flip || f.kind == FaultKind::nan)) {
+      throw UsageError(fmt::format("SimOptions::faults: {} corrupts data, and a meta run "
+                                   "(SimOptions::meta) has none", f.str()));
+    }
   }
 }
 
@@ -163,7 +179,7 @@ void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
       if (tearing_down_) return std::move(sink);
       rs.sink = std::move(sink);
       try {
-        RankContext rc{rs.rank, world_size_, *rs.device, *rs.world, rs.trace,
+        RankContext rc{rs.rank, world_size_, *rs.device, *rs.cpu, *rs.world, rs.trace,
                        Rng(seed_).split(1 + static_cast<std::uint64_t>(rs.rank))};
         fn(rc);
         drain(rs);

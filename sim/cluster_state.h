@@ -34,9 +34,13 @@ struct CallSig {
   std::int64_t out_numel = 0;
   ReduceOp op = ReduceOp::sum;
   int root = 0;
+  bool meta = false;  // shapes only (Note [Meta mode]): checked and timed, no data moved
   bool operator==(const CallSig&) const = default;
-  std::string str() const;  // "all_reduce(16 x f32, sum)"
+  std::string str() const;  // "all_reduce(16 -> 16 x f32, sum)", ", meta" before the ")"
   std::int64_t bytes() const { return std::max(in_numel, out_numel) * dtype_size(dtype); }
+
+ private:
+  std::string describe_call() const;
 };
 
 struct Member {  // one rank's part in a rendezvous
@@ -83,7 +87,8 @@ struct RankState {
   std::string blocked_call;
   std::exception_ptr error;
   Trace trace;
-  std::unique_ptr<HostDevice> host;
+  std::unique_ptr<Device> inner;  // HostDevice, or MetaDevice with SimOptions::meta
+  std::unique_ptr<Device> cpu;    // the CPU side of offload (RankContext::cpu), same kind
   std::unique_ptr<SimDevice> device;
   std::unique_ptr<SimComm> world;
   std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited

@@ -39,9 +39,17 @@ class DroppedWork final : public Work {
 
 }  // namespace
 
-WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
-                            bool async_op, int split_color, int split_key) {
+WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in,
+                            const Tensor& out, bool async_op, int split_color, int split_key) {
   const int r = comm.global_rank();
+  CallSig sig = call;
+  sig.meta = (in.defined() && in.is_meta()) || (out.defined() && out.is_meta());
+  if (sig.meta && ((in.defined() && !in.is_meta()) || (out.defined() && !out.is_meta()))) {
+    throw UsageError(fmt::format("rank {}: {} mixes a meta tensor with a {} one; a collective's "
+                                 "buffers are all meta or none", r, sig.str(),
+                                 in.is_meta() ? placement_name(out.placement())
+                                              : placement_name(in.placement())));
+  }
   RankState& rs = rank_state(r);
   if (static_cast<int>(rs.inflight.size()) >= options_.limits.max_inflight_per_rank) {
     throw LimitExceeded(fmt::format(
@@ -96,7 +104,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& sig, const Tensor& in,
   m.issue_us = rs.now_us;
   m.split_color = split_color;
   m.split_key = split_key;
-  if (in.defined() && in.nbytes() > 0) {  // inputs are read at issue
+  if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // inputs are read at issue
     m.input.resize(static_cast<std::size_t>(in.nbytes()));
     std::memcpy(m.input.data(), in.raw(), m.input.size());
   }
@@ -168,7 +176,7 @@ void ClusterState::compute(Rendezvous& rv) {
     return std::make_shared<Bytes>(static_cast<std::size_t>(numel * esz));
   };
   std::shared_ptr<Bytes> shared;  // one result for every member (all_reduce, broadcast)
-  for (int g = 0; g < n; ++g) {
+  for (int g = 0; g < n && !sig.meta; ++g) {  // a meta collective has no data to compute
     Member& m = rv.members[static_cast<std::size_t>(g)];
     switch (sig.kind) {
       case CollectiveKind::all_reduce:

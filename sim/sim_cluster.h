@@ -65,6 +65,9 @@ class InjectedCrash : public ZcError {
 };
 
 struct SimOptions {
+  // Meta mode (Note [Meta mode] in engine/model.h): every rank's device is a MetaDevice and its CPU
+  // side too; collectives meet, check, count and take simulated time, and move no data.
+  bool meta = false;
   ReductionOrder order = ReductionOrder::linear;
   // At each scheduler step, the chance that one ready async collective completes early (its
   // output is written) rather than at its wait(). Seeded, so still deterministic.
@@ -79,7 +82,8 @@ struct SimOptions {
 struct RankContext {
   int rank;
   int world_size;
-  Device& device;  // race-checked host device
+  Device& device;  // race-checked host device (meta device with SimOptions::meta)
+  Device& cpu;     // the rank's CPU memory for offload (Options::cpu_device), same kind
   Comm& world;     // the world group
   Trace& trace;    // this rank's event trace
   Rng rng;         // this rank's stream of the root seed

@@ -7,7 +7,9 @@
 namespace zc::sim {
 
 SimDevice::SimDevice(ClusterState& cluster, int rank, Device& inner)
-    : cluster_(cluster), rank_(rank), inner_(inner) {}
+    : cluster_(cluster), rank_(rank), inner_(inner) {
+  accounts_allocations_ = false;  // the inner device's ledger counts
+}
 
 template <class Body>
 auto SimDevice::guarded(const char* op, std::initializer_list<const Tensor*> reads,
@@ -30,8 +32,10 @@ auto SimDevice::guarded(const char* op, std::initializer_list<const Tensor*> rea
   return body();
 }
 
-Tensor SimDevice::alloc(DType dtype, Shape shape, std::string label) {
-  return guarded("alloc", {}, {}, [&] { return inner_.alloc(dtype, std::move(shape), label); });
+Tensor SimDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) {
+  return guarded("alloc", {}, {}, [&] {
+    return inner_.alloc(dtype, std::move(shape), std::move(label), category);
+  });
 }
 void SimDevice::copy(const Tensor& dst, const Tensor& src) {
   guarded("copy", {&src}, {&dst}, [&] { inner_.copy(dst, src); });

@@ -19,10 +19,12 @@ class SimDevice final : public Device {
   SimDevice(ClusterState& cluster, int rank, Device& inner);
 
   Placement placement() const override { return inner_.placement(); }
-  std::int64_t live_bytes() const override { return inner_.live_bytes(); }
+  const MemoryLedger& memory() const override { return inner_.memory(); }
+  MemoryLedger& memory() override { return inner_.memory(); }
+  const AllocatorStats* allocator_stats() const override { return inner_.allocator_stats(); }
+  void reset_allocator_peak() override { inner_.reset_allocator_peak(); }
   std::string name() const override { return "sim:" + inner_.name(); }
 
-  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
@@ -66,6 +68,10 @@ class SimDevice final : public Device {
   void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override;
   void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                     std::int64_t c, std::int64_t d) override;
+
+ protected:
+  // The inner device allocates and counts (accounts_allocations_ is false here).
+  Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
 
  private:
   // Checks reads then writes, runs `body` on the inner device, then charges its cost.

@@ -36,6 +36,7 @@ RC_GTEST_PROP(Invariants, Determinism, ()) { holds("determinism-same-trace-hash"
 RC_GTEST_PROP(Invariants, ScheduleIndependence, ()) { holds("schedule-independence"); }
 RC_GTEST_PROP(Invariants, FailureModesClearErrors, ()) { holds("failure-modes-clear-errors"); }
 RC_GTEST_PROP(Invariants, EngineLifecycleStateMachine, ()) { holds("engine-lifecycle-state-machine"); }
+RC_GTEST_PROP(Invariants, MetaMemoryEqualsHost, ()) { holds("meta-memory-equals-host"); }
 
 }  // namespace
 }  // namespace zc::props

@@ -14,12 +14,13 @@ namespace zc::conformance {
 
 class PerturbingDevice final : public Device {
  public:
-  explicit PerturbingDevice(std::string op) : op_(std::move(op)) {}
+  explicit PerturbingDevice(std::string op) : op_(std::move(op)) { accounts_allocations_ = false; }
   Placement placement() const override { return Placement::host; }
   std::string name() const override { return "host-perturbed:" + op_; }
-  std::int64_t live_bytes() const override { return inner_.live_bytes(); }
+  const MemoryLedger& memory() const override { return inner_.memory(); }
+  MemoryLedger& memory() override { return inner_.memory(); }
+  const AllocatorStats* allocator_stats() const override { return inner_.allocator_stats(); }
 
-  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override { return inner_.alloc(dtype, std::move(shape), std::move(label)); }
   void copy(const Tensor& dst, const Tensor& src) override { inner_.copy(dst, src); hit("copy", dst); }
   void fill(const Tensor& t, double value) override { inner_.fill(t, value); hit("fill", t); }
   void upload(const Tensor& dst, std::span<const std::byte> src) override { inner_.upload(dst, src); hit("upload_download", dst); }
@@ -84,6 +85,11 @@ class PerturbingDevice final : public Device {
                     std::int64_t d) override {
     inner_.permute_0213(out, x, a, b, c, d);
     hit("permute_0213", out);
+  }
+
+ protected:
+  Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override {
+    return inner_.alloc(dtype, std::move(shape), std::move(label), category);
   }
 
  private:

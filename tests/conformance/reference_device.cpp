@@ -137,17 +137,13 @@ std::vector<std::int64_t> read_ids(std::string_view op, const Tensor& ids, std::
 
 // ---- memory ----
 
-Tensor ReferenceDevice::alloc(DType dtype, Shape shape, std::string label) {
+Tensor ReferenceDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory) {
   const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
   void* data = std::calloc(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), 1);
   require(data != nullptr, "alloc", fmt::format("out of host memory ({} bytes)", bytes));
   auto storage = std::make_shared<Storage>();
   storage->data = data;
-  storage->owner = std::shared_ptr<void>(data, [live = live_bytes_, bytes](void* ptr) {
-    *live -= bytes;
-    std::free(ptr);
-  });
-  *live_bytes_ += bytes;
+  storage->owner = std::shared_ptr<void>(data, [](void* ptr) { std::free(ptr); });
   storage->bytes = bytes;
   storage->placement = Placement::host;
   storage->id = next_id_++;

@@ -15,7 +15,6 @@ class ReferenceDevice final : public Device {
   Placement placement() const override { return Placement::host; }
   std::string name() const override { return "reference"; }
 
-  Tensor alloc(DType dtype, Shape shape, std::string label = {}) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
@@ -59,6 +58,9 @@ class ReferenceDevice final : public Device {
   void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override;
   void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                     std::int64_t c, std::int64_t d) override;
+
+ protected:
+  Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
 
  private:
   std::uint64_t next_id_ = 1;
