@@ -176,6 +176,41 @@ class Device {
   virtual void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                             std::int64_t c, std::int64_t d) = 0;
 
+  // ---- transformer ops II (the presets of models/transformer.h: GPT-2, Llama-2). In the compute
+  // type as above; tanh, exp, cos and sin are evaluated in f64 and rounded once to the compute
+  // type, on every backend (Note [Transcendentals]). ----
+  // LayerNorm over rows of x [N,D]: mean[n] = (sum_j x[n,j]) / D; var[n] = (sum_j (x[n,j] -
+  // mean[n])^2) / D (sums ascending j); rstd[n] = 1 / sqrt(var[n] + eps);
+  // out[n,j] = ((x[n,j] - mean[n]) * rstd[n]) * w[j] + b[j], mean and rstd as computed (before
+  // their stores round them). mean and rstd [N] are kept for the backward.
+  virtual void layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& w, const Tensor& b, double eps) = 0;
+  // xhat = (x[n,j] - mean[n]) * rstd[n], g = dout[n,j] * w[j]; c1[n] = sum_j g, c2[n] =
+  // sum_j g * xhat (ascending j); dx[n,j] = rstd[n] * ((g - c1[n] / D) - xhat * (c2[n] / D));
+  // dw[j] = sum_n dout[n,j] * xhat, db[j] = sum_n dout[n,j] (ascending n; both overwritten).
+  virtual void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                  const Tensor& dout, const Tensor& x, const Tensor& w,
+                                  const Tensor& mean, const Tensor& rstd) = 0;
+  // GELU, tanh form (GPT-2's gelu_new, torch's approximate="tanh"), elementwise: with
+  // c = 0.7978845608028654 (sqrt(2/pi) rounded to f64) and a = 0.044715, each rounded to the
+  // compute type, u = c * (x + a * ((x * x) * x)), t = tanh(u): out = (0.5 * x) * (1 + t).
+  virtual void gelu(const Tensor& out, const Tensor& x) = 0;
+  // dx = dout * (0.5 * (1 + t) + ((0.5 * x) * (1 - t * t)) * (c * (1 + (3 * a) * (x * x)))).
+  virtual void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+  // SwiGLU (Llama's MLP), elementwise: s = 1 / (1 + exp(-gate)), out = (gate * s) * up.
+  virtual void swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // dup = dout * (gate * s); dgate = (dout * up) * (s * (1 + gate * (1 - s))).
+  virtual void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                               const Tensor& gate, const Tensor& up) = 0;
+  // Rotary position embedding (Llama's rotate_half form) without a table: x, out [R, heads * dh]
+  // in token layout, row r at position p = r % seq. For each head and i < dh / 2: the angle
+  // p * base^(-2i/dh) in f64, cs = cos and sn = sin of it rounded to the compute type (sn negated
+  // when `inverse`: the transposed rotation, which is the backward); then
+  // out[i] = x[i] * cs - x[i + dh/2] * sn and out[i + dh/2] = x[i + dh/2] * cs + x[i] * sn, both
+  // read before either is stored (out may be x).
+  virtual void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads,
+                    double base, bool inverse) = 0;
+
   const DeviceCounters& counters() const { return counters_; }
   // This device's memory by category: live bytes, high-water marks, the composition at the peak
   // (memory.h). The meta device counts what it would hold, byte for byte what a host run holds.
@@ -208,6 +243,12 @@ class Device {
   DeviceCounters counters_;
   std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
 };
+
+// Note [Transcendentals]
+// tanh, exp, cos and sin have no correctly rounded implementation that every backend shares. The
+// ops that need them evaluate the function in f64 and round the result once to the compute type:
+// for f32 compute, two backends then differ only where their f64 results straddle an f32 rounding
+// boundary (the conformance table states the bound); on the host every evaluation is glibc's.
 
 // Note [Canonical reduction order]
 // A reduction over n elements is defined as: leaves in blocks of kReduceBlock; inside a block a

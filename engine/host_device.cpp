@@ -3,6 +3,7 @@
 // written (fmaf, the optimizer kernels of engine/optimizer_math.h), as the CUDA kernels do too.
 #include "engine/host_device.h"
 
+#include "engine/host_loops.h"
 #include "engine/optimizer_math.h"
 #include "engine/errors.h"
 
@@ -13,42 +14,9 @@
 
 namespace zc {
 
+using namespace host_loops;
+
 namespace {
-
-bool any_f64(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts) {
-    if (t->dtype() == DType::f64) return true;
-  }
-  return false;
-}
-
-template <class T>
-T ld(const Tensor& t, std::int64_t i) {
-  if constexpr (std::is_same_v<T, double>) {
-    return load_as_f64(t.raw(), t.dtype(), i);
-  } else {
-    return load_as_f32(t.raw(), t.dtype(), i);
-  }
-}
-
-template <class T>
-void st(const Tensor& t, std::int64_t i, T v) {
-  if constexpr (std::is_same_v<T, double>) {
-    store_from_f64(t.raw(), t.dtype(), i, v);
-  } else {
-    store_from_f32(t.raw(), t.dtype(), i, v);
-  }
-}
-
-// Runs fn with a value of the compute type: double if any operand is f64, else float.
-template <class Fn>
-void with_compute(std::initializer_list<const Tensor*> ts, Fn&& fn) {
-  if (any_f64(ts)) {
-    fn(0.0);
-  } else {
-    fn(0.0f);
-  }
-}
 
 // Stride-halving tree over `leaves`, padded with zeros to a power of two (Note [Canonical
 // reduction order]). Destroys leaves.

@@ -231,4 +231,72 @@ void MetaDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a
   tally(counters_, 0, x.nbytes(), out.nbytes());
 }
 
+
+// Transformer ops II: HostDevice's shape checks, FLOPs and bytes, no data.
+void MetaDevice::layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& x, const Tensor& w, const Tensor& b, double) {
+  all_meta("layernorm", {&out, &mean, &rstd, &x, &w, &b});
+  same_numel("layernorm", out, x);
+  const std::int64_t r = rows("layernorm", x);
+  row_len("layernorm", x, w);
+  row_len("layernorm", x, b);
+  if (mean.numel() != r || rstd.numel() != r) {
+    throw UsageError(fmt::format("layernorm: mean {} and rstd {} must have {} rows",
+                                 mean.describe(), rstd.describe(), r));
+  }
+  tally(counters_, 8 * x.numel(), x.nbytes() + w.nbytes() + b.nbytes(),
+        out.nbytes() + mean.nbytes() + rstd.nbytes());
+}
+void MetaDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                    const Tensor& dout, const Tensor& x, const Tensor& w,
+                                    const Tensor& mean, const Tensor& rstd) {
+  all_meta("layernorm_backward", {&dx, &dw, &db, &dout, &x, &w, &mean, &rstd});
+  same_numel("layernorm_backward", dx, x);
+  same_numel("layernorm_backward", dout, x);
+  same_numel("layernorm_backward", dw, w);
+  same_numel("layernorm_backward", db, w);
+  const std::int64_t r = rows("layernorm_backward", x);
+  row_len("layernorm_backward", x, w);
+  if (mean.numel() != r || rstd.numel() != r) {
+    throw UsageError("layernorm_backward: mean and rstd must have one value per row");
+  }
+  tally(counters_, 12 * x.numel(), 2 * x.nbytes() + w.nbytes() + mean.nbytes() + rstd.nbytes(),
+        dx.nbytes() + dw.nbytes() + db.nbytes());
+}
+void MetaDevice::gelu(const Tensor& out, const Tensor& x) {
+  all_meta("gelu", {&out, &x});
+  same_numel("gelu", out, x);
+  tally(counters_, 10 * x.numel(), x.nbytes(), out.nbytes());
+}
+void MetaDevice::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  all_meta("gelu_backward", {&dx, &dout, &x});
+  same_numel("gelu_backward", dx, dout);
+  same_numel("gelu_backward", dx, x);
+  tally(counters_, 16 * x.numel(), x.nbytes() + dout.nbytes(), dx.nbytes());
+}
+void MetaDevice::swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  all_meta("swiglu", {&out, &gate, &up});
+  same_numel("swiglu", out, gate);
+  same_numel("swiglu", out, up);
+  tally(counters_, 6 * out.numel(), gate.nbytes() + up.nbytes(), out.nbytes());
+}
+void MetaDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                 const Tensor& gate, const Tensor& up) {
+  all_meta("swiglu_backward", {&dgate, &dup, &dout, &gate, &up});
+  for (const Tensor* t : {&dup, &dout, &gate, &up}) same_numel("swiglu_backward", dgate, *t);
+  tally(counters_, 10 * dout.numel(), dout.nbytes() + gate.nbytes() + up.nbytes(),
+        dgate.nbytes() + dup.nbytes());
+}
+void MetaDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads,
+                      double, bool) {
+  all_meta("rope", {&out, &x});
+  same_numel("rope", out, x);
+  if (x.ndim() != 2 || heads < 1 || seq < 1 || x.dim(1) % heads != 0 ||
+      (x.dim(1) / heads) % 2 != 0) {
+    throw UsageError(fmt::format("rope: {} must be [R, heads * dh] with {} heads of an even dh and "
+                                 "seq {} >= 1", x.describe(), heads, seq));
+  }
+  tally(counters_, 6 * x.numel(), x.nbytes(), out.nbytes());
+}
+
 }  // namespace zc

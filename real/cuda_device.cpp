@@ -477,6 +477,84 @@ void CudaDevice::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tens
   count_kernel(8 * x.numel(), 2 * x.nbytes() + w.nbytes() + rstd.nbytes(), dx.nbytes() + dw.nbytes());
 }
 
+void CudaDevice::layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                           const Tensor& w, const Tensor& b, double eps) {
+  for (const Tensor* t : {&out, &mean, &rstd, &x, &w, &b}) on("layernorm", *t, Placement::cuda);
+  same_numel("layernorm", out, x);
+  const std::int64_t rows = device_check::rows("layernorm", x), dim = device_check::row_len("layernorm", x, w);
+  device_check::row_len("layernorm", x, b);
+  if (mean.numel() != rows || rstd.numel() != rows) {
+    throw UsageError(fmt::format("layernorm: mean {} and rstd {} must have {} rows", mean.describe(),
+                                 rstd.describe(), rows));
+  }
+  CUDA_CHECK(kernels::layernorm(st_->stream, any_f64(out, mean, rstd, x, w, b), vw(out), vw(mean), vw(rstd), vw(x),
+                                vw(w), vw(b), eps, rows, dim));
+  count_kernel(8 * x.numel(), x.nbytes() + w.nbytes() + b.nbytes(), out.nbytes() + mean.nbytes() + rstd.nbytes());
+}
+
+void CudaDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  for (const Tensor* t : {&dx, &dw, &db, &dout, &x, &w, &mean, &rstd}) on("layernorm_backward", *t, Placement::cuda);
+  same_numel("layernorm_backward", dx, x);
+  same_numel("layernorm_backward", dout, x);
+  same_numel("layernorm_backward", dw, w);
+  same_numel("layernorm_backward", db, w);
+  const std::int64_t rows = device_check::rows("layernorm_backward", x);
+  const std::int64_t dim = device_check::row_len("layernorm_backward", x, w);
+  if (mean.numel() != rows || rstd.numel() != rows) {
+    throw UsageError("layernorm_backward: mean and rstd must have one value per row");
+  }
+  CUDA_CHECK(kernels::layernorm_backward(st_->stream, any_f64(dx, dw, db, dout, x, w, mean, rstd), vw(dx), vw(dw),
+                                         vw(db), vw(dout), vw(x), vw(w), vw(mean), vw(rstd), rows, dim));
+  count_kernel(12 * x.numel(), 2 * x.nbytes() + w.nbytes() + mean.nbytes() + rstd.nbytes(),
+               dx.nbytes() + dw.nbytes() + db.nbytes());
+}
+
+void CudaDevice::gelu(const Tensor& out, const Tensor& x) {
+  for (const Tensor* t : {&out, &x}) on("gelu", *t, Placement::cuda);
+  same_numel("gelu", out, x);
+  CUDA_CHECK(kernels::gelu(st_->stream, any_f64(out, x), vw(out), vw(x), x.numel()));
+  count_kernel(10 * x.numel(), x.nbytes(), out.nbytes());
+}
+
+void CudaDevice::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  for (const Tensor* t : {&dx, &dout, &x}) on("gelu_backward", *t, Placement::cuda);
+  same_numel("gelu_backward", dx, dout);
+  same_numel("gelu_backward", dx, x);
+  CUDA_CHECK(kernels::gelu_backward(st_->stream, any_f64(dx, dout, x), vw(dx), vw(dout), vw(x), x.numel()));
+  count_kernel(16 * x.numel(), x.nbytes() + dout.nbytes(), dx.nbytes());
+}
+
+void CudaDevice::swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  for (const Tensor* t : {&out, &gate, &up}) on("swiglu", *t, Placement::cuda);
+  same_numel("swiglu", out, gate);
+  same_numel("swiglu", out, up);
+  CUDA_CHECK(kernels::swiglu(st_->stream, any_f64(out, gate, up), vw(out), vw(gate), vw(up), out.numel()));
+  count_kernel(6 * out.numel(), gate.nbytes() + up.nbytes(), out.nbytes());
+}
+
+void CudaDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
+                                 const Tensor& up) {
+  for (const Tensor* t : {&dgate, &dup, &dout, &gate, &up}) on("swiglu_backward", *t, Placement::cuda);
+  for (const Tensor* t : {&dup, &dout, &gate, &up}) same_numel("swiglu_backward", dgate, *t);
+  CUDA_CHECK(kernels::swiglu_backward(st_->stream, any_f64(dgate, dup, dout, gate, up), vw(dgate), vw(dup), vw(dout),
+                                      vw(gate), vw(up), dout.numel()));
+  count_kernel(10 * dout.numel(), dout.nbytes() + gate.nbytes() + up.nbytes(), dgate.nbytes() + dup.nbytes());
+}
+
+void CudaDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
+                      bool inverse) {
+  for (const Tensor* t : {&out, &x}) on("rope", *t, Placement::cuda);
+  same_numel("rope", out, x);
+  if (x.ndim() != 2 || heads < 1 || seq < 1 || x.dim(1) % heads != 0 || (x.dim(1) / heads) % 2 != 0) {
+    throw UsageError(fmt::format("rope: {} must be [R, heads * dh] with {} heads of an even dh and seq {} >= 1",
+                                 x.describe(), heads, seq));
+  }
+  CUDA_CHECK(kernels::rope(st_->stream, any_f64(out, x), vw(out), vw(x), x.dim(0), heads, x.dim(1) / heads, seq,
+                           base, inverse));
+  count_kernel(6 * x.numel(), x.nbytes(), out.nbytes());
+}
+
 void CudaDevice::causal_softmax(const Tensor& out, const Tensor& x) {
   for (const Tensor* t : {&out, &x}) on("causal_softmax", *t, Placement::cuda);
   same_numel("causal_softmax", out, x);

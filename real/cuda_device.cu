@@ -309,6 +309,117 @@ void rmsnorm_backward_k(cudaStream_t s, View dx, View dw, View dout, View x, Vie
   });
 }
 template <class T>
+void layernorm_k(cudaStream_t s, View o, View mean, View rstd, View x, View w, View b, T e, std::int64_t rows,
+                 std::int64_t dim) {
+  each(s, rows, [=] __device__(std::int64_t r) {
+    T sum = 0;
+    for (std::int64_t j = 0; j < dim; ++j) sum = sum + ld<T>(x, r * dim + j);
+    const T mu = sum / static_cast<T>(dim);
+    T ss = 0;
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const T c = ld<T>(x, r * dim + j) - mu;
+      ss = ss + c * c;
+    }
+    const T inv = T(1) / dsqrt(ss / static_cast<T>(dim) + e);
+    st<T>(mean, r, mu);
+    st<T>(rstd, r, inv);
+    for (std::int64_t j = 0; j < dim; ++j)
+      st<T>(o, r * dim + j, ((ld<T>(x, r * dim + j) - mu) * inv) * ld<T>(w, j) + ld<T>(b, j));
+  });
+}
+template <class T>
+void layernorm_backward_k(cudaStream_t s, View dx, View dw, View db, View dout, View x, View w, View mean,
+                          View rstd, std::int64_t rows, std::int64_t dim) {
+  each(s, dim, [=] __device__(std::int64_t j) {
+    T aw = 0, ab = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T xhat = (ld<T>(x, r * dim + j) - ld<T>(mean, r)) * ld<T>(rstd, r);
+      aw = aw + ld<T>(dout, r * dim + j) * xhat;
+      ab = ab + ld<T>(dout, r * dim + j);
+    }
+    st<T>(dw, j, aw);
+    st<T>(db, j, ab);
+  });
+  each(s, rows, [=] __device__(std::int64_t r) {
+    T c1 = 0, c2 = 0;
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const T g = ld<T>(dout, r * dim + j) * ld<T>(w, j);
+      c1 = c1 + g;
+      c2 = c2 + g * ((ld<T>(x, r * dim + j) - ld<T>(mean, r)) * ld<T>(rstd, r));
+    }
+    const T m1 = c1 / static_cast<T>(dim), m2 = c2 / static_cast<T>(dim), inv = ld<T>(rstd, r);
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const T g = ld<T>(dout, r * dim + j) * ld<T>(w, j);
+      const T xhat = (ld<T>(x, r * dim + j) - ld<T>(mean, r)) * ld<T>(rstd, r);
+      st<T>(dx, r * dim + j, inv * ((g - m1) - xhat * m2));
+    }
+  });
+}
+// Note [Transcendentals]: the f64 function, rounded once to the compute type.
+template <class T>
+__device__ __forceinline__ T tanh64(T x) {
+  return static_cast<T>(tanh(static_cast<double>(x)));
+}
+template <class T>
+__device__ __forceinline__ T exp64(T x) {
+  return static_cast<T>(exp(static_cast<double>(x)));
+}
+template <class T>
+void gelu_k(cudaStream_t s, View o, View x, std::int64_t n) {
+  const T c = static_cast<T>(0.79788456080286535588), a = static_cast<T>(0.044715);
+  each(s, n, [=] __device__(std::int64_t i) {
+    const T v = ld<T>(x, i);
+    const T t = tanh64(c * (v + a * ((v * v) * v)));
+    st<T>(o, i, (T(0.5) * v) * (T(1) + t));
+  });
+}
+template <class T>
+void gelu_backward_k(cudaStream_t s, View dx, View dout, View x, std::int64_t n) {
+  const T c = static_cast<T>(0.79788456080286535588), a = static_cast<T>(0.044715);
+  each(s, n, [=] __device__(std::int64_t i) {
+    const T v = ld<T>(x, i);
+    const T t = tanh64(c * (v + a * ((v * v) * v)));
+    const T d = T(0.5) * (T(1) + t) + ((T(0.5) * v) * (T(1) - t * t)) * (c * (T(1) + (T(3) * a) * (v * v)));
+    st<T>(dx, i, ld<T>(dout, i) * d);
+  });
+}
+template <class T>
+void swiglu_k(cudaStream_t s, View o, View gate, View up, std::int64_t n) {
+  each(s, n, [=] __device__(std::int64_t i) {
+    const T g = ld<T>(gate, i);
+    const T sg = T(1) / (T(1) + exp64(-g));
+    st<T>(o, i, (g * sg) * ld<T>(up, i));
+  });
+}
+template <class T>
+void swiglu_backward_k(cudaStream_t s, View dgate, View dup, View dout, View gate, View up, std::int64_t n) {
+  each(s, n, [=] __device__(std::int64_t i) {
+    const T g = ld<T>(gate, i), u = ld<T>(up, i), d = ld<T>(dout, i);
+    const T sg = T(1) / (T(1) + exp64(-g));
+    st<T>(dup, i, d * (g * sg));
+    st<T>(dgate, i, (d * u) * (sg * (T(1) + g * (T(1) - sg))));
+  });
+}
+// One thread per (row, i < dh/2): both halves of every head at that frequency.
+template <class T>
+void rope_k(cudaStream_t s, View o, View x, std::int64_t rows, std::int64_t heads, std::int64_t dh,
+            std::int64_t seq, double base, bool inverse) {
+  const std::int64_t half = dh / 2, width = heads * dh;
+  each(s, rows * half, [=] __device__(std::int64_t k) {
+    const std::int64_t r = k / half, i = k % half;
+    const double angle = static_cast<double>(r % seq) *
+                         pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(dh));
+    const T cs = static_cast<T>(cos(angle));
+    const T sn = static_cast<T>(inverse ? -sin(angle) : sin(angle));
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t lo = r * width + h * dh + i, hi = lo + half;
+      const T x1 = ld<T>(x, lo), x2 = ld<T>(x, hi);
+      st<T>(o, lo, x1 * cs - x2 * sn);
+      st<T>(o, hi, x2 * cs + x1 * sn);
+    }
+  });
+}
+template <class T>
 void causal_softmax_k(cudaStream_t s, View o, View x, std::int64_t rows, std::int64_t cols) {
   each(s, rows, [=] __device__(std::int64_t r) {
     const std::int64_t seen = r % cols + 1;
@@ -492,6 +603,42 @@ cudaError_t rmsnorm(cudaStream_t s, bool f64, View o, View rstd, View x, View w,
 cudaError_t rmsnorm_backward(cudaStream_t s, bool f64, View dx, View dw, View dout, View x, View w, View rstd,
                              std::int64_t rows, std::int64_t dim) {
   ZC_F64_OR_F32(rmsnorm_backward_k, s, dx, dw, dout, x, w, rstd, rows, dim);
+  return cudaGetLastError();
+}
+cudaError_t layernorm(cudaStream_t s, bool f64, View o, View mean, View rstd, View x, View w, View b, double eps,
+                      std::int64_t rows, std::int64_t dim) {
+  if (f64) {
+    layernorm_k<double>(s, o, mean, rstd, x, w, b, eps, rows, dim);
+  } else {
+    layernorm_k<float>(s, o, mean, rstd, x, w, b, static_cast<float>(eps), rows, dim);
+  }
+  return cudaGetLastError();
+}
+cudaError_t layernorm_backward(cudaStream_t s, bool f64, View dx, View dw, View db, View dout, View x, View w,
+                               View mean, View rstd, std::int64_t rows, std::int64_t dim) {
+  ZC_F64_OR_F32(layernorm_backward_k, s, dx, dw, db, dout, x, w, mean, rstd, rows, dim);
+  return cudaGetLastError();
+}
+cudaError_t gelu(cudaStream_t s, bool f64, View o, View x, std::int64_t n) {
+  ZC_F64_OR_F32(gelu_k, s, o, x, n);
+  return cudaGetLastError();
+}
+cudaError_t gelu_backward(cudaStream_t s, bool f64, View dx, View dout, View x, std::int64_t n) {
+  ZC_F64_OR_F32(gelu_backward_k, s, dx, dout, x, n);
+  return cudaGetLastError();
+}
+cudaError_t swiglu(cudaStream_t s, bool f64, View o, View gate, View up, std::int64_t n) {
+  ZC_F64_OR_F32(swiglu_k, s, o, gate, up, n);
+  return cudaGetLastError();
+}
+cudaError_t swiglu_backward(cudaStream_t s, bool f64, View dgate, View dup, View dout, View gate, View up,
+                            std::int64_t n) {
+  ZC_F64_OR_F32(swiglu_backward_k, s, dgate, dup, dout, gate, up, n);
+  return cudaGetLastError();
+}
+cudaError_t rope(cudaStream_t s, bool f64, View o, View x, std::int64_t rows, std::int64_t heads, std::int64_t dh,
+                 std::int64_t seq, double base, bool inverse) {
+  ZC_F64_OR_F32(rope_k, s, o, x, rows, heads, dh, seq, base, inverse);
   return cudaGetLastError();
 }
 cudaError_t causal_softmax(cudaStream_t s, bool f64, View o, View x, std::int64_t rows, std::int64_t cols) {

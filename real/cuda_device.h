@@ -82,6 +82,18 @@ class CudaDevice final : public Device {
   void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& p) override;
   void permute_0213(const Tensor& out, const Tensor& x, std::int64_t a, std::int64_t b,
                     std::int64_t c, std::int64_t d) override;
+  void layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                 const Tensor& w, const Tensor& b, double eps) override;
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                          const Tensor& x, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd) override;
+  void gelu(const Tensor& out, const Tensor& x) override;
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+  void swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                       const Tensor& gate, const Tensor& up) override;
+  void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
+            bool inverse) override;
 
   struct State;  // device index, stream, allocator bookkeeping (shared with storage deleters)
 

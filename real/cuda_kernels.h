@@ -52,6 +52,17 @@ cudaError_t softmax_backward(cudaStream_t s, bool f64, View dx, View dout, View 
                              std::int64_t cols);
 cudaError_t permute_0213(cudaStream_t s, void* dst, const void* src, int esize, std::int64_t a, std::int64_t b,
                          std::int64_t c, std::int64_t d);
+cudaError_t layernorm(cudaStream_t s, bool f64, View o, View mean, View rstd, View x, View w, View b, double eps,
+                      std::int64_t rows, std::int64_t dim);
+cudaError_t layernorm_backward(cudaStream_t s, bool f64, View dx, View dw, View db, View dout, View x, View w,
+                               View mean, View rstd, std::int64_t rows, std::int64_t dim);
+cudaError_t gelu(cudaStream_t s, bool f64, View o, View x, std::int64_t n);
+cudaError_t gelu_backward(cudaStream_t s, bool f64, View dx, View dout, View x, std::int64_t n);
+cudaError_t swiglu(cudaStream_t s, bool f64, View o, View gate, View up, std::int64_t n);
+cudaError_t swiglu_backward(cudaStream_t s, bool f64, View dgate, View dup, View dout, View gate, View up,
+                            std::int64_t n);
+cudaError_t rope(cudaStream_t s, bool f64, View o, View x, std::int64_t rows, std::int64_t heads, std::int64_t dh,
+                 std::int64_t seq, double base, bool inverse);
 // DeepSpeed's CPU Adam (Note [DeepSpeed CPU Adam]): elements at index >= body take the tail's order.
 cudaError_t adam(cudaStream_t s, float* p, View g, float* m, float* v, DsCpuAdamScalars a, std::int64_t body,
                  std::int64_t n);

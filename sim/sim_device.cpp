@@ -149,4 +149,34 @@ void SimDevice::permute_0213(const Tensor& out, const Tensor& x, std::int64_t a,
   guarded("permute_0213", {&x}, {&out}, [&] { inner_.permute_0213(out, x, a, b, c, d); });
 }
 
+void SimDevice::layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  guarded("layernorm", {&x, &w, &b}, {&out, &mean, &rstd},
+          [&] { inner_.layernorm(out, mean, rstd, x, w, b, eps); });
+}
+void SimDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                   const Tensor& dout, const Tensor& x, const Tensor& w,
+                                   const Tensor& mean, const Tensor& rstd) {
+  guarded("layernorm_backward", {&dout, &x, &w, &mean, &rstd}, {&dx, &dw, &db},
+          [&] { inner_.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd); });
+}
+void SimDevice::gelu(const Tensor& out, const Tensor& x) {
+  guarded("gelu", {&x}, {&out}, [&] { inner_.gelu(out, x); });
+}
+void SimDevice::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  guarded("gelu_backward", {&dout, &x}, {&dx}, [&] { inner_.gelu_backward(dx, dout, x); });
+}
+void SimDevice::swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  guarded("swiglu", {&gate, &up}, {&out}, [&] { inner_.swiglu(out, gate, up); });
+}
+void SimDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                const Tensor& gate, const Tensor& up) {
+  guarded("swiglu_backward", {&dout, &gate, &up}, {&dgate, &dup},
+          [&] { inner_.swiglu_backward(dgate, dup, dout, gate, up); });
+}
+void SimDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads,
+                     double base, bool inverse) {
+  guarded("rope", {&x}, {&out}, [&] { inner_.rope(out, x, seq, heads, base, inverse); });
+}
+
 }  // namespace zc::sim

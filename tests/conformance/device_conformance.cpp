@@ -32,8 +32,15 @@ std::string DeviceCase::name() const {
 
 double ulp_factor(const DeviceCase& c) {
   // exp of integers is no more exact than exp of anything else: every domain gets the bound.
-  if (c.op != "softmax_xent" && c.op != "causal_softmax") return 0;
-  return 12.0 + 2.0 * static_cast<double>(c.dims.at(1));
+  if (c.op == "softmax_xent" || c.op == "causal_softmax") return 12.0 + 2.0 * static_cast<double>(c.dims.at(1));
+  // Note [Transcendentals]: f64 tanh/exp/cos/sin rounded once; two libraries differ only across a
+  // rounding boundary of the compute type (one ulp), which the op's few roundings after it carry
+  // to at most a few ulps of the output.
+  if (c.op == "gelu" || c.op == "gelu_backward" || c.op == "swiglu" || c.op == "swiglu_backward" ||
+      c.op == "rope") {
+    return 8.0;
+  }
+  return 0;
 }
 
 namespace {
@@ -106,6 +113,14 @@ std::vector<DeviceCase> device_table() {
   add_cases(t, "causal_softmax", all, f32, {{1, 1}, {8, 4}, {48, 16}}, {0}, ed);
   add_cases(t, "softmax_backward", all, f32, {{1, 1}, {8, 4}, {48, 16}}, {0}, ed);
   add_cases(t, "permute_0213", all, f32, {{1, 1, 1, 1}, {2, 3, 4, 5}, {3, 8, 2, 16}}, {0}, {Domain::gaussian});
+  add_cases(t, "layernorm", all, f32, {{1, 4}, {6, 16}, {33, 40}}, {0}, ed);
+  add_cases(t, "layernorm_backward", all, f32, {{1, 4}, {6, 16}, {33, 40}}, {0}, ed);
+  add_cases(t, "gelu", all, f32, flat, {0}, eds);
+  add_cases(t, "gelu_backward", all, f32, flat, {0}, ed);
+  add_cases(t, "swiglu", all, f32, flat, {0}, eds);
+  add_cases(t, "swiglu_backward", all, f32, flat, {0}, ed);
+  // rope [rows, heads, dh, seq]; variant 1 is the inverse rotation.
+  add_cases(t, "rope", all, f32, {{1, 1, 2, 1}, {8, 2, 4, 4}, {24, 3, 16, 12}}, {0, 1}, ed);
   return t;
 }
 
@@ -330,6 +345,46 @@ void run_op(Runner& k) {
   } else if (op == "permute_0213") {
     const Tensor x = k.input(c.dtype, {d[0] * d[1] * d[2] * d[3]}), out = dev.alloc(c.dtype, {x.numel()});
     dev.permute_0213(out, x, d[0], d[1], d[2], d[3]);
+    k.keep("out", out);
+  } else if (op == "layernorm") {
+    const Tensor x = k.input(c.dtype, {d[0], d[1]}), w = k.input(c.dtype, {d[1]}), b = k.input(c.dtype, {d[1]});
+    const Tensor out = dev.alloc(c.dtype, {d[0], d[1]}), mean = dev.alloc(c.dtype, {d[0]});
+    const Tensor rstd = dev.alloc(c.dtype, {d[0]});
+    dev.layernorm(out, mean, rstd, x, w, b, 1e-5);
+    k.keep("out", out);
+    k.keep("mean", mean);
+    k.keep("rstd", rstd);
+  } else if (op == "layernorm_backward") {
+    const Tensor dout = k.input(c.dtype, {d[0], d[1]}), x = k.input(c.dtype, {d[0], d[1]});
+    const Tensor w = k.input(c.dtype, {d[1]}), mean = k.input(c.dtype, {d[0]});
+    const Tensor rstd = k.input(c.dtype, {d[0]}, Role::positive);
+    const Tensor dx = dev.alloc(c.dtype, {d[0], d[1]}), dw = dev.alloc(c.dtype, {d[1]});
+    const Tensor db = dev.alloc(c.dtype, {d[1]});
+    dev.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd);
+    k.keep("dx", dx);
+    k.keep("dw", dw);
+    k.keep("db", db);
+  } else if (op == "gelu" || op == "swiglu") {
+    const Tensor x = k.input(c.dtype, {d[0]}), out = dev.alloc(c.dtype, {d[0]});
+    if (op == "gelu") {
+      dev.gelu(out, x);
+    } else {
+      dev.swiglu(out, x, k.input(c.dtype, {d[0]}));
+    }
+    k.keep("out", out);
+  } else if (op == "gelu_backward") {
+    const Tensor dout = k.input(c.dtype, {d[0]}), x = k.input(c.dtype, {d[0]}), dx = dev.alloc(c.dtype, {d[0]});
+    dev.gelu_backward(dx, dout, x);
+    k.keep("dx", dx);
+  } else if (op == "swiglu_backward") {
+    const Tensor dout = k.input(c.dtype, {d[0]}), gate = k.input(c.dtype, {d[0]}), up = k.input(c.dtype, {d[0]});
+    const Tensor dgate = dev.alloc(c.dtype, {d[0]}), dup = dev.alloc(c.dtype, {d[0]});
+    dev.swiglu_backward(dgate, dup, dout, gate, up);
+    k.keep("dgate", dgate);
+    k.keep("dup", dup);
+  } else if (op == "rope") {
+    const Tensor x = k.input(c.dtype, {d[0], d[1] * d[2]}), out = dev.alloc(c.dtype, {d[0], d[1] * d[2]});
+    dev.rope(out, x, d[3], d[1], 10000.0, c.variant == 1);
     k.keep("out", out);
   } else {
     throw UsageError(fmt::format("device conformance: no runner for op '{}'", op));

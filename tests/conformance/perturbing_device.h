@@ -1,6 +1,6 @@
 // PerturbingDevice: a HostDevice that gets one op slightly wrong: after the named op it flips one
 // bit of element 0 of the op's output (the last mantissa bit, or a bit worth about 2^-4 of the value
-// for the exp/log ops, whose conformance bound is wider), or moves a returned value by one ulp. The
+// for the exp/log/tanh/sin ops, whose conformance bound is wider), or moves a returned value by one ulp. The
 // negative control for the Device conformance table: each op's cases must catch it.
 #pragma once
 
@@ -67,6 +67,35 @@ class PerturbingDevice final : public Device {
     inner_.embedding_backward(dt, dout, ids);
     hit("embedding_backward", dt);
   }
+  void layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                 const Tensor& b, double eps) override {
+    inner_.layernorm(out, mean, rstd, x, w, b, eps);
+    hit("layernorm", out);
+  }
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
+                          const Tensor& w, const Tensor& mean, const Tensor& rstd) override {
+    inner_.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd);
+    hit("layernorm_backward", dx);
+  }
+  void gelu(const Tensor& out, const Tensor& x) override { inner_.gelu(out, x); hit("gelu", out); }
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
+    inner_.gelu_backward(dx, dout, x);
+    hit("gelu_backward", dx);
+  }
+  void swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) override {
+    inner_.swiglu(out, gate, up);
+    hit("swiglu", out);
+  }
+  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up) override {
+    inner_.swiglu_backward(dgate, dup, dout, gate, up);
+    hit("swiglu_backward", dgate);
+  }
+  void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
+            bool inverse) override {
+    inner_.rope(out, x, seq, heads, base, inverse);
+    hit("rope", out);
+  }
   void rmsnorm(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override {
     inner_.rmsnorm(out, rstd, x, w, eps);
     hit("rmsnorm", out);
@@ -95,7 +124,8 @@ class PerturbingDevice final : public Device {
  private:
   void hit(const char* op, const Tensor& t) {
     if (op_ != op || t.numel() == 0) return;
-    const bool wide = op_ == "softmax_xent" || op_ == "causal_softmax";
+    const bool wide = op_ == "softmax_xent" || op_ == "causal_softmax" || op_ == "gelu" || op_ == "gelu_backward" ||
+                      op_ == "swiglu" || op_ == "swiglu_backward" || op_ == "rope";
     const int bit = wide ? dtype_mantissa_bits(t.dtype()) - 5 : 0;
     std::uint64_t bits = 0;
     std::memcpy(&bits, t.raw(), static_cast<std::size_t>(dtype_size(t.dtype())));

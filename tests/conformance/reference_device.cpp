@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace zc::conformance {
 
@@ -608,6 +609,175 @@ void ReferenceDevice::permute_0213(const Tensor& out, const Tensor& x, std::int6
       }
     }
   }
+}
+
+// ---- transformer ops II, from device.h's comments ----
+
+namespace {
+// Note [Transcendentals]: the f64 function, rounded once to the compute type.
+template <class T>
+T tanh_in_f64(T v) {
+  const double d = std::tanh(static_cast<double>(v));
+  return static_cast<T>(d);
+}
+template <class T>
+T exp_in_f64(T v) {
+  const double d = std::exp(static_cast<double>(v));
+  return static_cast<T>(d);
+}
+}  // namespace
+
+void ReferenceDevice::layernorm(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  const std::int64_t rows = rows_of("layernorm", x), dim = x.dim(1);
+  same_numel("layernorm", out, x);
+  require(w.numel() == dim && b.numel() == dim && mean.numel() == rows && rstd.numel() == rows,
+          "layernorm", "w, b [D], mean, rstd [N]");
+  in_compute_type({&out, &mean, &rstd, &x, &w, &b}, [&]<class T>(T) {
+    for (std::int64_t n = 0; n < rows; ++n) {
+      T total = 0;  // ascending j
+      for (std::int64_t j = 0; j < dim; ++j) total = total + get<T>(x, n * dim + j);
+      const T mu = total / static_cast<T>(dim);
+      T squares = 0;  // ascending j
+      for (std::int64_t j = 0; j < dim; ++j) {
+        squares = squares + (get<T>(x, n * dim + j) - mu) * (get<T>(x, n * dim + j) - mu);
+      }
+      const T var = squares / static_cast<T>(dim);
+      const T inv = T(1) / std::sqrt(var + static_cast<T>(eps));
+      put<T>(mean, n, mu);
+      put<T>(rstd, n, inv);
+      for (std::int64_t j = 0; j < dim; ++j) {
+        const T normed = (get<T>(x, n * dim + j) - mu) * inv;
+        put<T>(out, n * dim + j, normed * get<T>(w, j) + get<T>(b, j));
+      }
+    }
+  });
+}
+
+void ReferenceDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                         const Tensor& dout, const Tensor& x, const Tensor& w,
+                                         const Tensor& mean, const Tensor& rstd) {
+  const std::int64_t rows = rows_of("layernorm_backward", x), dim = x.dim(1);
+  same_numel("layernorm_backward", dx, x);
+  same_numel("layernorm_backward", dout, x);
+  require(w.numel() == dim && dw.numel() == dim && db.numel() == dim && mean.numel() == rows &&
+              rstd.numel() == rows,
+          "layernorm_backward", "w, dw, db [D], mean, rstd [N]");
+  in_compute_type({&dx, &dw, &db, &dout, &x, &w, &mean, &rstd}, [&]<class T>(T) {
+    std::vector<T> xhat(static_cast<std::size_t>(rows * dim));
+    for (std::int64_t n = 0; n < rows; ++n) {
+      for (std::int64_t j = 0; j < dim; ++j) {
+        xhat[static_cast<std::size_t>(n * dim + j)] =
+            (get<T>(x, n * dim + j) - get<T>(mean, n)) * get<T>(rstd, n);
+      }
+    }
+    for (std::int64_t j = 0; j < dim; ++j) {
+      T sw = 0, sb = 0;  // ascending n
+      for (std::int64_t n = 0; n < rows; ++n) {
+        sw = sw + get<T>(dout, n * dim + j) * xhat[static_cast<std::size_t>(n * dim + j)];
+        sb = sb + get<T>(dout, n * dim + j);
+      }
+      put<T>(dw, j, sw);
+      put<T>(db, j, sb);
+    }
+    for (std::int64_t n = 0; n < rows; ++n) {
+      std::vector<T> g(static_cast<std::size_t>(dim));
+      T c1 = 0, c2 = 0;  // ascending j
+      for (std::int64_t j = 0; j < dim; ++j) {
+        g[static_cast<std::size_t>(j)] = get<T>(dout, n * dim + j) * get<T>(w, j);
+        c1 = c1 + g[static_cast<std::size_t>(j)];
+        c2 = c2 + g[static_cast<std::size_t>(j)] * xhat[static_cast<std::size_t>(n * dim + j)];
+      }
+      for (std::int64_t j = 0; j < dim; ++j) {
+        const T first = g[static_cast<std::size_t>(j)] - c1 / static_cast<T>(dim);
+        const T second = xhat[static_cast<std::size_t>(n * dim + j)] * (c2 / static_cast<T>(dim));
+        put<T>(dx, n * dim + j, get<T>(rstd, n) * (first - second));
+      }
+    }
+  });
+}
+
+void ReferenceDevice::gelu(const Tensor& out, const Tensor& x) {
+  same_numel("gelu", out, x);
+  in_compute_type({&out, &x}, [&]<class T>(T) {
+    const auto c = static_cast<T>(0.79788456080286535588);
+    const auto a = static_cast<T>(0.044715);
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const T v = get<T>(x, i);
+      const T cube = (v * v) * v;
+      const T t = tanh_in_f64(c * (v + a * cube));
+      put<T>(out, i, (T(0.5) * v) * (T(1) + t));
+    }
+  });
+}
+
+void ReferenceDevice::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  same_numel("gelu_backward", dx, x);
+  same_numel("gelu_backward", dout, x);
+  in_compute_type({&dx, &dout, &x}, [&]<class T>(T) {
+    const auto c = static_cast<T>(0.79788456080286535588);
+    const auto a = static_cast<T>(0.044715);
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const T v = get<T>(x, i);
+      const T t = tanh_in_f64(c * (v + a * ((v * v) * v)));
+      const T left = T(0.5) * (T(1) + t);
+      const T right = ((T(0.5) * v) * (T(1) - t * t)) * (c * (T(1) + (T(3) * a) * (v * v)));
+      put<T>(dx, i, get<T>(dout, i) * (left + right));
+    }
+  });
+}
+
+void ReferenceDevice::swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  same_numel("swiglu", out, gate);
+  same_numel("swiglu", out, up);
+  in_compute_type({&out, &gate, &up}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      const T g = get<T>(gate, i);
+      const T sigmoid = T(1) / (T(1) + exp_in_f64(-g));
+      put<T>(out, i, (g * sigmoid) * get<T>(up, i));
+    }
+  });
+}
+
+void ReferenceDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                      const Tensor& gate, const Tensor& up) {
+  for (const Tensor* t : {&dup, &dout, &gate, &up}) same_numel("swiglu_backward", dgate, *t);
+  in_compute_type({&dgate, &dup, &dout, &gate, &up}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < dout.numel(); ++i) {
+      const T g = get<T>(gate, i);
+      const T sigmoid = T(1) / (T(1) + exp_in_f64(-g));
+      put<T>(dup, i, get<T>(dout, i) * (g * sigmoid));
+      const T slope = sigmoid * (T(1) + g * (T(1) - sigmoid));
+      put<T>(dgate, i, (get<T>(dout, i) * get<T>(up, i)) * slope);
+    }
+  });
+}
+
+void ReferenceDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq,
+                           std::int64_t heads, double base, bool inverse) {
+  const std::int64_t rows = rows_of("rope", x), width = x.dim(1);
+  same_numel("rope", out, x);
+  require(heads >= 1 && seq >= 1 && width % heads == 0 && (width / heads) % 2 == 0, "rope",
+          "[R, heads * dh] with an even dh");
+  const std::int64_t dh = width / heads, half = dh / 2;
+  in_compute_type({&out, &x}, [&]<class T>(T) {
+    std::vector<T> row(static_cast<std::size_t>(width));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t k = 0; k < width; ++k) row[static_cast<std::size_t>(k)] = get<T>(x, r * width + k);
+      for (std::int64_t h = 0; h < heads; ++h) {
+        for (std::int64_t i = 0; i < half; ++i) {
+          const double inv_freq = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(dh));
+          const double angle = static_cast<double>(r % seq) * inv_freq;
+          const T cs = static_cast<T>(std::cos(angle));
+          const T sn = inverse ? static_cast<T>(-std::sin(angle)) : static_cast<T>(std::sin(angle));
+          const T x1 = row[static_cast<std::size_t>(h * dh + i)];
+          const T x2 = row[static_cast<std::size_t>(h * dh + i + half)];
+          put<T>(out, r * width + h * dh + i, x1 * cs - x2 * sn);
+          put<T>(out, r * width + h * dh + i + half, x2 * cs + x1 * sn);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace zc::conformance
