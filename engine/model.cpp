@@ -38,7 +38,8 @@ Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype) {
   b.samples = hb.samples;
   const bool meta = dev.placement() == Placement::meta;
   for (const auto& [name, a] : hb.arrays) {
-    const DType dt = name == "labels" ? DType::f32 : dtype;
+    // Token ids and labels stay f32, which holds every id below 2^24 (a bf16 id would not).
+    const DType dt = name == "labels" || name == "ids" ? DType::f32 : dtype;
     if (meta) {  // Note [Meta mode]: shapes only, whatever values the array holds
       b.tensors.emplace(name, dev.alloc(dt, a.shape, "batch." + name, MemCategory::activations));
       continue;

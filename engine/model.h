@@ -41,7 +41,7 @@ struct Batch {
   std::map<std::string, Tensor> tensors;
   const Tensor& at(const std::string& name) const;
 };
-// Uploads every array in `dtype`, except "labels" which stays f32.
+// Uploads every array in `dtype`, except "labels" and "ids" which stay f32 (token ids).
 Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype);
 
 // A value of the data domain: exact k * 2^-e, or a standard normal times `gaussian_scale`.

@@ -1,0 +1,353 @@
+// Transformer: presets, construction, and the forward and explicit backward of transformer.h.
+// Every buffer names its memory category (engine/memory.h): what a block keeps for its backward
+// is `activations` until that backward frees it; a weight's grad before accumulation is a
+// temporary; the rest of the backward's buffers are activation grads (`activations`).
+#include "models/transformer.h"
+
+#include "engine/errors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace zc {
+
+namespace {
+
+Tensor& data_of(Module& m, const char* local) {
+  Parameter* p = m.params().get(local);
+  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(),
+            local);
+  return p->data;
+}
+Parameter& param_of(Module& m, const char* local) {
+  Parameter* p = m.params().get(local);
+  ZC_ASSERT(p != nullptr, "{}: no param '{}'", m.path(), local);
+  return *p;
+}
+Tensor act(Device& dev, DType dt, Shape shape, const char* label) {
+  return dev.alloc(dt, std::move(shape), label, MemCategory::activations);
+}
+Tensor tmp(Device& dev, DType dt, Shape shape, const char* label) {
+  return dev.alloc(dt, std::move(shape), label, MemCategory::temporaries);
+}
+
+// A module of the tree, for the hooks and the copy path.
+class Part : public Module {
+ public:
+  Part(std::string name, std::string kind) : Module(std::move(name)), kind_(std::move(kind)) {}
+  Part(const Part&) = default;
+  std::string kind() const override { return kind_; }
+
+ protected:
+  std::unique_ptr<Module> clone_impl() const override { return std::make_unique<Part>(*this); }
+
+ private:
+  std::string kind_;
+};
+
+}  // namespace
+
+std::int64_t TransformerSpec::param_count() const {
+  const std::int64_t d = dim, dh = head_dim(), q = heads * dh, kv = kv_heads * dh;
+  const std::int64_t norm_p = norm == NormKind::layernorm ? 2 * d : d;
+  std::int64_t block = 2 * norm_p + d * q + 2 * d * kv + q * d;
+  if (bias) block += q + 2 * kv + d;
+  block += mlp == MlpKind::swiglu ? 3 * d * ffn : 2 * d * ffn + (bias ? ffn + d : 0);
+  std::int64_t total = vocab * d + (pos == PositionKind::learned ? positions * d : 0);
+  total += static_cast<std::int64_t>(layers) * block + norm_p;
+  if (!tied_embeddings) total += vocab * d;
+  return total;
+}
+
+std::int64_t TransformerSpec::largest_param() const {
+  const std::int64_t dh = head_dim();
+  return std::max({vocab * dim, dim * heads * dh, ffn * dim,
+                   pos == PositionKind::learned ? positions * dim : 0});
+}
+
+std::string TransformerSpec::invalid() const {
+  if (vocab < 1 || dim < 1 || layers < 1 || heads < 1 || ffn < 1 || seq < 1) {
+    return "vocab, dim, layers, heads, ffn and seq must be at least 1";
+  }
+  if (dim % heads != 0) return fmt::format("heads ({}) must divide dim ({})", heads, dim);
+  if (kv_heads < 1 || heads % kv_heads != 0) {
+    return fmt::format("kv_heads ({}) must divide heads ({})", kv_heads, heads);
+  }
+  if (pos == PositionKind::rotary && head_dim() % 2 != 0) {
+    return fmt::format("rotary positions need an even head dim (dim / heads = {})", head_dim());
+  }
+  if (pos == PositionKind::learned && seq > positions) {
+    return fmt::format("seq {} exceeds the learned position table's {} rows (max_positions)", seq,
+                       positions);
+  }
+  return "";
+}
+
+TransformerSpec transformer_preset(const std::string& name) {
+  TransformerSpec s;
+  s.preset = name;
+  auto gpt2 = [&](std::int64_t v, std::int64_t d, int l, std::int64_t h, std::int64_t p) {
+    s.vocab = v, s.dim = d, s.layers = l, s.heads = s.kv_heads = h, s.ffn = 4 * d;
+    s.positions = p, s.seq = p, s.norm = NormKind::layernorm, s.mlp = MlpKind::gelu;
+    s.pos = PositionKind::learned, s.tied_embeddings = true, s.bias = true;
+  };
+  auto llama = [&](std::int64_t d, int l, std::int64_t h, std::int64_t kv, std::int64_t f) {
+    s.vocab = 32000, s.dim = d, s.layers = l, s.heads = h, s.kv_heads = kv, s.ffn = f;
+    s.seq = 4096, s.norm = NormKind::rmsnorm, s.mlp = MlpKind::swiglu;
+    s.pos = PositionKind::rotary, s.tied_embeddings = false, s.bias = false;
+  };
+  if (name == "gpt2-xl") {
+    gpt2(50257, 1600, 48, 25, 1024);  // 1,557,611,200 params
+  } else if (name == "llama-2-7b") {
+    llama(4096, 32, 32, 32, 11008);  // 6,738,415,616
+  } else if (name == "llama-2-13b") {
+    llama(5120, 40, 40, 40, 13824);  // 13,015,864,320
+  } else if (name == "llama-2-70b") {
+    llama(8192, 80, 64, 8, 28672);  // 68,976,648,192
+  } else if (name == "gpt2-tiny") {
+    gpt2(64, 16, 2, 4, 16);
+    s.seq = 8;
+  } else if (name == "llama-tiny") {
+    llama(16, 2, 4, 4, 40);
+    s.vocab = 64, s.seq = 8;
+  } else if (name == "llama-gqa-tiny") {
+    llama(16, 2, 4, 2, 40);
+    s.vocab = 64, s.seq = 8;
+  } else {
+    std::string known;
+    for (const std::string& n : transformer_presets()) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError(fmt::format("unknown model preset '{}'; known: {} (or --model-json)", name,
+                                  known));
+  }
+  return s;
+}
+
+std::vector<std::string> transformer_presets() {
+  return {"gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-2-70b", "gpt2-tiny", "llama-tiny",
+          "llama-gqa-tiny"};
+}
+
+TransformerSpec transformer_spec_from_json(const nlohmann::json& j) {
+  static const std::vector<std::string> keys = {
+      "name",  "vocab", "dim",       "layers",        "heads",           "kv_heads", "ffn",
+      "seq",   "norm",  "mlp",       "positions",     "max_positions",   "tied_embeddings",
+      "bias",  "eps",   "rope_base", "attention"};
+  if (!j.is_object()) throw ConfigError("--model-json: the model must be a JSON object");
+  for (const auto& [k, v] : j.items()) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      throw ConfigError(fmt::format("--model-json: unknown key '{}'", k));
+    }
+  }
+  TransformerSpec s;
+  try {
+    s.preset = j.value("name", std::string("custom"));
+    s.vocab = j.at("vocab").get<std::int64_t>();
+    s.dim = j.at("dim").get<std::int64_t>();
+    s.layers = j.at("layers").get<int>();
+    s.heads = j.at("heads").get<std::int64_t>();
+    s.kv_heads = j.value("kv_heads", s.heads);
+    s.ffn = j.at("ffn").get<std::int64_t>();
+    s.seq = j.at("seq").get<std::int64_t>();
+    const std::string norm = j.value("norm", std::string("rmsnorm"));
+    const std::string mlp = j.value("mlp", std::string("swiglu"));
+    const std::string pos = j.value("positions", std::string("rotary"));
+    const std::string attn = j.value("attention", std::string("materialised"));
+    if (norm != "rmsnorm" && norm != "layernorm") throw ConfigError("--model-json: norm must be rmsnorm or layernorm");
+    if (mlp != "swiglu" && mlp != "gelu") throw ConfigError("--model-json: mlp must be swiglu or gelu");
+    if (pos != "rotary" && pos != "learned") throw ConfigError("--model-json: positions must be rotary or learned");
+    if (attn != "materialised" && attn != "fused") throw ConfigError("--model-json: attention must be materialised or fused");
+    s.norm = norm == "layernorm" ? NormKind::layernorm : NormKind::rmsnorm;
+    s.mlp = mlp == "gelu" ? MlpKind::gelu : MlpKind::swiglu;
+    s.pos = pos == "learned" ? PositionKind::learned : PositionKind::rotary;
+    s.attention = attn == "fused" ? AttentionMemory::fused : AttentionMemory::materialised;
+    s.positions = j.value("max_positions", s.pos == PositionKind::learned ? s.seq : 0);
+    s.tied_embeddings = j.value("tied_embeddings", false);
+    s.bias = j.value("bias", false);
+    s.eps = j.value("eps", 1e-5);
+    s.rope_base = j.value("rope_base", 10000.0);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("--model-json: {}", e.what()));
+  }
+  if (const std::string why = s.invalid(); !why.empty()) throw ConfigError("--model-json: " + why);
+  return s;
+}
+
+Transformer::Transformer(TransformerSpec spec, std::string name)
+    : Model(std::move(name)), spec_(std::move(spec)) {
+  if (const std::string why = spec_.invalid(); !why.empty()) {
+    throw ConfigError(fmt::format("transformer {}: {}", spec_.preset, why));
+  }
+  const std::int64_t d = spec_.dim, q = spec_.heads * spec_.head_dim();
+  const std::int64_t kv = spec_.kv_heads * spec_.head_dim(), f = spec_.ffn;
+  const bool ln = spec_.norm == NormKind::layernorm, b = spec_.bias;
+  Module& emb = add_child<Part>("embed", "transformer_embed");
+  emb.params().add("tok", {spec_.vocab, d}, DType::f32);
+  if (spec_.pos == PositionKind::learned) emb.params().add("pos", {spec_.positions, d}, DType::f32);
+  for (int l = 0; l < spec_.layers; ++l) {
+    Module& blk = add_child<Part>(fmt::format("layers.{}", l), "transformer_block");
+    ParamDict& p = blk.params();
+    p.add("attn_norm", {d}, DType::f32);
+    if (ln) p.add("attn_norm_b", {d}, DType::f32);
+    p.add("wq", {q, d}, DType::f32);
+    if (b) p.add("bq", {q}, DType::f32);
+    p.add("wk", {kv, d}, DType::f32);
+    if (b) p.add("bk", {kv}, DType::f32);
+    p.add("wv", {kv, d}, DType::f32);
+    if (b) p.add("bv", {kv}, DType::f32);
+    p.add("wo", {d, q}, DType::f32);
+    if (b) p.add("bo", {d}, DType::f32);
+    p.add("mlp_norm", {d}, DType::f32);
+    if (ln) p.add("mlp_norm_b", {d}, DType::f32);
+    if (spec_.mlp == MlpKind::gelu) {
+      p.add("w_fc", {f, d}, DType::f32);
+      if (b) p.add("b_fc", {f}, DType::f32);
+      p.add("w_proj", {d, f}, DType::f32);
+      if (b) p.add("b_proj", {d}, DType::f32);
+    } else {
+      p.add("w_gate", {f, d}, DType::f32);
+      p.add("w_up", {f, d}, DType::f32);
+      p.add("w_down", {d, f}, DType::f32);
+    }
+  }
+  Module& norm = add_child<Part>("norm", "transformer_norm");
+  norm.params().add("weight", {d}, DType::f32);
+  if (ln) norm.params().add("bias", {d}, DType::f32);
+  Module& head = add_child<Part>("lm_head", "transformer_lm_head");
+  if (spec_.tied_embeddings) {
+    head.params().add_alias("weight", *emb.params().get("tok"), emb);
+  } else {
+    head.params().add("weight", {spec_.vocab, d}, DType::f32);
+  }
+  finalize_parameters();
+}
+
+nlohmann::json Transformer::kind_args() const {
+  return {{"preset", spec_.preset}, {"vocab", spec_.vocab}, {"dim", spec_.dim},
+          {"layers", spec_.layers}, {"heads", spec_.heads}, {"kv_heads", spec_.kv_heads},
+          {"ffn", spec_.ffn},       {"seq", spec_.seq}};
+}
+
+std::string Transformer::describe() const {
+  return fmt::format(
+      "transformer {} ({} params: vocab {}, dim {}, {} layers, {} heads ({} kv), ffn {}, seq {}, "
+      "{}, {}, {} positions{}{}, {} attention)",
+      spec_.preset, spec_.param_count(), spec_.vocab, spec_.dim, spec_.layers, spec_.heads,
+      spec_.kv_heads, spec_.ffn, spec_.seq,
+      spec_.norm == NormKind::layernorm ? "LayerNorm" : "RMSNorm",
+      spec_.mlp == MlpKind::gelu ? "GELU" : "SwiGLU",
+      spec_.pos == PositionKind::learned ? "learned" : "rotary",
+      spec_.tied_embeddings ? ", tied embeddings" : "", spec_.bias ? ", biases" : "",
+      spec_.attention == AttentionMemory::fused ? "fused" : "materialised");
+}
+
+void Transformer::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                              Rng& rng) {
+  dtype_ = dtype;
+  for (Parameter* p : named_parameters()) {
+    const std::string& n = p->name;
+    const bool norm_w = n.ends_with("norm") || n == "norm.weight";
+    const bool zero = n.ends_with("_b") || n == "norm.bias" || (p->shape.size() == 1 && !norm_w);
+    if (!norm_w && !zero) {
+      init_param(dev, *p, dtype, domain, ex, rng, 0.02);
+      continue;
+    }
+    p->dtype = dtype;
+    if (dev.placement() == Placement::meta) {  // Note [Meta mode]
+      p->data = dev.alloc(dtype, p->shape, p->name, MemCategory::params);
+      continue;
+    }
+    const std::vector<double> v(static_cast<std::size_t>(p->numel()), norm_w ? 1.0 : 0.0);
+    p->data = tensor_from_f64(dev, dtype, p->shape, v, p->name, MemCategory::params);
+  }
+}
+
+HostBatch Transformer::make_batch(Rng& rng, std::int64_t samples, DataDomain,
+                                  const ExactSpec&) const {
+  const std::int64_t S = spec_.seq;
+  HostBatch hb = batch_shapes(samples);
+  std::vector<double>& ids = hb.arrays.at("ids").values;
+  std::vector<double>& labels = hb.arrays.at("labels").values;
+  for (std::int64_t s = 0; s < samples; ++s) {
+    std::vector<double> tokens(static_cast<std::size_t>(S + 1));
+    for (double& t : tokens) t = static_cast<double>(rng.below(static_cast<std::uint64_t>(spec_.vocab)));
+    ids.insert(ids.end(), tokens.begin(), tokens.end() - 1);
+    labels.insert(labels.end(), tokens.begin() + 1, tokens.end());
+  }
+  return hb;
+}
+
+HostBatch Transformer::batch_shapes(std::int64_t samples) const {
+  HostBatch hb;
+  hb.samples = samples;
+  hb.arrays.emplace("ids", HostArray{{samples, spec_.seq}, {}});
+  hb.arrays.emplace("labels", HostArray{{samples, spec_.seq}, {}});
+  return hb;
+}
+
+// ---- pieces ----
+
+Tensor Transformer::norm_forward(Device& dev, Module& m, const char* w, const Tensor& x,
+                                 Tensor& mean, Tensor& rstd) {
+  const std::int64_t N = x.dim(0), d = spec_.dim;
+  Tensor out = act(dev, dtype_, {N, d}, "norm_out");
+  rstd = act(dev, dtype_, {N}, "norm_rstd");
+  if (spec_.norm == NormKind::layernorm) {
+    mean = act(dev, dtype_, {N}, "norm_mean");
+    const std::string b = std::string(w) + (std::string(w) == "weight" ? "" : "_b");
+    dev.layernorm(out, mean, rstd, x, data_of(m, w),
+                  data_of(m, std::string(w) == "weight" ? "bias" : b.c_str()), spec_.eps);
+  } else {
+    dev.rmsnorm(out, rstd, x, data_of(m, w), spec_.eps);
+  }
+  return out;
+}
+
+Tensor Transformer::norm_backward(Device& dev, Module& m, const char* w, const Tensor& dout,
+                                  const Tensor& x, const Tensor& mean, const Tensor& rstd) {
+  const std::int64_t N = x.dim(0), d = spec_.dim;
+  Tensor dx = act(dev, dtype_, {N, d}, "norm_dx");
+  Tensor dw = tmp(dev, dtype_, {d}, "dnorm_w");
+  if (spec_.norm == NormKind::layernorm) {
+    const std::string bname = std::string(w) == "weight" ? "bias" : std::string(w) + "_b";
+    Tensor db = tmp(dev, dtype_, {d}, "dnorm_b");
+    dev.layernorm_backward(dx, dw, db, dout, x, data_of(m, w), mean, rstd);
+    accumulate_grad(dev, param_of(m, w), dw);
+    accumulate_grad(dev, param_of(m, bname.c_str()), db);
+  } else {
+    dev.rmsnorm_backward(dx, dw, dout, x, data_of(m, w), rstd);
+    accumulate_grad(dev, param_of(m, w), dw);
+  }
+  return dx;
+}
+
+Tensor Transformer::linear(Device& dev, Module& m, const char* w, const char* b, const Tensor& x,
+                           std::int64_t out_features, const char* label) {
+  Tensor y = act(dev, dtype_, {x.dim(0), out_features}, label);
+  dev.matmul(y, x, data_of(m, w), false, true, false);
+  if (spec_.bias && b != nullptr) dev.add_row_vector(y, data_of(m, b));
+  return y;
+}
+
+Tensor Transformer::linear_backward(Device& dev, Module& m, const char* w, const char* b,
+                                    const Tensor& dy, const Tensor& x, bool want_dx) {
+  Parameter& pw = param_of(m, w);
+  Tensor dw = tmp(dev, dtype_, pw.shape, "dW");
+  dev.matmul(dw, dy, x, true, false, false);  // dW = dy^T x
+  Tensor dx;
+  if (want_dx) {
+    dx = act(dev, dtype_, {dy.dim(0), x.dim(1)}, "dx");
+    dev.matmul(dx, dy, pw.data, false, false, false);  // dx = dy W
+  }
+  accumulate_grad(dev, pw, dw);
+  if (spec_.bias && b != nullptr) {
+    Parameter& pb = param_of(m, b);
+    Tensor db = tmp(dev, dtype_, pb.shape, "db");
+    dev.sum_rows(db, dy, false);
+    accumulate_grad(dev, pb, db);
+  }
+  return dx;
+}
+
+}  // namespace zc

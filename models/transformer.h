@@ -1,0 +1,128 @@
+// Transformer: the decoder-only family of real models, with explicit backward, at any size: GPT-2
+// (learned positions, LayerNorm with bias, biased linears, GELU, tied embeddings) and Llama-2
+// (rotary positions without a table, RMSNorm, SwiGLU, grouped-query attention from 70B on). The
+// presets' parameter counts equal the published ones (transformer_preset; a test checks each).
+// Module tree, as Hugging Face's: embed (tok [V,d], pos [P,d] when learned), layers.0..L-1, norm,
+// lm_head (an alias of embed.tok when tied, Note [Shared params]) -- so ZeRO-3 gathers one module's
+// params at a time. Token layout [N = B*S, width]; attention runs per (batch, head) on the head
+// layout [B, heads, S, dh], query head h reading kv head h / (heads / kv_heads).
+//
+// Note [Attention memory]
+// materialised (default, Hugging Face's eager attention): the probabilities [B*H*S, S] of every
+// layer are kept for the backward, and the scores are a transient of the same size.
+// fused (what FlashAttention-style kernels save): nothing of size S^2 is kept; forward and backward
+// compute each (batch, head)'s [S, S] scores and probabilities one head at a time and free them,
+// the backward recomputing them (so its attention FLOPs include a second forward's).
+// Activation checkpointing is not modelled: every layer keeps its activations until its backward,
+// which frees them (as autograd frees saved tensors).
+#pragma once
+
+#include "engine/model.h"
+
+#include <string>
+#include <vector>
+
+namespace zc {
+
+enum class NormKind : std::uint8_t { rmsnorm, layernorm };
+enum class MlpKind : std::uint8_t { gelu, swiglu };
+enum class PositionKind : std::uint8_t { learned, rotary };
+enum class AttentionMemory : std::uint8_t { materialised, fused };
+
+struct TransformerSpec {
+  std::string preset;  // the preset's name ("" for a custom shape)
+  std::int64_t vocab = 32;
+  std::int64_t dim = 16;
+  int layers = 2;
+  std::int64_t heads = 4;
+  std::int64_t kv_heads = 4;   // grouped-query attention when < heads
+  std::int64_t ffn = 32;       // MLP hidden width
+  std::int64_t positions = 0;  // learned position table rows (GPT-2's n_positions)
+  std::int64_t seq = 8;        // training sequence length (<= positions when learned)
+  NormKind norm = NormKind::rmsnorm;
+  MlpKind mlp = MlpKind::swiglu;
+  PositionKind pos = PositionKind::rotary;
+  bool tied_embeddings = false;
+  bool bias = false;  // biases on the attention and MLP linears (GPT-2)
+  double eps = 1e-5;
+  double rope_base = 10000.0;
+  AttentionMemory attention = AttentionMemory::materialised;
+
+  std::int64_t head_dim() const { return dim / heads; }
+  // The number of parameters, from the shapes (tied embeddings counted once).
+  std::int64_t param_count() const;
+  // The largest single parameter (DeepSpeed's estimate_zero3 "largest_layer_params").
+  std::int64_t largest_param() const;
+  // "" when the shape is consistent, else what is wrong (names the field).
+  std::string invalid() const;
+};
+
+// Preset names: gpt2-xl, llama-2-7b, llama-2-13b, llama-2-70b, and the small test shapes
+// gpt2-tiny, llama-tiny, llama-gqa-tiny. ConfigError naming the known ones for any other name.
+TransformerSpec transformer_preset(const std::string& name);
+std::vector<std::string> transformer_presets();
+// A custom shape from JSON: {"vocab":..,"dim":..,"layers":..,"heads":..,"kv_heads":..,"ffn":..,
+// "seq":..,"norm":"rmsnorm|layernorm","mlp":"swiglu|gelu","positions":"rotary|learned",
+// "max_positions":..,"tied_embeddings":..,"bias":..} (strict: unknown keys are a ConfigError).
+TransformerSpec transformer_spec_from_json(const nlohmann::json& j);
+
+class Transformer : public Model {
+ public:
+  explicit Transformer(TransformerSpec spec, std::string name = "transformer");
+  Transformer(const Transformer&) = default;
+  std::string kind() const override { return "transformer"; }
+  nlohmann::json kind_args() const override;
+  void init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
+                   Rng& rng) override;
+  // "ids" and "labels" [samples, seq]: uniform random tokens, labels the next token.
+  HostBatch make_batch(Rng& rng, std::int64_t samples, DataDomain domain,
+                       const ExactSpec& ex) const override;
+  HostBatch batch_shapes(std::int64_t samples) const override;
+  double forward(Device& dev, const Batch& batch) override;
+  void backward(Device& dev, double loss_scale, std::int64_t ga) override;
+  std::string describe() const override;
+  const TransformerSpec& spec() const { return spec_; }
+
+ protected:
+  std::unique_ptr<Module> clone_impl() const override {
+    return std::make_unique<Transformer>(*this);
+  }
+
+ private:
+  struct BlockActs {  // what a block's forward keeps for its backward; N tokens
+    Tensor x, h1, mean1, rstd1;  // [N,d] block input, attn norm out, stats [N]
+    Tensor qh, kh, vh;           // [B,H,S,dh], [B,Hkv,S,dh] x2 (after rope)
+    Tensor p;                    // [B*H*S, S] probabilities (materialised attention only)
+    Tensor o;                    // [N, H*dh] attention output (Wo's input)
+    Tensor x2, h2, mean2, rstd2; // [N,d] after the attention residual, mlp norm out, stats
+    Tensor u, g, a;              // [N,ffn]: gelu: u pre-activation; swiglu: g gate, u up; a MLP act
+  };
+  Module& embed() const { return *children().front(); }
+  Module& layer(std::size_t l) const { return *children().at(1 + l); }
+  Module& final_norm() const { return *children().at(children().size() - 2); }
+  Module& lm_head() const { return *children().back(); }
+
+  Tensor norm_forward(Device& dev, Module& m, const char* w, const Tensor& x, Tensor& mean,
+                      Tensor& rstd);
+  Tensor norm_backward(Device& dev, Module& m, const char* w, const Tensor& dout, const Tensor& x,
+                       const Tensor& mean, const Tensor& rstd);
+  Tensor linear(Device& dev, Module& m, const char* w, const char* b, const Tensor& x,
+                std::int64_t out_features, const char* label);
+  // dx (when want_dx) of y = x W^T + b; accumulates dW (and db) into the params.
+  Tensor linear_backward(Device& dev, Module& m, const char* w, const char* b, const Tensor& dy,
+                         const Tensor& x, bool want_dx);
+  Tensor block_forward(Device& dev, Module& blk, BlockActs& a, const Tensor& x);
+  Tensor block_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dx3);
+  Tensor attention_forward(Device& dev, BlockActs& a);
+  void attention_backward(Device& dev, BlockActs& a, const Tensor& do_tok, Tensor& dq,
+                          Tensor& dk, Tensor& dv);
+  Tensor mlp_forward(Device& dev, Module& blk, BlockActs& a);
+  Tensor mlp_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dm);
+
+  TransformerSpec spec_;
+  std::vector<BlockActs> acts_;
+  Tensor ids_, labels_, positions_, xf_, hf_, meanf_, rstdf_, dlogits_;
+  std::int64_t batch_ = 0;
+};
+
+}  // namespace zc

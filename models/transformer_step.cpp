@@ -1,0 +1,314 @@
+// Transformer forward and explicit backward (transformer.h). Shapes: N = B * S tokens; token
+// layout [N, width]; head layout [B, heads, S, dh]; query head h reads kv head h / rep, rep =
+// heads / kv_heads. Each block's saved tensors are freed by its backward.
+#include "engine/errors.h"
+#include "models/transformer.h"
+
+#include <cmath>
+
+namespace zc {
+
+namespace {
+
+Tensor& data_of(Module& m, const char* local) {
+  Parameter* p = m.params().get(local);
+  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(),
+            local);
+  return p->data;
+}
+Tensor act(Device& dev, DType dt, Shape shape, const char* label) {
+  return dev.alloc(dt, std::move(shape), label, MemCategory::activations);
+}
+// Head (b, h)'s [rows, cols] matrix of a head-layout buffer with `heads` heads.
+Tensor head(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t heads, std::int64_t rows,
+            std::int64_t cols) {
+  return t.narrow(((b * heads) + h) * rows * cols, rows * cols).view({rows, cols});
+}
+
+}  // namespace
+
+Tensor Transformer::attention_forward(Device& dev, BlockActs& a) {
+  const std::int64_t B = batch_, S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
+  const std::int64_t dh = spec_.head_dim(), rep = H / Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  Tensor oh = act(dev, dtype_, {B * H * S * dh}, "attn_oh");  // [B, H, S, dh]
+  if (spec_.attention == AttentionMemory::materialised) {
+    Tensor scores = act(dev, dtype_, {B * H * S, S}, "attn_scores");  // [B*H*S, S]
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        dev.matmul(head(scores, b, h, H, S, S), head(a.qh, b, h, H, S, dh),
+                   head(a.kh, b, h / rep, Hkv, S, dh), false, true, false);
+      }
+    }
+    dev.scale(scores, scale);
+    a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
+    dev.causal_softmax(a.p, scores);
+    scores = Tensor();
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        dev.matmul(head(oh, b, h, H, S, dh), head(a.p, b, h, H, S, S),
+                   head(a.vh, b, h / rep, Hkv, S, dh), false, false, false);
+      }
+    }
+  } else {  // fused: one head's [S, S] at a time, nothing kept (Note [Attention memory])
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        Tensor s = act(dev, dtype_, {S, S}, "attn_head_scores");
+        dev.matmul(s, head(a.qh, b, h, H, S, dh), head(a.kh, b, h / rep, Hkv, S, dh), false, true,
+                   false);
+        dev.scale(s, scale);
+        Tensor p = act(dev, dtype_, {S, S}, "attn_head_probs");
+        dev.causal_softmax(p, s);
+        dev.matmul(head(oh, b, h, H, S, dh), p, head(a.vh, b, h / rep, Hkv, S, dh), false, false,
+                   false);
+      }
+    }
+  }
+  Tensor o = act(dev, dtype_, {B * S, H * dh}, "attn_o");  // [B, S, H, dh]
+  dev.permute_0213(o, oh, B, H, S, dh);
+  return o;
+}
+
+void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do_tok, Tensor& dq,
+                                     Tensor& dk, Tensor& dv) {
+  const std::int64_t B = batch_, S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
+  const std::int64_t dh = spec_.head_dim(), rep = H / Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  Tensor doh = act(dev, dtype_, {B * H * S * dh}, "attn_doh");
+  dev.permute_0213(doh, do_tok, B, S, H, dh);
+  Tensor dqh = act(dev, dtype_, {B * H * S * dh}, "attn_dqh");
+  Tensor dkh = act(dev, dtype_, {B * Hkv * S * dh}, "attn_dkh");
+  Tensor dvh = act(dev, dtype_, {B * Hkv * S * dh}, "attn_dvh");
+  // Per head: dP = dO V^T; dV += P^T dO; dS = softmax_backward(dP, P) / sqrt(dh); dQ = dS K;
+  // dK += dS^T Q. A kv head sums over its rep query heads (accumulate after the first).
+  auto one_head = [&](std::int64_t b, std::int64_t h, const Tensor& p, const Tensor& dp,
+                      const Tensor& ds) {
+    const std::int64_t g = h / rep;
+    const bool acc = h % rep != 0;
+    dev.matmul(dp, head(doh, b, h, H, S, dh), head(a.vh, b, g, Hkv, S, dh), false, true, false);
+    dev.matmul(head(dvh, b, g, Hkv, S, dh), p, head(doh, b, h, H, S, dh), true, false, acc);
+    dev.softmax_backward(ds, dp, p);
+    dev.scale(ds, scale);
+    dev.matmul(head(dqh, b, h, H, S, dh), ds, head(a.kh, b, g, Hkv, S, dh), false, false, false);
+    dev.matmul(head(dkh, b, g, Hkv, S, dh), ds, head(a.qh, b, h, H, S, dh), true, false, acc);
+  };
+  if (spec_.attention == AttentionMemory::materialised) {
+    Tensor dp = act(dev, dtype_, {B * H * S, S}, "attn_dprobs");
+    Tensor ds = act(dev, dtype_, {B * H * S, S}, "attn_dscores");
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        one_head(b, h, head(a.p, b, h, H, S, S), head(dp, b, h, H, S, S), head(ds, b, h, H, S, S));
+      }
+    }
+  } else {  // recompute each head's probabilities (Note [Attention memory])
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        Tensor s = act(dev, dtype_, {S, S}, "attn_head_scores");
+        dev.matmul(s, head(a.qh, b, h, H, S, dh), head(a.kh, b, h / rep, Hkv, S, dh), false, true,
+                   false);
+        dev.scale(s, scale);
+        Tensor p = act(dev, dtype_, {S, S}, "attn_head_probs");
+        dev.causal_softmax(p, s);
+        Tensor dp = act(dev, dtype_, {S, S}, "attn_head_dprobs");
+        one_head(b, h, p, dp, s);  // s is free again: it takes dS
+      }
+    }
+  }
+  dq = act(dev, dtype_, {B * S, H * dh}, "attn_dq");
+  dk = act(dev, dtype_, {B * S, Hkv * dh}, "attn_dk");
+  dv = act(dev, dtype_, {B * S, Hkv * dh}, "attn_dv");
+  dev.permute_0213(dq, dqh, B, H, S, dh);
+  dev.permute_0213(dk, dkh, B, Hkv, S, dh);
+  dev.permute_0213(dv, dvh, B, Hkv, S, dh);
+}
+
+Tensor Transformer::mlp_forward(Device& dev, Module& blk, BlockActs& a) {
+  const std::int64_t N = a.h2.dim(0), f = spec_.ffn;
+  if (spec_.mlp == MlpKind::gelu) {
+    a.u = linear(dev, blk, "w_fc", "b_fc", a.h2, f, "mlp_u");
+    a.a = act(dev, dtype_, {N, f}, "mlp_act");
+    dev.gelu(a.a, a.u);
+    return linear(dev, blk, "w_proj", "b_proj", a.a, spec_.dim, "mlp_out");
+  }
+  a.g = linear(dev, blk, "w_gate", nullptr, a.h2, f, "mlp_gate");
+  a.u = linear(dev, blk, "w_up", nullptr, a.h2, f, "mlp_up");
+  a.a = act(dev, dtype_, {N, f}, "mlp_act");
+  dev.swiglu(a.a, a.g, a.u);
+  return linear(dev, blk, "w_down", nullptr, a.a, spec_.dim, "mlp_out");
+}
+
+Tensor Transformer::mlp_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dm) {
+  const std::int64_t N = dm.dim(0), f = spec_.ffn;
+  if (spec_.mlp == MlpKind::gelu) {
+    Tensor da = linear_backward(dev, blk, "w_proj", "b_proj", dm, a.a, true);
+    Tensor du = act(dev, dtype_, {N, f}, "mlp_du");
+    dev.gelu_backward(du, da, a.u);
+    return linear_backward(dev, blk, "w_fc", "b_fc", du, a.h2, true);
+  }
+  Tensor da = linear_backward(dev, blk, "w_down", nullptr, dm, a.a, true);
+  Tensor dg = act(dev, dtype_, {N, f}, "mlp_dgate");
+  Tensor du = act(dev, dtype_, {N, f}, "mlp_dup");
+  dev.swiglu_backward(dg, du, da, a.g, a.u);
+  da = Tensor();
+  Tensor dh2 = linear_backward(dev, blk, "w_gate", nullptr, dg, a.h2, true);
+  Tensor dh2_up = linear_backward(dev, blk, "w_up", nullptr, du, a.h2, true);
+  dev.add(dh2, dh2, dh2_up);
+  return dh2;
+}
+
+Tensor Transformer::block_forward(Device& dev, Module& blk, BlockActs& a, const Tensor& x) {
+  blk.run_pre_forward();
+  const std::int64_t B = batch_, S = spec_.seq, N = x.dim(0), d = spec_.dim;
+  const std::int64_t H = spec_.heads, Hkv = spec_.kv_heads, dh = spec_.head_dim();
+  a.x = x;
+  a.h1 = norm_forward(dev, blk, "attn_norm", x, a.mean1, a.rstd1);
+  Tensor q = linear(dev, blk, "wq", "bq", a.h1, H * dh, "q");
+  Tensor k = linear(dev, blk, "wk", "bk", a.h1, Hkv * dh, "k");
+  Tensor v = linear(dev, blk, "wv", "bv", a.h1, Hkv * dh, "v");
+  if (spec_.pos == PositionKind::rotary) {
+    dev.rope(q, q, S, H, spec_.rope_base, false);
+    dev.rope(k, k, S, Hkv, spec_.rope_base, false);
+  }
+  a.qh = act(dev, dtype_, {B * H * S * dh}, "attn_qh");
+  a.kh = act(dev, dtype_, {B * Hkv * S * dh}, "attn_kh");
+  a.vh = act(dev, dtype_, {B * Hkv * S * dh}, "attn_vh");
+  dev.permute_0213(a.qh, q, B, S, H, dh);
+  dev.permute_0213(a.kh, k, B, S, Hkv, dh);
+  dev.permute_0213(a.vh, v, B, S, Hkv, dh);
+  q = k = v = Tensor();
+  a.o = attention_forward(dev, a);
+  Tensor attn = linear(dev, blk, "wo", "bo", a.o, d, "attn_out");
+  a.x2 = act(dev, dtype_, {N, d}, "x2");
+  dev.add(a.x2, x, attn);
+  attn = Tensor();
+  a.h2 = norm_forward(dev, blk, "mlp_norm", a.x2, a.mean2, a.rstd2);
+  Tensor m = mlp_forward(dev, blk, a);
+  Tensor x3 = act(dev, dtype_, {N, d}, "x3");
+  dev.add(x3, a.x2, m);
+  blk.run_post_forward();
+  return x3;
+}
+
+Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dx3) {
+  blk.run_pre_backward();
+  const std::int64_t S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
+  Tensor dh2 = mlp_backward(dev, blk, a, dx3);
+  Tensor dx2 = norm_backward(dev, blk, "mlp_norm", dh2, a.x2, a.mean2, a.rstd2);
+  dh2 = Tensor();
+  dev.add(dx2, dx2, dx3);
+  Tensor dout = linear_backward(dev, blk, "wo", "bo", dx2, a.o, true);
+  Tensor dq, dk, dv;
+  attention_backward(dev, a, dout, dq, dk, dv);
+  dout = Tensor();
+  if (spec_.pos == PositionKind::rotary) {  // the transposed rotation
+    dev.rope(dq, dq, S, H, spec_.rope_base, true);
+    dev.rope(dk, dk, S, Hkv, spec_.rope_base, true);
+  }
+  Tensor dh1 = linear_backward(dev, blk, "wq", "bq", dq, a.h1, true);
+  Tensor dh1_k = linear_backward(dev, blk, "wk", "bk", dk, a.h1, true);
+  Tensor dh1_v = linear_backward(dev, blk, "wv", "bv", dv, a.h1, true);
+  dev.add(dh1, dh1, dh1_k);
+  dev.add(dh1, dh1, dh1_v);
+  dq = dk = dv = dh1_k = dh1_v = Tensor();
+  Tensor dx = norm_backward(dev, blk, "attn_norm", dh1, a.x, a.mean1, a.rstd1);
+  dev.add(dx, dx, dx2);
+  a = BlockActs{};  // autograd frees what the block saved once its backward has run
+  blk.run_post_backward();
+  return dx;
+}
+
+double Transformer::forward(Device& dev, const Batch& batch) {
+  run_pre_forward();
+  ids_ = batch.at("ids");
+  labels_ = batch.at("labels");
+  if (ids_.ndim() != 2 || ids_.dim(1) != spec_.seq || labels_.numel() != ids_.numel()) {
+    throw UsageError(fmt::format("transformer: ids {} and labels must be [B, {}]",
+                                 shape_str(ids_.shape()), spec_.seq));
+  }
+  batch_ = ids_.dim(0);
+  const std::int64_t N = batch_ * spec_.seq, d = spec_.dim, V = spec_.vocab;
+  Module& emb = embed();
+  emb.run_pre_forward();
+  Tensor x = act(dev, dtype_, {N, d}, "x0");
+  dev.embedding(x, data_of(emb, "tok"), ids_.view({N}));
+  if (spec_.pos == PositionKind::learned) {
+    if (dev.placement() == Placement::meta) {
+      positions_ = act(dev, DType::f32, {N}, "positions");
+    } else {
+      std::vector<double> pos(static_cast<std::size_t>(N));
+      for (std::int64_t i = 0; i < N; ++i) pos[static_cast<std::size_t>(i)] = static_cast<double>(i % spec_.seq);
+      positions_ = tensor_from_f64(dev, DType::f32, {N}, pos, "positions", MemCategory::activations);
+    }
+    Tensor pe = act(dev, dtype_, {N, d}, "pos_x");
+    dev.embedding(pe, data_of(emb, "pos"), positions_);
+    dev.add(x, x, pe);
+  }
+  emb.run_post_forward();
+  acts_.assign(static_cast<std::size_t>(spec_.layers), BlockActs{});
+  for (std::size_t l = 0; l < acts_.size(); ++l) x = block_forward(dev, layer(l), acts_[l], x);
+  xf_ = x;
+  final_norm().run_pre_forward();
+  hf_ = norm_forward(dev, final_norm(), "weight", xf_, meanf_, rstdf_);
+  final_norm().run_post_forward();
+  lm_head().run_pre_forward();
+  Tensor logits = act(dev, dtype_, {N, V}, "logits");
+  dev.matmul(logits, hf_, data_of(lm_head(), "weight"), false, true, false);
+  lm_head().run_post_forward();
+  const DType loss_dtype = dtype_ == DType::f64 ? DType::f64 : DType::f32;
+  dlogits_ = act(dev, dtype_, {N, V}, "dlogits");
+  Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
+  Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
+  dev.softmax_xent(dlogits_, rows, logits, labels_.view({N}));
+  dev.fill(ones, 1.0);
+  const double loss = dev.dot(rows, ones) / static_cast<double>(N);
+  run_post_forward();
+  return loss;
+}
+
+void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
+  ZC_ASSERT(acts_.size() == static_cast<std::size_t>(spec_.layers) && dlogits_.defined(),
+            "backward without forward");
+  run_pre_backward();
+  const std::int64_t N = batch_ * spec_.seq, V = spec_.vocab;
+  Module& head_m = lm_head();
+  head_m.run_pre_backward();
+  Tensor dlogits = act(dev, dtype_, {N, V}, "dlogits_scaled");
+  dev.copy(dlogits, dlogits_);
+  dlogits_ = Tensor();
+  dev.div(dlogits, static_cast<double>(N));  // the mean over this rank's tokens
+  dev.scale(dlogits, loss_scale);
+  dev.div(dlogits, static_cast<double>(ga));
+  // The LM head's weight grad; with tied embeddings it waits for the embedding's part, and the
+  // one Parameter gets their sum once (Note [Shared params]).
+  Tensor dhead = dev.alloc(dtype_, {V, spec_.dim}, "dlm_head", MemCategory::temporaries);
+  dev.matmul(dhead, dlogits, hf_, true, false, false);
+  Tensor dhf = act(dev, dtype_, {N, spec_.dim}, "dhf");
+  dev.matmul(dhf, dlogits, data_of(head_m, "weight"), false, false, false);
+  dlogits = Tensor();
+  if (!spec_.tied_embeddings) {
+    accumulate_grad(dev, *head_m.params().get("weight"), dhead);
+    dhead = Tensor();
+  }
+  head_m.run_post_backward();
+  final_norm().run_pre_backward();
+  Tensor dx = norm_backward(dev, final_norm(), "weight", dhf, xf_, meanf_, rstdf_);
+  dhf = xf_ = hf_ = meanf_ = rstdf_ = Tensor();
+  final_norm().run_post_backward();
+  for (std::size_t l = acts_.size(); l-- > 0;) dx = block_backward(dev, layer(l), acts_[l], dx);
+  Module& emb = embed();
+  emb.run_pre_backward();
+  Tensor dtok = dev.alloc(dtype_, {V, spec_.dim}, "dtok_emb", MemCategory::temporaries);
+  dev.embedding_backward(dtok, dx, ids_.view({N}));
+  if (spec_.tied_embeddings) dev.add(dtok, dtok, dhead);
+  if (spec_.pos == PositionKind::learned) {
+    Tensor dpos = dev.alloc(dtype_, {spec_.positions, spec_.dim}, "dpos_emb",
+                            MemCategory::temporaries);
+    dev.embedding_backward(dpos, dx, positions_);
+    accumulate_grad(dev, *emb.params().get("pos"), dpos);
+  }
+  accumulate_grad(dev, *emb.params().get("tok"), dtok);
+  emb.run_post_backward();
+  run_post_backward();
+}
+
+}  // namespace zc
