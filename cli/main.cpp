@@ -1,5 +1,6 @@
 // zerocheck's command line (CLI11): verify (the main job), replay, prove, run, demo, verify-real.
 #include "cli/demo.h"
+#include "cli/plan.h"
 #include "cli/prove.h"
 #include "cli/run.h"
 #include "cli/verify.h"
@@ -63,6 +64,26 @@ int main(int argc, char** argv) {
   verify_cmd->add_option("--deepspeed-cases", verify.deepspeed_cases, "Scenarios the DeepSpeed comparison draws")
       ->check(CLI::Range(1, 1000000));
 
+  zc::cli::PlanCliOptions plan;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "Per-rank memory by category, collectives and step time for a model at N ranks, from the engine in meta mode");
+  plan_cmd->add_option("--config", plan.config_path, "DeepSpeed ds_config.json")->required()->check(CLI::ExistingFile);
+  plan_cmd->add_option("--model", plan.model, "gpt2-xl | llama-2-7b | llama-2-13b | llama-2-70b (or a tiny test shape)");
+  plan_cmd->add_option("--model-json", plan.model_json, "A custom transformer shape (see README)")->check(CLI::ExistingFile);
+  plan_cmd->add_option("--world-size", plan.world_size, "Data-parallel ranks")->check(CLI::Range(1, 1 << 20));
+  plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node (default: the GPU's node)")->check(CLI::Range(1, 1024));
+  plan_cmd->add_option("--gpu", plan.gpu, "a100 | a100-40gb | h100 | h200 | v100 | l40s (plan/hardware.json)");
+  plan_cmd->add_option("--network", plan.network, "ib-hdr | ib-ndr | ib-edr | roce-100g (default: the GPU's node)");
+  plan_cmd->add_option("--micro-batch", plan.micro_batch, "Override train_micro_batch_size_per_gpu")->check(CLI::Range(1, 1 << 16));
+  plan_cmd->add_option("--seq", plan.seq, "Sequence length (default: the model's)")->check(CLI::Range(1, 1 << 20));
+  plan_cmd->add_option("--steps", plan.steps, "Training steps simulated (the last one is timed)")->check(CLI::Range(1, 4));
+  plan_cmd->add_option("--attention", plan.attention, "materialised (eager) | fused (FlashAttention-style memory)")
+      ->check(CLI::IsMember({"materialised", "fused"}));
+  plan_cmd->add_option("--fit", plan.fit_gib, "GiB per GPU: which stage, offload and micro-batch fit, fastest first");
+  plan_cmd->add_option("--out", plan.out, "Write plan.json and plan.html (fit.json, fit.html with --fit) here");
+  plan_cmd->add_option("--hardware", plan.hardware, "Device, network and host figures (default: plan/hardware.json)");
+  plan_cmd->add_flag("--json", plan.json, "Print JSON instead of the table");
+  plan_cmd->add_flag("--no-deepspeed", plan.no_deepspeed, "Do not run DeepSpeed's estimators beside the plan");
+
   zc::cli::ReplayOptions replay;
   CLI::App* replay_cmd = app.add_subcommand("replay", "Rerun a saved counterexample exactly: verdict, trace hash, first divergence");
   replay_cmd->add_option("file", replay.file, "A counterexample file (reports/out/counterexamples/*.json)")->required()->check(CLI::ExistingFile);
@@ -76,6 +97,7 @@ int main(int argc, char** argv) {
       return zc::cli::run_demo(demo);
     }
     if (run_cmd->parsed()) return zc::cli::run_training(run);
+    if (plan_cmd->parsed()) return zc::cli::run_plan_cli(plan);
     if (vr_cmd->parsed()) return zc::cli::run_verify_real(argc, argv, vr);
     if (prove_cmd->parsed()) return zc::cli::run_prove(prove_timeout_s * 1000);
     if (verify_cmd->parsed()) return zc::cli::run_verify_cli(verify);

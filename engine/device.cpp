@@ -40,6 +40,52 @@ std::vector<double> to_f64(Device& dev, const Tensor& t) {
   return out;
 }
 
+namespace {
+// The output matrix's shape and the element counts bmm's operands must have.
+struct BmmCheck {
+  std::int64_t m, n;
+};
+BmmCheck check_bmm(const Tensor& out, const Tensor& a, const Tensor& b, const Device::BmmShape& s,
+                   bool trans_a, bool trans_b) {
+  const std::int64_t m = trans_a ? s.a_cols : s.a_rows, ka = trans_a ? s.a_rows : s.a_cols;
+  const std::int64_t kb = trans_b ? s.b_cols : s.b_rows, n = trans_b ? s.b_rows : s.b_cols;
+  const bool divs = s.a_div >= 1 && s.b_div >= 1 && s.out_div >= 1 && s.batches >= 0 &&
+                    s.batches % s.a_div == 0 && s.batches % s.b_div == 0 && s.batches % s.out_div == 0;
+  if (!divs || ka != kb || a.numel() != s.batches / s.a_div * s.a_rows * s.a_cols ||
+      b.numel() != s.batches / s.b_div * s.b_rows * s.b_cols ||
+      out.numel() != s.batches / s.out_div * m * n) {
+    throw UsageError(fmt::format(
+        "bmm: {} batches of [{}x{}]{} x [{}x{}]{} (divs {} {} {}) do not fit a {}, b {}, out {}",
+        s.batches, s.a_rows, s.a_cols, trans_a ? "^T" : "", s.b_rows, s.b_cols, trans_b ? "^T" : "",
+        s.a_div, s.b_div, s.out_div, a.describe(), b.describe(), out.describe()));
+  }
+  return {m, n};
+}
+}  // namespace
+
+void Device::bmm(const Tensor& out, const Tensor& a, const Tensor& b, const BmmShape& s,
+                 bool trans_a, bool trans_b, bool accumulate) {
+  const BmmCheck d = check_bmm(out, a, b, s, trans_a, trans_b);
+  const std::int64_t an = s.a_rows * s.a_cols, bn = s.b_rows * s.b_cols, on = d.m * d.n;
+  for (std::int64_t i = 0; i < s.batches; ++i) {
+    matmul(out.narrow(i / s.out_div * on, on).view({d.m, d.n}),
+           a.narrow(i / s.a_div * an, an).view({s.a_rows, s.a_cols}),
+           b.narrow(i / s.b_div * bn, bn).view({s.b_rows, s.b_cols}), trans_a, trans_b,
+           accumulate || i % s.out_div != 0);
+  }
+}
+
+void bmm_meta_counts(const Tensor& out, const Tensor& a, const Tensor& b,
+                     const Device::BmmShape& s, bool trans_a, bool trans_b, DeviceCounters& c) {
+  const BmmCheck d = check_bmm(out, a, b, s, trans_a, trans_b);
+  const std::int64_t k = trans_a ? s.a_rows : s.a_cols;
+  const std::int64_t esz_a = dtype_size(a.dtype()), esz_b = dtype_size(b.dtype());
+  c.kernels += s.batches;
+  c.flops += s.batches * 2 * d.m * d.n * k;
+  c.bytes_read += s.batches * (s.a_rows * s.a_cols * esz_a + s.b_rows * s.b_cols * esz_b);
+  c.bytes_written += s.batches * d.m * d.n * dtype_size(out.dtype());
+}
+
 double item(Device& dev, const Tensor& t, double meta_value) {
   if (t.numel() != 1) {
     throw UsageError(fmt::format("item() of {} with {} elements", t.describe(), t.numel()));

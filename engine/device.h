@@ -100,6 +100,10 @@ class Device {
   Tensor alloc(DType dtype, Shape shape, std::string label = {},
                MemCategory category = MemCategory::unattributed);
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same dtype and numel
+  // A strided block copy (same dtype, no overlap): dst[r * dst_stride + c] = src[r * src_stride +
+  // c] for r < rows, c < cols; both views must hold their last row's elements.
+  virtual void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+                       std::int64_t dst_stride, std::int64_t src_stride) = 0;
   virtual void fill(const Tensor& t, double value) = 0;
   virtual void upload(const Tensor& dst, std::span<const std::byte> src) = 0;  // host bytes in
   virtual void download(std::span<std::byte> dst, const Tensor& src) = 0;      // host bytes out
@@ -130,6 +134,21 @@ class Device {
   // out[m,n] = (accumulate ? out : 0) + sum_k op(a)[m,k] * op(b)[k,n], f32 sum in ascending k.
   virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
                       bool trans_b, bool accumulate) = 0;
+  // Batched matmul over contiguous stacks of matrices (attention's per-head products, grouped-
+  // query attention's shared kv heads): a holds matrices of a_rows x a_cols, b of b_rows x b_cols,
+  // out of m x n (matmul's shapes after the transposes). For i = 0, 1, ..., batches - 1 in order:
+  //   matmul(out[i / out_div], a[i / a_div], b[i / b_div], trans_a, trans_b,
+  //          accumulate || i % out_div != 0)
+  // so out_div > 1 sums consecutive products into one output matrix. This default is that loop
+  // (every backend's matmul, so the bits are matmul's); the meta and simulated devices count it as
+  // one op.
+  struct BmmShape {
+    std::int64_t batches = 1;
+    std::int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
+    std::int64_t a_div = 1, b_div = 1, out_div = 1;
+  };
+  virtual void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const BmmShape& s,
+                   bool trans_a, bool trans_b, bool accumulate);
   // out = x > 0 ? x : +0: NaN gives 0 (torch.relu keeps NaN).
   virtual void relu(const Tensor& out, const Tensor& x) = 0;
   // grad_in = x > 0 ? grad_out : 0
@@ -257,6 +276,11 @@ class Device {
 // reduction a GPU kernel does, so CudaDevice reproduces it bit for bit, with no atomics.
 inline constexpr std::int64_t kReduceBlock = 1024;
 static_assert((kReduceBlock & (kReduceBlock - 1)) == 0, "reduction blocks are a power of two");
+
+// What the default bmm's loop of matmuls counts, after checking its shapes (MetaDevice counts it
+// without the loop).
+void bmm_meta_counts(const Tensor& out, const Tensor& a, const Tensor& b,
+                     const Device::BmmShape& s, bool trans_a, bool trans_b, DeviceCounters& c);
 
 // ---- host-side conveniences built on upload/download (tests, props, reports) ----
 std::vector<std::byte> to_bytes(Device& dev, const Tensor& t);

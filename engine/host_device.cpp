@@ -33,6 +33,24 @@ double tree_sum(std::vector<double>& leaves) {
 
 namespace device_check {
 
+void copy_2d_extent(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+                    std::int64_t dst_stride, std::int64_t src_stride) {
+  same_dtype("copy_2d", dst, src);
+  if (rows < 0 || cols < 0 || (rows > 1 && (dst_stride < cols || src_stride < cols))) {
+    throw UsageError(fmt::format("copy_2d: {} rows of {} with strides {} (dst) and {} (src): "
+                                 "strides must cover a row", rows, cols, dst_stride, src_stride));
+  }
+  const auto need = [&](std::int64_t stride) { return rows == 0 ? 0 : (rows - 1) * stride + cols; };
+  if (dst.numel() < need(dst_stride) || src.numel() < need(src_stride)) {
+    throw UsageError(fmt::format("copy_2d: {} rows of {} need {} elements of dst {} and {} of src {}",
+                                 rows, cols, need(dst_stride), dst.describe(), need(src_stride),
+                                 src.describe()));
+  }
+  if (rows > 0 && cols > 0 && dst.overlaps(src)) {
+    throw UsageError(fmt::format("copy_2d: dst {} overlaps src {}", dst.describe(), src.describe()));
+  }
+}
+
 void same_numel(const char* op, const Tensor& a, const Tensor& b) {
   if (a.numel() != b.numel()) {
     throw UsageError(fmt::format("{}: operands have {} and {} elements ({} vs {})", op, a.numel(),
@@ -127,6 +145,21 @@ void HostDevice::copy(const Tensor& dst, const Tensor& src) {
   same_dtype("copy", dst, src);
   std::memmove(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()));
   count_kernel(0, src.nbytes(), dst.nbytes());
+}
+
+void HostDevice::copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows,
+                         std::int64_t cols, std::int64_t dst_stride, std::int64_t src_stride) {
+  on("copy_2d", dst, placement_);
+  on("copy_2d", src, placement_);
+  copy_2d_extent(dst, src, rows, cols, dst_stride, src_stride);
+  const std::int64_t esize = dtype_size(src.dtype());
+  const auto* from = static_cast<const std::byte*>(src.raw());
+  auto* to = static_cast<std::byte*>(dst.raw());
+  for (std::int64_t r = 0; r < rows && cols > 0; ++r) {
+    std::memcpy(to + r * dst_stride * esize, from + r * src_stride * esize,
+                static_cast<std::size_t>(cols * esize));
+  }
+  count_kernel(0, rows * cols * esize, rows * cols * esize);
 }
 
 void HostDevice::fill(const Tensor& t, double value) {

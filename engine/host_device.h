@@ -14,6 +14,8 @@ class HostDevice final : public Device {
   std::string name() const override { return placement_ == Placement::host ? "host" : "host-as-" + std::string(placement_name(placement_)); }
 
   void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+               std::int64_t dst_stride, std::int64_t src_stride) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
   void download(std::span<std::byte> dst, const Tensor& src) override;
@@ -95,6 +97,8 @@ class MetaDevice final : public Device {
   std::string name() const override { return "meta"; }
 
   void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+               std::int64_t dst_stride, std::int64_t src_stride) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
   void download(std::span<std::byte> dst, const Tensor& src) override;
@@ -118,6 +122,8 @@ class MetaDevice final : public Device {
 
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
               bool accumulate) override;
+  void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const BmmShape& s, bool trans_a,
+           bool trans_b, bool accumulate) override;
   void relu(const Tensor& out, const Tensor& x) override;
   void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
   void add_row_vector(const Tensor& out, const Tensor& row) override;
@@ -170,6 +176,9 @@ MatmulDims matmul_dims(const Tensor& out, const Tensor& a, const Tensor& b, bool
                        bool trans_b);
 std::int64_t row_len(const char* op, const Tensor& matrix, const Tensor& row);
 std::int64_t rows(const char* op, const Tensor& matrix);  // dim 0 of a 2-D tensor
+// copy_2d's arguments: same dtype, no overlap, and both views hold every element they name.
+void copy_2d_extent(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+                    std::int64_t dst_stride, std::int64_t src_stride);
 }  // namespace device_check
 
 }  // namespace zc

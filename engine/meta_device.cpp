@@ -37,6 +37,13 @@ void MetaDevice::copy(const Tensor& dst, const Tensor& src) {
   same_dtype("copy", dst, src);
   tally(counters_, 0, src.nbytes(), dst.nbytes());
 }
+void MetaDevice::copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows,
+                         std::int64_t cols, std::int64_t dst_stride, std::int64_t src_stride) {
+  all_meta("copy_2d", {&dst, &src});
+  copy_2d_extent(dst, src, rows, cols, dst_stride, src_stride);
+  const std::int64_t bytes = rows * cols * dtype_size(src.dtype());
+  tally(counters_, 0, bytes, bytes);
+}
 void MetaDevice::fill(const Tensor& t, double) {
   all_meta("fill", {&t});
   tally(counters_, 0, 0, t.nbytes());
@@ -148,6 +155,11 @@ void MetaDevice::matmul(const Tensor& out, const Tensor& a, const Tensor& b, boo
   all_meta("matmul", {&out, &a, &b});
   const MatmulDims d = matmul_dims(out, a, b, trans_a, trans_b);
   tally(counters_, 2 * d.m * d.n * d.k, a.nbytes() + b.nbytes(), out.nbytes());
+}
+void MetaDevice::bmm(const Tensor& out, const Tensor& a, const Tensor& b, const BmmShape& s,
+                     bool trans_a, bool trans_b, bool) {
+  all_meta("bmm", {&out, &a, &b});
+  bmm_meta_counts(out, a, b, s, trans_a, trans_b, counters_);
 }
 void MetaDevice::relu(const Tensor& out, const Tensor& x) {
   all_meta("relu", {&out, &x});

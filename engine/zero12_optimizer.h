@@ -31,7 +31,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void flush_coalesced_reduction() override;
 
   const FlatLayout& layout() const { return layout_; }
-  const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
+  const OffloadStats* offload_stats() const override { return cpu_ ? &cpu_->stats() : nullptr; }
 
  protected:
   StepPlan step_plan() const override;

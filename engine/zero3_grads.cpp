@@ -44,7 +44,7 @@ void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
   if (add.flush_before) reduce_and_partition_ipg_grads();
   ZC_ASSERT(bucket_elements_ == add.offset, "rank {}: param {} lands at {} of the bucket, the loop says {}", rank_,
             p.name, bucket_elements_, add.offset);
-  const std::size_t idx = index_.at(&p);
+  const auto idx = static_cast<std::size_t>(find_shard(p));
   if (already_reduced_[idx]) {
     throw UsageError(fmt::format("rank {}: The parameter {} has already been reduced. Gradient "
                                  "computed twice for this partition.", rank_, p.name));
@@ -70,14 +70,24 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   for (Shard* s : params) chunks += s->shard_numel;
   Tensor in = dev_.alloc(dtype_, {chunks * world_}, "reduce_scatter_in",
                          MemCategory::comm_buffers);  // [world * chunks]
-  for (int r = 0; r < world_; ++r) {
-    std::int64_t at = decide::shard_start<std::int64_t>(chunks, r);
-    for (Shard* s : params) {
-      const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s->numel, world_, r);
-      const std::int64_t len = decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, r);
-      if (len > 0) dev_.copy(in.narrow(at, len), s->p->grad.view({s->numel}).narrow(lo, len));
-      at += s->shard_numel;
+  // Per param, two strided copies whatever the world: the ranks whose chunk is full, then the
+  // one with a partial chunk (the rest of the chunks stay zero padding).
+  std::int64_t col = 0;  // the param's offset within each rank's section
+  for (Shard* s : params) {
+    const Tensor g = s->p->grad.view({s->numel});
+    const std::int64_t full = s->numel / s->shard_numel;  // ranks whose chunk is all real
+    ZC_ASSERT(decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, 0) ==
+                  std::min(s->numel, s->shard_numel), "{}: rank 0's chunk", s->p->name);
+    dev_.copy_2d(in.narrow(col, in.numel() - col), g, full, s->shard_numel,
+                 decide::shard_start<std::int64_t>(chunks, 1), s->shard_numel);
+    if (full < world_) {
+      const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s->numel, world_, static_cast<int>(full));
+      const std::int64_t len = decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, static_cast<int>(full));
+      if (len > 0) {
+        dev_.copy(in.narrow(decide::shard_start<std::int64_t>(chunks, full) + col, len), g.narrow(lo, len));
+      }
     }
+    col += s->shard_numel;
   }
   dev_.div(in, static_cast<double>(world_));
   Pending pend;

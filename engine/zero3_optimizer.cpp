@@ -28,6 +28,10 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     partition_numel_ += s.shard_numel;
     total += s.numel;
     index_[p] = shards_.size();
+    if (p->id >= 0) {
+      if (index_by_id_.size() <= static_cast<std::size_t>(p->id)) index_by_id_.resize(p->id + 1, -1);
+      index_by_id_[static_cast<std::size_t>(p->id)] = static_cast<std::int64_t>(shards_.size());
+    }
     shards_.push_back(s);
   }
   const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
@@ -81,16 +85,26 @@ Zero3Optimizer::~Zero3Optimizer() {
   model_.set_param_coordinator(nullptr);
 }
 
+std::int64_t Zero3Optimizer::find_shard(const Parameter& p) const {
+  const auto id = static_cast<std::size_t>(p.id);
+  if (p.id >= 0 && id < index_by_id_.size() && index_by_id_[id] >= 0 &&
+      shards_[static_cast<std::size_t>(index_by_id_[id])].p == &p) {
+    return index_by_id_[id];
+  }
+  auto it = index_.find(&p);  // a param whose id another module's param shares (copies)
+  return it == index_.end() ? -1 : static_cast<std::int64_t>(it->second);
+}
+
 Zero3Optimizer::Shard& Zero3Optimizer::shard_of(const Parameter& p) {
-  auto it = index_.find(&p);
-  ZC_ASSERT(it != index_.end(), "param {} is not managed by ZeRO-3", p.name);
-  return shards_[it->second];
+  const std::int64_t k = find_shard(p);
+  ZC_ASSERT(k >= 0, "param {} is not managed by ZeRO-3", p.name);
+  return shards_[static_cast<std::size_t>(k)];
 }
 
 std::vector<Parameter*> Zero3Optimizer::params_of(Module& m) {
   std::vector<Parameter*> out;
   for (auto& [name, p] : m.params()) {
-    if (index_.count(p.get())) out.push_back(p.get());
+    if (find_shard(*p) >= 0) out.push_back(p.get());
   }
   for (const ParamDict::Alias& a : m.params().aliases()) {
     if (std::find(out.begin(), out.end(), a.param) == out.end()) out.push_back(a.param);

@@ -44,7 +44,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void all_gather(Parameter& p) override;
   // Gathers every param (for full_params); leaves them as they were.
   std::optional<std::vector<double>> gathered_params() override;
-  const OffloadStats* offload_stats() const { return cpu_ ? &cpu_->stats() : nullptr; }
+  const OffloadStats* offload_stats() const override { return cpu_ ? &cpu_->stats() : nullptr; }
   std::int64_t partition_numel() const { return partition_numel_; }
   std::int64_t prefetched() const { return prefetched_; }  // gathers started ahead of use
 
@@ -97,6 +97,9 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   std::int64_t bucket_size_, partition_numel_ = 0;
   std::vector<Shard> shards_;
   std::map<const Parameter*, std::size_t> index_;
+  std::vector<std::int64_t> index_by_id_;  // Parameter::id -> shard, -1: none (index_'s fast path)
+  // The shard index of p, or -1 when ZeRO-3 does not manage p.
+  std::int64_t find_shard(const Parameter& p) const;
   std::optional<CpuSpace> cpu_;  // offload_optimizer / offload_param
   Tensor fp16_partition_;  // [partition_numel] model dtype: every param's ds_shard is a view
   Tensor master_;          // [partition_numel] f32 (cpu with offload_optimizer)

@@ -10,6 +10,7 @@
 #include "engine/deepcompile.h"
 #include "engine/known_bugs.h"
 #include "engine/module.h"
+#include "engine/offload.h"
 #include "engine/optimizer.h"
 #include "engine/trace.h"
 
@@ -137,6 +138,8 @@ class ZeroOptimizer {
   virtual std::optional<std::vector<double>> gathered_params() { return std::nullopt; }
   int micro_step_id() const { return micro_step_id_; }
   double loss_scale() const { return scaler_.cur_scale(); }
+  // The transfers between the device and the CPU side of offload so far; null without offload.
+  virtual const OffloadStats* offload_stats() const { return nullptr; }
 
  protected:
   // ---- the per-stage pieces of step_param_groups (Note [Step sequence]) ----

@@ -33,23 +33,14 @@ Tensor Transformer::attention_forward(Device& dev, BlockActs& a) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   Tensor oh = act(dev, dtype_, {B * H * S * dh}, "attn_oh");  // [B, H, S, dh]
   if (spec_.attention == AttentionMemory::materialised) {
+    // Query head (b, h) is matrix b * H + h; its kv head b * Hkv + h / rep is matrix index / rep.
     Tensor scores = act(dev, dtype_, {B * H * S, S}, "attn_scores");  // [B*H*S, S]
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < H; ++h) {
-        dev.matmul(head(scores, b, h, H, S, S), head(a.qh, b, h, H, S, dh),
-                   head(a.kh, b, h / rep, Hkv, S, dh), false, true, false);
-      }
-    }
+    dev.bmm(scores, a.qh, a.kh, {B * H, S, dh, S, dh, 1, rep, 1}, false, true, false);
     dev.scale(scores, scale);
     a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
     dev.causal_softmax(a.p, scores);
     scores = Tensor();
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < H; ++h) {
-        dev.matmul(head(oh, b, h, H, S, dh), head(a.p, b, h, H, S, S),
-                   head(a.vh, b, h / rep, Hkv, S, dh), false, false, false);
-      }
-    }
+    dev.bmm(oh, a.p, a.vh, {B * H, S, S, S, dh, 1, rep, 1}, false, false, false);
   } else {  // fused: one head's [S, S] at a time, nothing kept (Note [Attention memory])
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
@@ -92,14 +83,15 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
     dev.matmul(head(dqh, b, h, H, S, dh), ds, head(a.kh, b, g, Hkv, S, dh), false, false, false);
     dev.matmul(head(dkh, b, g, Hkv, S, dh), ds, head(a.qh, b, h, H, S, dh), true, false, acc);
   };
-  if (spec_.attention == AttentionMemory::materialised) {
+  if (spec_.attention == AttentionMemory::materialised) {  // one_head's steps, each over every head
     Tensor dp = act(dev, dtype_, {B * H * S, S}, "attn_dprobs");
     Tensor ds = act(dev, dtype_, {B * H * S, S}, "attn_dscores");
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < H; ++h) {
-        one_head(b, h, head(a.p, b, h, H, S, S), head(dp, b, h, H, S, S), head(ds, b, h, H, S, S));
-      }
-    }
+    dev.bmm(dp, doh, a.vh, {B * H, S, dh, S, dh, 1, rep, 1}, false, true, false);
+    dev.bmm(dvh, a.p, doh, {B * H, S, S, S, dh, 1, 1, rep}, true, false, false);
+    dev.softmax_backward(ds, dp, a.p);
+    dev.scale(ds, scale);
+    dev.bmm(dqh, ds, a.kh, {B * H, S, S, S, dh, 1, rep, 1}, false, false, false);
+    dev.bmm(dkh, ds, a.qh, {B * H, S, S, S, dh, 1, 1, rep}, true, false, false);
   } else {  // recompute each head's probabilities (Note [Attention memory])
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {

@@ -169,6 +169,11 @@ auto counted_apart(Comm& world, CommStats& into, F&& body) {
   return result;
 }
 
+DeviceCounters minus(const DeviceCounters& a, const DeviceCounters& b) {
+  return {a.kernels - b.kernels, a.flops - b.flops, a.bytes_read - b.bytes_read,
+          a.bytes_written - b.bytes_written, a.bytes_allocated - b.bytes_allocated};
+}
+
 DeviceMemory snapshot(const Device& dev) {
   DeviceMemory m;
   m.construction = dev.memory();
@@ -210,6 +215,10 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   if (spec.compile) engine.compile(*spec.compile);
   rec.memory.device = snapshot(dev);
   dev.reset_peak();
+  const DeviceCounters dev_ops0 = dev.counters();
+  const DeviceCounters cpu_ops0 = cpu != nullptr ? cpu->counters() : DeviceCounters{};
+  const OffloadStats off0 =
+      engine.optimizer().offload_stats() ? *engine.optimizer().offload_stats() : OffloadStats{};
   if (cpu != nullptr) {
     rec.memory.cpu = snapshot(*cpu);
     cpu->reset_peak();
@@ -259,6 +268,12 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   rec.comm = world.stats();
   finish(rec.memory.device, dev);
   if (cpu != nullptr) finish(rec.memory.cpu, *cpu);
+  rec.step_device_ops = minus(dev.counters(), dev_ops0);
+  if (cpu != nullptr) rec.step_cpu_ops = minus(cpu->counters(), cpu_ops0);
+  if (const OffloadStats* o = engine.optimizer().offload_stats()) {
+    rec.step_offload = {o->to_cpu_bytes - off0.to_cpu_bytes, o->to_device_bytes - off0.to_device_bytes,
+                        o->transfers - off0.transfers};
+  }
   return rec;
 }
 
@@ -282,9 +297,21 @@ RunResult run_on_sim(const RunSpec& spec) {
   std::vector<RankRecord> recs(static_cast<std::size_t>(W));
   BatchCache cache(spec, W);
   sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, spec.sim);
+  result.timing.assign(static_cast<std::size_t>(W), {});
+  result.comm_after_init.assign(static_cast<std::size_t>(W), CommStats{});
   result.sim = cluster.run([&](sim::RankContext& ctx) {
-    recs[static_cast<std::size_t>(ctx.rank)] =
-        train(spec, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache, &ctx.cpu);
+    const auto r = static_cast<std::size_t>(ctx.rank);
+    RunSpec mine = spec;  // the clock read after construction and after every step
+    mine.after_init = [&, r](int rank, Engine& e) {
+      result.timing[r].push_back(ctx.timing);
+      result.comm_after_init[r] = e.comm().stats();
+      if (spec.after_init) spec.after_init(rank, e);
+    };
+    mine.after_step = [&, r](int rank, int step, Engine& e, double loss) {
+      result.timing[r].push_back(ctx.timing);
+      if (spec.after_step) spec.after_step(rank, step, e, loss);
+    };
+    recs[r] = train(mine, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache, &ctx.cpu);
   });
   const RankRecord& r0 = recs[0];
   result.params = r0.params;
@@ -296,6 +323,9 @@ RunResult run_on_sim(const RunSpec& spec) {
   result.skipped_steps = r0.skipped_steps;
   for (RankRecord& r : recs) {
     result.memory.push_back(std::move(r.memory));
+    result.step_device_ops.push_back(r.step_device_ops);
+    result.step_cpu_ops.push_back(r.step_cpu_ops);
+    result.step_offload.push_back(r.step_offload);
     result.comm.push_back(r.comm);
     CommStats engine_only = r.comm;
     for (int k = 0; k < kCollectiveKinds; ++k) {

@@ -89,6 +89,12 @@ struct RunResult {
   std::vector<CommStats> comm;              // per rank, at the end
   std::vector<CommStats> engine_comm;       // per rank: comm less the record's own getters (full grads/params)
   std::vector<RankMemory> memory;           // per rank
+  // Per rank: the clock after construction, then after each step (timing[r][s + 1]).
+  std::vector<std::vector<sim::RankTiming>> timing;
+  std::vector<CommStats> comm_after_init;   // per rank: the collectives of construction
+  // Per rank: the steps' device ops, CPU-side ops and offload transfers (RankRecord's).
+  std::vector<DeviceCounters> step_device_ops, step_cpu_ops;
+  std::vector<OffloadStats> step_offload;
   sim::SimResult sim;
 };
 
@@ -101,6 +107,10 @@ struct RankRecord {
   CommStats comm;
   CommStats getter_comm;  // the collectives of full_grads()/full_params() (part of comm)
   RankMemory memory;
+  // What the steps did (construction excluded): the device's and the CPU side's kernels, FLOPs
+  // and bytes; the transfers between them under offload.
+  DeviceCounters step_device_ops, step_cpu_ops;
+  OffloadStats step_offload;
 };
 
 RunResult run_on_sim(const RunSpec& spec);

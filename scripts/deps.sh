@@ -9,6 +9,7 @@ pkgs=(
   libz3-dev libboost-context-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenmpi-dev openmpi-bin
   libxml2-dev
+  libgoogle-perftools-dev
 )
 
 missing=()

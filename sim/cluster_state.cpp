@@ -180,7 +180,7 @@ void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
       rs.sink = std::move(sink);
       try {
         RankContext rc{rs.rank, world_size_, *rs.device, *rs.cpu, *rs.world, rs.trace,
-                       Rng(seed_).split(1 + static_cast<std::uint64_t>(rs.rank))};
+                       Rng(seed_).split(1 + static_cast<std::uint64_t>(rs.rank)), rs.timing};
         fn(rc);
         drain(rs);
       } catch (const ctx::detail::forced_unwind&) {
@@ -230,8 +230,11 @@ SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
   result.scheduler_steps = steps_;
   for (auto& rs : ranks_) {
     result.trace_hash = mix64(result.trace_hash, rs->trace.hash());
-    result.makespan_us = std::max(result.makespan_us, rs->now_us);
-    result.rank_time_us.push_back(rs->now_us);
+    result.makespan_us = std::max(result.makespan_us, rs->timing.now_us);
+    result.rank_time_us.push_back(rs->timing.now_us);
+    result.rank_compute_us.push_back(rs->timing.compute_us);
+    result.rank_comm_us.push_back(rs->timing.comm_us);
+    result.rank_wait_us.push_back(rs->timing.wait_us);
     result.traces.push_back(std::move(rs->trace));
   }
   return result;
@@ -314,8 +317,10 @@ void ClusterState::before_device_op(int rank, const char* op) {
 
 void ClusterState::on_device_op(int rank, std::int64_t flops, std::int64_t bytes) noexcept {
   RankState& rs = rank_state(rank);
-  rs.now_us += options_.cost.compute_us(flops, bytes) * rs.slowdown;
-  rs.trace.set_time(rs.now_us);
+  const double t = options_.cost.compute_us(flops, bytes) * rs.slowdown;
+  rs.timing.now_us += t;
+  rs.timing.compute_us += t;
+  rs.trace.set_time(rs.timing.now_us);
 }
 
 }  // namespace zc::sim

@@ -92,7 +92,11 @@ struct RankState {
   std::unique_ptr<SimDevice> device;
   std::unique_ptr<SimComm> world;
   std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
-  double now_us = 0.0;
+  // The simulated clock and its split (zerocheck plan): compute charged, collective time on
+  // this rank's communication stream (collectives run one after another on it, as NCCL's do),
+  // and time spent blocked in wait() past the rank's own clock (exposed communication).
+  RankTiming timing;
+  double comm_free_us = 0.0;  // when the rank's communication stream is next free
   std::int64_t device_ops_since_yield = 0;
   std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
   double slowdown = 1.0;         // FaultKind::slow_rank

@@ -101,7 +101,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   m.arrived = true;
   m.sig = sig;
   m.out = out;
-  m.issue_us = rs.now_us;
+  m.issue_us = rs.timing.now_us;
   m.split_color = split_color;
   m.split_key = split_key;
   if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // inputs are read at issue
@@ -152,8 +152,9 @@ void ClusterState::wait(SimWork& work) {
   // must not free this rank's memory (per-rank live-byte accounting).
   work.in_ = Tensor();
   work.out_ = Tensor();
-  rs.now_us = std::max(rs.now_us, rv.done_us);
-  rs.trace.set_time(rs.now_us);
+  if (rv.done_us > rs.timing.now_us) rs.timing.wait_us += rv.done_us - rs.timing.now_us;
+  rs.timing.now_us = std::max(rs.timing.now_us, rv.done_us);
+  rs.trace.set_time(rs.timing.now_us);
   rs.trace.record("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()),
                   hash_bytes(m.result));
 }
@@ -164,13 +165,23 @@ void ClusterState::compute(Rendezvous& rv) {
   rv.group->open.erase(rv.seq);
   const CallSig& sig = rv.members[0].sig;
   const int n = static_cast<int>(rv.members.size());
-  double last_issue = 0.0;
+  // It starts when every member has issued it and every member's communication stream is free.
+  double start = 0.0;
   std::vector<const std::byte*> ins;
-  for (const Member& m : rv.members) {
-    last_issue = std::max(last_issue, m.issue_us);
-    ins.push_back(m.input.data());
+  for (std::size_t g = 0; g < rv.members.size(); ++g) {
+    start = std::max({start, rv.members[g].issue_us,
+                      rank_state(rv.group->members[g]).comm_free_us});
+    ins.push_back(rv.members[g].input.data());
   }
-  rv.done_us = last_issue + options_.cost.collective_us(sig.kind, sig.bytes(), n);
+  const auto [lo, hi] = std::minmax_element(rv.group->members.begin(), rv.group->members.end());
+  const double duration =
+      options_.cost.collective_us(sig.kind, sig.bytes(), n, options_.cost.spans_nodes(*lo, *hi));
+  rv.done_us = start + duration;
+  for (int member : rv.group->members) {
+    RankState& ms = rank_state(member);
+    ms.comm_free_us = rv.done_us;
+    ms.timing.comm_us += duration;
+  }
   const std::int64_t esz = dtype_size(sig.dtype);
   const auto sized = [&](std::int64_t numel) {
     return std::make_shared<Bytes>(static_cast<std::size_t>(numel * esz));

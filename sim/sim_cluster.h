@@ -78,6 +78,15 @@ struct SimOptions {
   std::vector<Fault> faults;  // Note [Injected faults]
 };
 
+// A rank's simulated clock and its split (zerocheck plan): compute charged, time its
+// communication stream was busy, time blocked in wait().
+struct RankTiming {
+  double now_us = 0.0;
+  double compute_us = 0.0;
+  double comm_us = 0.0;
+  double wait_us = 0.0;
+};
+
 // What a rank's function receives: its environment, handed in (TigerBeetle style).
 struct RankContext {
   int rank;
@@ -87,6 +96,7 @@ struct RankContext {
   Comm& world;     // the world group
   Trace& trace;    // this rank's event trace
   Rng rng;         // this rank's stream of the root seed
+  const RankTiming& timing;  // this rank's clock, read-only
 };
 
 struct SimResult {
@@ -96,6 +106,9 @@ struct SimResult {
   double makespan_us = 0.0;         // simulated time of the slowest rank
   std::vector<Trace> traces;        // per rank
   std::vector<double> rank_time_us;
+  // Per rank: compute charged, time its communication stream was busy, and time blocked in
+  // wait() (communication not hidden behind compute).
+  std::vector<double> rank_compute_us, rank_comm_us, rank_wait_us;
 };
 
 class SimCluster {

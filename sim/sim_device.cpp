@@ -40,6 +40,16 @@ Tensor SimDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCateg
 void SimDevice::copy(const Tensor& dst, const Tensor& src) {
   guarded("copy", {&src}, {&dst}, [&] { inner_.copy(dst, src); });
 }
+void SimDevice::copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+                        std::int64_t dst_stride, std::int64_t src_stride) {
+  guarded("copy_2d", {&src}, {&dst},
+          [&] { inner_.copy_2d(dst, src, rows, cols, dst_stride, src_stride); });
+}
+void SimDevice::bmm(const Tensor& out, const Tensor& a, const Tensor& b, const BmmShape& s,
+                    bool trans_a, bool trans_b, bool accumulate) {
+  guarded("bmm", {&a, &b, &out}, {&out},
+          [&] { inner_.bmm(out, a, b, s, trans_a, trans_b, accumulate); });
+}
 void SimDevice::fill(const Tensor& t, double value) {
   guarded("fill", {}, {&t}, [&] { inner_.fill(t, value); });
 }

@@ -26,6 +26,8 @@ class SimDevice final : public Device {
   std::string name() const override { return "sim:" + inner_.name(); }
 
   void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+               std::int64_t dst_stride, std::int64_t src_stride) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
   void download(std::span<std::byte> dst, const Tensor& src) override;
@@ -49,6 +51,8 @@ class SimDevice final : public Device {
 
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
               bool accumulate) override;
+  void bmm(const Tensor& out, const Tensor& a, const Tensor& b, const BmmShape& s, bool trans_a,
+           bool trans_b, bool accumulate) override;
   void relu(const Tensor& out, const Tensor& x) override;
   void relu_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& x) override;
   void add_row_vector(const Tensor& out, const Tensor& row) override;

@@ -74,6 +74,8 @@ std::vector<DeviceCase> device_table() {
 
   add_cases(t, "copy", all, f32, flat, {0}, eds);
   add_cases(t, "upload_download", all, f32, flat, {0}, eds);
+  // copy_2d [rows, cols, dst_stride, src_stride]
+  add_cases(t, "copy_2d", all, f32, {{0, 3, 3, 3}, {1, 5, 5, 9}, {4, 3, 7, 3}, {8, 16, 16, 20}}, {0}, eds);
   add_cases(t, "fill", all, f32, {{7}, {1000}}, {0, 1, 2, 3, 4, 5}, {Domain::exact});
   add_cases(t, "cast", all, all, flat, {0}, eds);
   add_cases(t, "axpy", all, all, {{1}, {1000}, {70001}}, {0, 1, 2}, ed);
@@ -346,6 +348,12 @@ void run_op(Runner& k) {
     const Tensor x = k.input(c.dtype, {d[0] * d[1] * d[2] * d[3]}), out = dev.alloc(c.dtype, {x.numel()});
     dev.permute_0213(out, x, d[0], d[1], d[2], d[3]);
     k.keep("out", out);
+  } else if (op == "copy_2d") {
+    const std::int64_t rows = d[0], cols = d[1];
+    const std::int64_t nd = rows == 0 ? 1 : (rows - 1) * d[2] + cols, ns = rows == 0 ? 1 : (rows - 1) * d[3] + cols;
+    const Tensor src = k.input(c.dtype, {ns}), dst = k.input(c.dtype, {nd});  // dst keeps what is not copied
+    dev.copy_2d(dst, src, rows, cols, d[2], d[3]);
+    k.keep("dst", dst);
   } else if (op == "layernorm") {
     const Tensor x = k.input(c.dtype, {d[0], d[1]}), w = k.input(c.dtype, {d[1]}), b = k.input(c.dtype, {d[1]});
     const Tensor out = dev.alloc(c.dtype, {d[0], d[1]}), mean = dev.alloc(c.dtype, {d[0]});

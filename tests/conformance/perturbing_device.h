@@ -22,6 +22,11 @@ class PerturbingDevice final : public Device {
   const AllocatorStats* allocator_stats() const override { return inner_.allocator_stats(); }
 
   void copy(const Tensor& dst, const Tensor& src) override { inner_.copy(dst, src); hit("copy", dst); }
+  void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols, std::int64_t dst_stride,
+               std::int64_t src_stride) override {
+    inner_.copy_2d(dst, src, rows, cols, dst_stride, src_stride);
+    hit("copy_2d", dst);
+  }
   void fill(const Tensor& t, double value) override { inner_.fill(t, value); hit("fill", t); }
   void upload(const Tensor& dst, std::span<const std::byte> src) override { inner_.upload(dst, src); hit("upload_download", dst); }
   void download(std::span<std::byte> dst, const Tensor& src) override { inner_.download(dst, src); }

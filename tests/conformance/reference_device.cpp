@@ -158,6 +158,23 @@ void ReferenceDevice::copy(const Tensor& dst, const Tensor& src) {
   if (src.nbytes() > 0) std::memmove(dst.raw(), src.raw(), static_cast<std::size_t>(src.nbytes()));
 }
 
+void ReferenceDevice::copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows,
+                              std::int64_t cols, std::int64_t dst_stride, std::int64_t src_stride) {
+  require(dst.dtype() == src.dtype(), "copy_2d", "dtypes differ");
+  require(rows >= 0 && cols >= 0, "copy_2d", "negative extent");
+  const std::int64_t last_dst = rows == 0 ? 0 : (rows - 1) * dst_stride + cols;
+  const std::int64_t last_src = rows == 0 ? 0 : (rows - 1) * src_stride + cols;
+  require(dst.numel() >= last_dst && src.numel() >= last_src, "copy_2d", "a view is too short");
+  require(rows <= 1 || (dst_stride >= cols && src_stride >= cols), "copy_2d", "strides must cover a row");
+  require(rows == 0 || cols == 0 || !dst.overlaps(src), "copy_2d", "overlapping views");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      std::memcpy(at(dst, r * dst_stride + c), at(src, r * src_stride + c),
+                  static_cast<std::size_t>(dtype_size(src.dtype())));
+    }
+  }
+}
+
 void ReferenceDevice::fill(const Tensor& t, double value) {
   in_compute_type({&t}, [&]<class T>(T) {
     const auto v = static_cast<T>(value);  // the scalar in the compute type first

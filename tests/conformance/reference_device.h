@@ -16,6 +16,8 @@ class ReferenceDevice final : public Device {
   std::string name() const override { return "reference"; }
 
   void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
+               std::int64_t dst_stride, std::int64_t src_stride) override;
   void fill(const Tensor& t, double value) override;
   void upload(const Tensor& dst, std::span<const std::byte> src) override;
   void download(std::span<std::byte> dst, const Tensor& src) override;

@@ -1,0 +1,112 @@
+// `zerocheck plan` (cli/plan.h).
+#include "cli/plan.h"
+
+#include "engine/errors.h"
+#include "plan/plan.h"
+#include "reports/text.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace zc::cli {
+
+namespace {
+
+plan::PlanOptions options_of(const PlanCliOptions& o) {
+  plan::PlanOptions p;
+  std::ifstream in(o.config_path);
+  if (!in) throw ConfigError(fmt::format("cannot read --config {}", o.config_path));
+  try {
+    p.ds_config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("--config {} is not valid JSON: {}", o.config_path, e.what()));
+  }
+  if (!o.model_json.empty()) {
+    std::ifstream mj(o.model_json);
+    if (!mj) throw ConfigError(fmt::format("cannot read --model-json {}", o.model_json));
+    try {
+      p.model = transformer_spec_from_json(nlohmann::json::parse(mj));
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(fmt::format("--model-json {} is not valid JSON: {}", o.model_json, e.what()));
+    }
+  } else {
+    p.model = transformer_preset(o.model);
+  }
+  p.model.attention = o.attention == "fused" ? AttentionMemory::fused : AttentionMemory::materialised;
+  p.world = o.world_size;
+  p.gpu = o.gpu;
+  p.gpus_per_node = o.gpus_per_node;
+  p.network = o.network;
+  if (o.micro_batch) p.micro_batch = *o.micro_batch;
+  if (o.seq) p.seq = *o.seq;
+  p.steps = o.steps;
+  return p;
+}
+
+void write(const std::filesystem::path& file, const std::string& text) {
+  std::ofstream out(file);
+  out << text;
+  if (!out) throw UsageError(fmt::format("cannot write {}", file.string()));
+}
+
+int run_fit(const plan::PlanOptions& p, const plan::Hardware& hw, const PlanCliOptions& o) {
+  const auto budget = static_cast<std::int64_t>(*o.fit_gib * 1024.0 * 1024 * 1024);
+  std::vector<plan::FitCandidate> tried;
+  const std::vector<plan::FitCandidate> fits = plan::search_fits(p, hw, budget, &tried);
+  fmt::print("zerocheck plan --fit {} GiB: {} on {} x {}\n", *o.fit_gib, p.model.preset, p.world,
+             hw.gpu(p.gpu).name);
+  fmt::print("  {:<8}{:<18}{:>6}{:>14}{:>8}{:>12}{:>14}\n", "stage", "offload", "mb", "GPU peak", "fits",
+             "step", "tokens/s");
+  for (const plan::FitCandidate& c : tried) {
+    const std::int64_t need = std::max(c.result.device.peak, c.result.device.construction_peak);
+    fmt::print("  {:<8}{:<18}{:>6}{:>14}{:>8}{:>10.1f}ms{:>14.0f}\n", c.stage, c.offload, c.micro_batch,
+               format_bytes(need), need <= budget ? "yes" : "no", c.result.step_us / 1e3, c.result.tokens_per_s);
+  }
+  std::vector<plan::PlanResult> results;
+  for (const plan::FitCandidate& c : tried) results.push_back(c.result);
+  if (!o.out.empty()) {
+    std::filesystem::create_directories(o.out);
+    nlohmann::json j = nlohmann::json::array();
+    for (const plan::PlanResult& r : results) j.push_back(plan::to_json(r));
+    write(std::filesystem::path(o.out) / "fit.json", j.dump(2) + "\n");
+    write(std::filesystem::path(o.out) / "fit.html", plan::to_html(results, "zerocheck plan --fit"));
+  }
+  if (fits.empty()) {
+    fmt::print("nothing fits in {} GiB\n", *o.fit_gib);
+    return 1;
+  }
+  const plan::FitCandidate& best = fits.front();
+  fmt::print("fastest that fits: ZeRO-{} offload {} micro-batch {}: {} per rank, {:.1f} ms per step, "
+             "{:.0f} tokens/s\n", best.stage, best.offload, best.micro_batch,
+             format_bytes(std::max(best.result.device.peak, best.result.device.construction_peak)),
+             best.result.step_us / 1e3, best.result.tokens_per_s);
+  return 0;
+}
+
+}  // namespace
+
+int run_plan_cli(const PlanCliOptions& o) {
+  const plan::Hardware hw = plan::load_hardware(o.hardware.empty() ? plan::default_hardware_path() : o.hardware);
+  const plan::PlanOptions p = options_of(o);
+  if (o.fit_gib) return run_fit(p, hw, o);
+  const plan::PlanResult r = plan::run_plan(p, hw);
+  const plan::DeepSpeedEstimates ds = o.no_deepspeed ? plan::DeepSpeedEstimates{false, "--no-deepspeed", {}}
+                                                     : plan::deepspeed_estimates(r);
+  nlohmann::json j = plan::to_json(r);
+  j["deepspeed_estimators"] = plan::deepspeed_json(r, ds);
+  if (o.json) {
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("{}\n{}", plan::to_text(r), plan::compare_with_deepspeed(r, ds));
+  }
+  if (!o.out.empty()) {
+    std::filesystem::create_directories(o.out);
+    write(std::filesystem::path(o.out) / "plan.json", j.dump(2) + "\n");
+    write(std::filesystem::path(o.out) / "plan.html", plan::to_html({r}, "zerocheck plan: " + r.model_name));
+  }
+  return r.fits ? 0 : 1;
+}
+
+}  // namespace zc::cli

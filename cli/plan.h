@@ -1,0 +1,33 @@
+// `zerocheck plan`: per-rank memory by category, the step's collectives and a predicted step time
+// for a model at N ranks, from the engine itself in meta mode (plan/plan.h); --fit searches the
+// stage, offload and micro-batch settings that fit a memory budget.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace zc::cli {
+
+struct PlanCliOptions {
+  std::string config_path;
+  std::string model = "llama-2-7b";
+  std::string model_json;
+  int world_size = 8;
+  int gpus_per_node = 0;
+  std::string gpu = "h100";
+  std::string network;
+  std::optional<long long> micro_batch, seq;
+  int steps = 2;
+  std::string attention = "materialised";
+  std::optional<double> fit_gib;
+  std::string out;
+  std::string hardware;
+  bool json = false;
+  bool no_deepspeed = false;
+};
+
+// Exit status: 0 when the config fits (or --fit found a setting), 1 when it does not, 2 for an
+// error (printed).
+int run_plan_cli(const PlanCliOptions& o);
+
+}  // namespace zc::cli

@@ -1,0 +1,206 @@
+// zerocheck plan's outputs: a terminal table, JSON, and one self-contained HTML page with SVG plots
+// (memory per plan as stacked bars by category; the step time split).
+#include "plan/plan.h"
+
+#include "reports/svg.h"
+#include "reports/text.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace zc::plan {
+
+namespace {
+
+std::string ms(double us) { return fmt::format("{:.1f} ms", us / 1e3); }
+
+std::string with_commas(std::int64_t v) {
+  std::string s = std::to_string(v), out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+nlohmann::json categories(const MemBytes& b) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t k = 0; k < kMemCategories; ++k) {
+    if (b[k] != 0) j[std::string(mem_category_name(static_cast<MemCategory>(k)))] = b[k];
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string to_text(const PlanResult& r) {
+  std::string out = fmt::format(
+      "zerocheck plan: {} ({} params) on {} x {} ({} per node, {} between nodes)\n", r.model_name,
+      with_commas(r.params), r.options.world, r.gpu_name, r.gpus_per_node, r.network_name);
+  out += fmt::format("config: {}; simulated {} of {} ranks in meta mode\n\n", r.config_summary,
+                     r.simulated_ranks.size(), r.options.world);
+  out += fmt::format("memory of rank {} at its step peak (the largest rank){:>12}{:>14}\n",
+                     r.worst_rank, "GPU", "CPU");
+  for (std::size_t k = 0; k < kMemCategories; ++k) {
+    if (r.device.at_peak[k] == 0 && r.cpu.at_peak[k] == 0) continue;
+    out += fmt::format("  {:<48}{:>12}{:>14}\n", mem_category_name(static_cast<MemCategory>(k)),
+                       format_bytes(r.device.at_peak[k]), format_bytes(r.cpu.at_peak[k]));
+  }
+  out += fmt::format("  {:<48}{:>12}{:>14}\n", "peak during the steps", format_bytes(r.device.peak),
+                     format_bytes(r.cpu.peak));
+  out += fmt::format("  {:<48}{:>12}{:>14}\n", "peak during construction",
+                     format_bytes(r.device.construction_peak), format_bytes(r.cpu.construction_peak));
+  const std::string why = fit_message(r);
+  out += fmt::format("  {}\n\n", why.empty() ? fmt::format("fits in {} ({} of it used)",
+                                                           format_bytes(r.device_capacity),
+                                                           format_bytes(std::max(r.device.peak, r.device.construction_peak)))
+                                             : why);
+  out += fmt::format("collectives per step (rank {})\n", r.worst_rank);
+  for (const CollectiveFigure& c : r.collectives) {
+    out += fmt::format("  {:<16}{:>8} calls{:>14}\n", collective_name(c.kind), c.calls, format_bytes(c.bytes));
+  }
+  out += "\nstep time (predicted, Note [Plan time model])\n";
+  out += fmt::format("  compute                 {:>12}\n", ms(r.compute_us));
+  out += fmt::format("  communication           {:>12}   exposed {}, overlapped {}\n", ms(r.comm_us),
+                     ms(r.exposed_comm_us), ms(r.overlap_us));
+  if (r.offload_us > 0) out += fmt::format("  offload (CPU Adam, PCIe){:>12}\n", ms(r.offload_us));
+  out += fmt::format("  step                    {:>12}   {:.0f} tokens/s over the cluster, MFU {:.1f}%\n",
+                     ms(r.step_us), r.tokens_per_s, 100 * r.mfu);
+  return out;
+}
+
+nlohmann::json to_json(const PlanResult& r) {
+  nlohmann::json colls = nlohmann::json::array();
+  for (const CollectiveFigure& c : r.collectives) {
+    colls.push_back({{"kind", collective_name(c.kind)}, {"calls", c.calls}, {"bytes", c.bytes}});
+  }
+  auto mem = [](const MemoryFigures& m) {
+    return nlohmann::json{{"peak_bytes", m.peak},
+                          {"construction_peak_bytes", m.construction_peak},
+                          {"at_peak", categories(m.at_peak)},
+                          {"category_peaks", categories(m.category_peaks)},
+                          {"peak_set_by", m.peak_label}};
+  };
+  return {{"schema", "zerocheck-plan/1"},
+          {"model", {{"name", r.model_name}, {"params", r.params}, {"largest_param", r.largest_param},
+                     {"seq", r.seq}}},
+          {"cluster", {{"world", r.options.world}, {"gpus_per_node", r.gpus_per_node}, {"gpu", r.gpu_name},
+                       {"network", r.network_name}, {"simulated_ranks", r.simulated_ranks.size()},
+                       {"representative", r.representative}}},
+          {"config", {{"stage", r.stage}, {"dtype", r.dtype}, {"offload", r.offload},
+                      {"micro_batch", r.micro_batch}, {"gradient_accumulation_steps", r.ga}}},
+          {"worst_rank", r.worst_rank},
+          {"memory", {{"gpu", mem(r.device)}, {"cpu", mem(r.cpu)}, {"gpu_capacity_bytes", r.device_capacity},
+                      {"fits", r.fits}, {"message", fit_message(r)}}},
+          {"collectives_per_step", colls},
+          {"time_us", {{"step", r.step_us}, {"compute", r.compute_us}, {"communication", r.comm_us},
+                       {"exposed_communication", r.exposed_comm_us}, {"overlapped", r.overlap_us},
+                       {"offload", r.offload_us}}},
+          {"flops_per_step", r.flops_per_step},
+          {"kernels_per_step", r.kernels_per_step},
+          {"tokens_per_s", r.tokens_per_s},
+          {"mfu", r.mfu}};
+}
+
+namespace {
+
+constexpr std::array<std::string_view, kMemCategories> kColors = {
+    "#1f6fb4", "#ff7f0e", "#2e9c4a", "#d62728", "#9467bd", "#8c564b",
+    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#c7c7c7"};
+
+std::string label_of(const PlanResult& r) {
+  return fmt::format("ZeRO-{} {} x{} mb{}", r.stage, r.offload == "none" ? "" : "off:" + r.offload,
+                     r.options.world, r.micro_batch);
+}
+
+// Horizontal stacked bars, one per plan: the composition of its GPU peak.
+std::string memory_plot(const std::vector<PlanResult>& plans) {
+  using namespace reports;
+  const double left = 190, width = 520, top = 30, pitch = 24;
+  double max_v = 1;
+  for (const PlanResult& p : plans) {
+    max_v = std::max({max_v, static_cast<double>(p.device.peak), static_cast<double>(p.device_capacity)});
+  }
+  const Axis axis = nice_axis(max_v / (1024.0 * 1024 * 1024), false);
+  const double height = top + pitch * static_cast<double>(plans.size()) + 80;
+  Svg svg("plan-memory", left + width + 30, height, "GPU memory at the step peak, by category");
+  svg.text(8, 18, "GPU memory at the step peak, by category (GiB)", Anchor::start, 13, "#222", true);
+  const Box panel{left, top, width, pitch * static_cast<double>(plans.size())};
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const PlanResult& p = plans[i];
+    const double y = top + static_cast<double>(i) * pitch + 5;
+    svg.text(left - 6, y + 11, fit_text(label_of(p), left - 12, 11), Anchor::end);
+    double x = left;
+    for (std::size_t k = 0; k < kMemCategories; ++k) {
+      const double gib = static_cast<double>(p.device.at_peak[k]) / (1024.0 * 1024 * 1024);
+      const double w = width * gib / axis.max;
+      if (w <= 0) continue;
+      svg.rect({x, y, w, 14}, Paint{kColors[k], "none"}, "mem",
+               fmt::format("{}: {}", mem_category_name(static_cast<MemCategory>(k)),
+                           format_bytes(p.device.at_peak[k])));
+      x += w;
+    }
+    const double cap = left + width * (static_cast<double>(p.device_capacity) / (1024.0 * 1024 * 1024)) / axis.max;
+    svg.line(cap, y - 3, cap, y + 17, "#d62728", true);
+  }
+  svg.x_value_axis(panel, axis, "GiB (dashed: the GPU's capacity)");
+  Legend legend;
+  for (std::size_t k = 0; k < kMemCategories - 1; ++k) {
+    legend.push_back({Paint{kColors[k], "none"}, std::string(mem_category_name(static_cast<MemCategory>(k)))});
+  }
+  svg.legend(8, height - 22, Legend(legend.begin(), legend.begin() + 6));
+  svg.legend(8, height - 6, Legend(legend.begin() + 6, legend.end()));
+  return svg.finish();
+}
+
+std::string time_plot(const std::vector<PlanResult>& plans) {
+  using namespace reports;
+  const double left = 190, width = 520, top = 30, pitch = 24;
+  double max_v = 1;
+  for (const PlanResult& p : plans) max_v = std::max(max_v, p.step_us / 1e3);
+  const Axis axis = nice_axis(max_v, false);
+  const double height = top + pitch * static_cast<double>(plans.size()) + 64;
+  Svg svg("plan-time", left + width + 30, height, "Predicted step time");
+  svg.text(8, 18, "Predicted step time (ms)", Anchor::start, 13, "#222", true);
+  const Box panel{left, top, width, pitch * static_cast<double>(plans.size())};
+  const std::array<Paint, 4> paints = {Paint{"#1f6fb4", "none"}, Paint{"#d62728", "none"},
+                                       Paint{"#ff7f0e", "none"}, Paint{"#a7b4c2", "none"}};
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const PlanResult& p = plans[i];
+    const double y = top + static_cast<double>(i) * pitch + 5;
+    svg.text(left - 6, y + 11, fit_text(label_of(p), left - 12, 11), Anchor::end);
+    const double other = std::max(0.0, p.step_us - p.compute_us - p.exposed_comm_us - p.offload_us);
+    const std::array<std::pair<double, const char*>, 4> parts = {
+        {{p.compute_us, "compute"}, {p.exposed_comm_us, "exposed communication"},
+         {p.offload_us, "offload (CPU, PCIe)"}, {other, "idle"}}};
+    double x = left;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const double w = width * (parts[k].first / 1e3) / axis.max;
+      if (w <= 0) continue;
+      svg.rect({x, y, w, 14}, paints[k], "time", fmt::format("{}: {:.1f} ms", parts[k].second, parts[k].first / 1e3));
+      x += w;
+    }
+  }
+  svg.x_value_axis(panel, axis, "ms per step");
+  svg.legend(8, height - 8, {{paints[0], "compute"}, {paints[1], "exposed communication"},
+                             {paints[2], "offload (CPU Adam, PCIe)"}, {paints[3], "idle (waiting on peers)"}});
+  return svg.finish();
+}
+
+}  // namespace
+
+std::string to_html(const std::vector<PlanResult>& plans, const std::string& title) {
+  std::string body;
+  for (const PlanResult& p : plans) {
+    body += "<pre>" + reports::xml_escape(to_text(p)) + "</pre>\n";
+  }
+  return fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title>\n"
+      "<style>body{{font-family:sans-serif;margin:2em;max-width:70em}}pre{{background:#f6f8fa;"
+      "padding:1em;overflow-x:auto}}</style></head>\n<body><h1>{0}</h1>\n<figure>{1}</figure>\n"
+      "<figure>{2}</figure>\n{3}</body></html>\n",
+      reports::xml_escape(title), memory_plot(plans), time_plot(plans), body);
+}
+
+}  // namespace zc::plan

@@ -1,0 +1,231 @@
+// run_plan: the engine in meta mode on N simulated ranks (plan.h), and the --fit search.
+//
+// Note [Plan time model]
+// A step's time is the simulated clock of the worst rank over the last simulated step: every
+// device op is charged max(FLOPs / (peak x efficiency.compute), bytes / (HBM x efficiency.bus))
+// (a roofline per op; no launch overhead); every collective takes alpha x ring steps + bytes x
+// nccl-tests' bus factor / (link x efficiency.bus), over NVLink inside a node and the NIC
+// between nodes, and starts once every member issued it and every member's communication stream
+// is free (collectives of a rank run one after another, as on one NCCL stream). Time a rank
+// spends blocked in wait() is exposed communication; the rest of the collective time overlapped
+// compute (overlap_comm's async reductions, ZeRO-3's prefetch). Under offload the CPU side (the
+// CPU device's FLOPs and bytes at the host's rates) and the PCIe transfers are added after the
+// step, not overlapped (DeepSpeedCPUAdam runs on the step's critical path).
+#include "plan/plan.h"
+
+#include "engine/config.h"
+#include "engine/errors.h"
+#include "props/training_run.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace zc::plan {
+
+namespace {
+
+std::string offload_name(const Config& c) {
+  const bool opt = c.zero.offload_optimizer == OffloadDevice::cpu;
+  const bool par = c.zero.offload_param == OffloadDevice::cpu && c.zero.stage == 3;
+  if (opt && par) return "optimizer+param";
+  if (opt) return "optimizer";
+  if (par) return "param";
+  return "none";
+}
+
+double peak_tflops(const GpuSpec& g, DType dt) {
+  switch (dt) {
+    case DType::bf16: return g.bf16_tflops;
+    case DType::f16: return g.fp16_tflops;
+    default: return g.fp32_tflops;
+  }
+}
+
+MemoryFigures figures(const props::DeviceMemory& m) {
+  MemoryFigures f;
+  f.peak = m.steps.peak_total();
+  f.at_peak = m.steps.at_peak();
+  f.category_peaks = m.steps.peak();
+  f.construction_peak = m.construction.peak_total();
+  f.peak_label = m.steps.peak_label();
+  return f;
+}
+
+sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node,
+                          DType dt, const Hardware& hw) {
+  sim::CostModel c;
+  c.device_tflops = peak_tflops(g, dt) * hw.compute_efficiency;
+  c.device_gb_per_s = g.hbm_gb_per_s * hw.bus_efficiency;
+  c.alpha_us = hw.nvlink_alpha_us;
+  c.link_gb_per_s = g.nvlink_gb_per_s * hw.bus_efficiency;
+  c.gpus_per_node = gpus_per_node;
+  c.inter_alpha_us = net.alpha_us;
+  c.inter_gb_per_s = net.gb_per_s * hw.bus_efficiency;
+  return c;
+}
+
+}  // namespace
+
+PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
+  if (o.world < 1) throw ConfigError(fmt::format("--world-size {} must be at least 1", o.world));
+  if (o.steps < 1 || o.steps > 4) throw ConfigError("plan runs 1 to 4 steps");
+  PlanResult r;
+  r.options = o;
+  const GpuSpec& gpu = hw.gpu(o.gpu);
+  r.gpus_per_node = o.gpus_per_node > 0 ? o.gpus_per_node : gpu.gpus_per_node;
+  const NetworkSpec& net = hw.network(o.network.empty() ? gpu.inter_node : o.network);
+  const HostSpec& host = hw.host(gpu.host);
+  TransformerSpec model = o.model;
+  if (o.seq) model.seq = *o.seq;
+  if (const std::string why = model.invalid(); !why.empty()) {
+    throw ConfigError(fmt::format("model {}: {}", model.preset, why));
+  }
+  // The user's config, checked for this world as DeepSpeed checks it (batch sizes name their keys).
+  nlohmann::json cfg_json = o.ds_config;
+  if (o.micro_batch) {
+    cfg_json["train_micro_batch_size_per_gpu"] = *o.micro_batch;
+    cfg_json.erase("train_batch_size");
+  }
+  const Config cfg = Config::from_json(cfg_json, o.world);
+  r.micro_batch = cfg.train_micro_batch_size_per_gpu > 0 ? cfg.train_micro_batch_size_per_gpu : 1;
+  r.ga = static_cast<int>(cfg.gradient_accumulation_steps);
+  r.stage = cfg.zero.stage;
+  r.dtype = std::string(dtype_name(cfg.model_dtype()));
+  r.offload = offload_name(cfg);
+  r.seq = model.seq;
+  r.params = model.param_count();
+  r.largest_param = model.largest_param();
+  r.model_name = model.preset;
+  r.gpu_name = gpu.name;
+  r.network_name = net.name;
+  r.device_capacity = gpu.memory_bytes;
+  if (peak_tflops(gpu, cfg.model_dtype()) <= 0) {
+    throw ConfigError(fmt::format("{} has no {} peak in {} (it does not support that dtype)",
+                                  gpu.name, r.dtype, hw.path));
+  }
+
+  props::RunSpec spec;
+  spec.ds_config = cfg_json;
+  spec.world = o.world;
+  spec.steps = o.steps;
+  spec.micro_batch = r.micro_batch;
+  spec.domain = DataDomain::gaussian;
+  spec.collect_grads = false;
+  spec.record_values = false;
+  spec.adam_simd_width = 16;
+  spec.make_model = [model] { return std::make_unique<Transformer>(model); };
+  spec.sim.meta = true;
+  spec.sim.fiber_stack_bytes = 128 * 1024;
+  spec.sim.limits.max_trace_events_kept = 0;
+  spec.sim.limits.max_scheduler_steps = 2'000'000'000;
+  spec.sim.cost = cost_model(gpu, net, r.gpus_per_node, cfg.model_dtype(), hw);
+  const props::RunResult run = props::run_on_sim(spec);
+
+  r.simulated_ranks.resize(static_cast<std::size_t>(o.world));
+  for (int k = 0; k < o.world; ++k) r.simulated_ranks[static_cast<std::size_t>(k)] = k;
+  std::size_t worst = 0;
+  for (std::size_t k = 1; k < run.memory.size(); ++k) {
+    if (run.memory[k].device.steps.peak_total() > run.memory[worst].device.steps.peak_total()) {
+      worst = k;
+    }
+  }
+  r.worst_rank = static_cast<int>(worst);
+  r.device = figures(run.memory[worst].device);
+  r.cpu = figures(run.memory[worst].cpu);
+  r.fits = r.device.peak <= r.device_capacity && r.device.construction_peak <= r.device_capacity;
+
+  const CommStats& end = run.comm[worst];
+  const CommStats& init = run.comm_after_init[worst];
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    const std::int64_t calls = end.by_kind[i].calls - init.by_kind[i].calls;
+    if (calls == 0) continue;
+    r.collectives.push_back({static_cast<CollectiveKind>(k), calls / o.steps,
+                             (end.by_kind[i].bytes - init.by_kind[i].bytes) / o.steps});
+  }
+  const std::vector<sim::RankTiming>& t = run.timing[worst];
+  ZC_ASSERT(t.size() == static_cast<std::size_t>(o.steps) + 1, "{} clock samples for {} steps",
+            t.size(), o.steps);
+  const sim::RankTiming& a = t[t.size() - 2];
+  const sim::RankTiming& b = t.back();
+  r.compute_us = b.compute_us - a.compute_us;
+  r.comm_us = b.comm_us - a.comm_us;
+  r.exposed_comm_us = b.wait_us - a.wait_us;
+  r.overlap_us = std::max(0.0, r.comm_us - r.exposed_comm_us);
+  const DeviceCounters& cpu_ops = run.step_cpu_ops[worst];
+  const OffloadStats& off = run.step_offload[worst];
+  const double cpu_us = std::max(
+      static_cast<double>(cpu_ops.flops) / (host.cpu_tflops * hw.compute_efficiency * 1e6),
+      static_cast<double>(cpu_ops.bytes_read + cpu_ops.bytes_written) /
+          (host.cpu_gb_per_s * hw.bus_efficiency * 1e3));
+  const double pcie_us = static_cast<double>(off.to_cpu_bytes + off.to_device_bytes) /
+                         (host.pcie_gb_per_s * hw.bus_efficiency * 1e3);
+  r.offload_us = (cpu_us + pcie_us) / o.steps;
+  r.step_us = (b.now_us - a.now_us) + r.offload_us;
+  r.flops_per_step = run.step_device_ops[worst].flops / o.steps;
+  r.kernels_per_step = run.step_device_ops[worst].kernels / o.steps;
+  const double tokens = static_cast<double>(r.micro_batch * r.seq * r.ga) * o.world;
+  r.tokens_per_s = r.step_us > 0 ? tokens / (r.step_us * 1e-6) : 0;
+  r.mfu = r.step_us > 0 ? static_cast<double>(r.flops_per_step) /
+                              (r.step_us * 1e-6 * peak_tflops(gpu, cfg.model_dtype()) * 1e12)
+                        : 0;
+  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {}", r.stage,
+                                 r.dtype, r.offload, r.micro_batch, r.seq, r.ga);
+  return r;
+}
+
+std::string fit_message(const PlanResult& r) {
+  const std::int64_t need = std::max(r.device.peak, r.device.construction_peak);
+  if (need <= r.device_capacity) return "";
+  std::vector<std::pair<std::int64_t, std::size_t>> cats;
+  for (std::size_t k = 0; k < kMemCategories; ++k) cats.emplace_back(r.device.at_peak[k], k);
+  std::sort(cats.rbegin(), cats.rend());
+  std::string largest;
+  for (std::size_t i = 0; i < 3 && i < cats.size() && cats[i].first > 0; ++i) {
+    largest += fmt::format("{}{} {}", i ? ", " : "", mem_category_name(static_cast<MemCategory>(cats[i].second)),
+                           format_bytes(cats[i].first));
+  }
+  return fmt::format("does not fit: rank {} needs {} of {} ({}{})", r.worst_rank, format_bytes(need),
+                     format_bytes(r.device_capacity),
+                     r.device.construction_peak > r.device.peak ? "at construction; " : "",
+                     "largest categories: " + largest);
+}
+
+}  // namespace zc::plan
+
+namespace zc::plan {
+
+// Every stage x offload, micro-batches 1, 2, 4, ... while they fit (memory grows with the
+// micro-batch, so the first that does not fit ends that setting's search).
+std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& hw,
+                                      std::int64_t budget_bytes, std::vector<FitCandidate>* tried) {
+  std::vector<FitCandidate> fits;
+  const std::vector<std::pair<int, std::string>> settings = {
+      {0, "none"}, {1, "none"}, {1, "optimizer"}, {2, "none"}, {2, "optimizer"},
+      {3, "none"}, {3, "optimizer"}, {3, "optimizer+param"}};
+  for (const auto& [stage, offload] : settings) {
+    for (std::int64_t mb = 1; mb <= 64; mb *= 2) {
+      PlanOptions o = base;
+      o.micro_batch = mb;
+      nlohmann::json& z = o.ds_config["zero_optimization"];
+      z["stage"] = stage;
+      z.erase("offload_optimizer");
+      z.erase("offload_param");
+      if (offload != "none") z["offload_optimizer"] = {{"device", "cpu"}};
+      if (offload == "optimizer+param") z["offload_param"] = {{"device", "cpu"}};
+      FitCandidate c{stage, offload, mb, run_plan(o, hw)};
+      const std::int64_t need = std::max(c.result.device.peak, c.result.device.construction_peak);
+      if (tried) tried->push_back(c);
+      if (need > budget_bytes) break;
+      fits.push_back(std::move(c));
+    }
+  }
+  std::sort(fits.begin(), fits.end(), [](const FitCandidate& a, const FitCandidate& b) {
+    return a.result.tokens_per_s > b.result.tokens_per_s;
+  });
+  return fits;
+}
+
+}  // namespace zc::plan

@@ -1,0 +1,142 @@
+// zerocheck plan: "will this config fit, and how fast, at N ranks?" answered by the engine itself.
+// One or two training steps of the real ZeRO code run in meta mode (shapes only, Note [Meta mode])
+// on N simulated ranks; every allocation is counted by category (engine/memory.h), every
+// collective is timed by the alpha-beta model over a two-level topology (sim/cost_model.h), and
+// compute by the meta FLOP and byte counts at the device's stated peak and efficiency. Device,
+// network and host figures come from one data file with their sources (plan/hardware.json).
+#pragma once
+
+#include "engine/comm.h"
+#include "engine/memory.h"
+#include "models/transformer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zc::plan {
+
+// ---- hardware (plan/hardware.json) ----
+struct GpuSpec {
+  std::string key, name;
+  std::int64_t memory_bytes = 0;
+  double bf16_tflops = 0, fp16_tflops = 0, fp32_tflops = 0;
+  double hbm_gb_per_s = 0, nvlink_gb_per_s = 0;
+  int gpus_per_node = 8;
+  std::string inter_node, host;  // keys of networks and hosts
+};
+struct NetworkSpec {
+  std::string key, name;
+  double gb_per_s = 0, alpha_us = 0;
+};
+struct HostSpec {
+  std::string key, name;
+  double cpu_gb_per_s = 0, cpu_tflops = 0, pcie_gb_per_s = 0;
+};
+struct Hardware {
+  std::vector<GpuSpec> gpus;
+  std::vector<NetworkSpec> networks;
+  std::vector<HostSpec> hosts;
+  double nvlink_alpha_us = 0;
+  double compute_efficiency = 0, bus_efficiency = 0;
+  std::string path;
+  const GpuSpec& gpu(const std::string& key) const;  // ConfigError naming the known keys
+  const NetworkSpec& network(const std::string& key) const;
+  const HostSpec& host(const std::string& key) const;
+};
+// The file's default location (the source tree's plan/hardware.json), overridable.
+std::string default_hardware_path();
+Hardware load_hardware(const std::string& path);
+
+// ---- a plan ----
+struct PlanOptions {
+  nlohmann::json ds_config;  // the user's ds_config.json
+  TransformerSpec model;
+  int world = 8;
+  std::string gpu = "h100";
+  int gpus_per_node = 0;        // 0: the GPU's node default
+  std::string network;          // "": the GPU's node default
+  std::optional<std::int64_t> micro_batch;  // else the config's
+  std::optional<std::int64_t> seq;          // else the model's
+  int steps = 2;
+  // Simulate every rank, or only a few representative ones (Note [Representative ranks]);
+  // auto: all up to kFullSimulationRanks.
+  enum class Ranks : std::uint8_t { automatic, all, representative } ranks = Ranks::automatic;
+};
+inline constexpr int kFullSimulationRanks = 8192;
+
+struct MemoryFigures {  // one device's step peak
+  std::int64_t peak = 0;
+  MemBytes at_peak{};   // composition at that peak
+  MemBytes category_peaks{};
+  std::int64_t construction_peak = 0;
+  std::string peak_label;  // the allocation that set the peak
+};
+struct CollectiveFigure {
+  CollectiveKind kind;
+  std::int64_t calls = 0, bytes = 0;  // per step, this rank
+};
+struct PlanResult {
+  PlanOptions options;
+  std::string model_name, config_summary, gpu_name, network_name;
+  std::int64_t params = 0, largest_param = 0;
+  int stage = 0, gpus_per_node = 8, ga = 1;
+  std::int64_t micro_batch = 1, seq = 1;
+  std::string dtype, offload;  // "bf16", "none" | "optimizer" | "optimizer+param" | "param"
+  bool representative = false;
+  std::vector<int> simulated_ranks;
+  int worst_rank = 0;            // the simulated rank with the largest device peak
+  MemoryFigures device, cpu;     // of worst_rank
+  std::int64_t device_capacity = 0;
+  bool fits = true;
+  std::vector<CollectiveFigure> collectives;  // worst_rank's, per step
+  // Time of one step (the last simulated one), in us, worst_rank's: compute, collective time,
+  // the part of it not hidden behind compute, and the CPU side of offload (CPU Adam and PCIe).
+  double step_us = 0, compute_us = 0, comm_us = 0, exposed_comm_us = 0, overlap_us = 0;
+  double offload_us = 0;
+  std::int64_t flops_per_step = 0;
+  std::int64_t kernels_per_step = 0;  // device ops the step launched (meta counts them)
+  double tokens_per_s = 0;  // micro_batch * seq * ga * world / step time
+  double mfu = 0;           // model FLOPs / (step time * peak), the plan's own figure
+  std::string notes;        // how the figures were made
+};
+
+// Runs the plan. ConfigError / NotImplementedError for what the engine or DeepSpeed refuses
+// (MoE at stages 0/3, a world the batch sizes cannot divide); a config that does not fit is a
+// result with fits = false, not an error.
+PlanResult run_plan(const PlanOptions& o, const Hardware& hw);
+// "does not fit: rank r needs X GiB of Y (largest categories ...)", or "" when it fits.
+std::string fit_message(const PlanResult& r);
+
+// --fit GiB: every stage, offload and micro-batch setting that fits the budget, fastest first.
+struct FitCandidate {
+  int stage = 0;
+  std::string offload;
+  std::int64_t micro_batch = 1;
+  PlanResult result;
+};
+std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& hw,
+                                      std::int64_t budget_bytes, std::vector<FitCandidate>* tried);
+
+// ---- DeepSpeed's estimators, beside the plan ----
+// estimate_zero2_model_states_mem_needs and estimate_zero3_model_states_mem_needs of the installed
+// DeepSpeed (reference/deepspeed/estimators.py in the reference environment of scripts/ds-env.sh).
+struct DeepSpeedEstimates {
+  bool available = false;
+  std::string missing;   // why not, when !available
+  nlohmann::json raw;    // the script's output
+};
+DeepSpeedEstimates deepspeed_estimates(const PlanResult& r);
+// The estimator row matching the plan's stage and offload, next to zerocheck's categories, and
+// what each difference is. Empty when there is no DeepSpeed estimator for the stage (0 and 1).
+std::string compare_with_deepspeed(const PlanResult& r, const DeepSpeedEstimates& e);
+nlohmann::json deepspeed_json(const PlanResult& r, const DeepSpeedEstimates& e);
+
+// ---- output ----
+std::string to_text(const PlanResult& r);
+nlohmann::json to_json(const PlanResult& r);
+std::string to_html(const std::vector<PlanResult>& plans, const std::string& title);
+
+}  // namespace zc::plan
