@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test run bench bench-mpi bench-deepspeed gpu-check clean
+.PHONY: deps ds-env configure build test run bench bench-plan bench-mpi bench-deepspeed gpu-check clean
 
 deps:
 	@bash scripts/deps.sh
@@ -26,6 +26,9 @@ run: build
 
 bench: build
 	@./$(BUILD)/bench/zc_bench
+
+bench-plan: build
+	@./$(BUILD)/bench/zc_plan_bench
 
 bench-deepspeed: build ds-env
 	@./$(BUILD)/bench/zc_reference_bench

@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--hardware", plan.hardware, "Device, network and host figures (default: plan/hardware.json)");
   plan_cmd->add_flag("--json", plan.json, "Print JSON instead of the table");
   plan_cmd->add_flag("--no-deepspeed", plan.no_deepspeed, "Do not run DeepSpeed's estimators beside the plan");
+  plan_cmd->add_option("--ranks", plan.ranks, "auto (all up to 8192, else representative) | all | representative")
+      ->check(CLI::IsMember({"auto", "all", "representative"}));
 
   zc::cli::ReplayOptions replay;
   CLI::App* replay_cmd = app.add_subcommand("replay", "Rerun a saved counterexample exactly: verdict, trace hash, first divergence");

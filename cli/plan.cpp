@@ -42,6 +42,9 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
   if (o.micro_batch) p.micro_batch = *o.micro_batch;
   if (o.seq) p.seq = *o.seq;
   p.steps = o.steps;
+  p.ranks = o.ranks == "all"              ? plan::PlanOptions::Ranks::all
+            : o.ranks == "representative" ? plan::PlanOptions::Ranks::representative
+                                          : plan::PlanOptions::Ranks::automatic;
   return p;
 }
 

@@ -24,6 +24,7 @@ struct PlanCliOptions {
   std::string hardware;
   bool json = false;
   bool no_deepspeed = false;
+  std::string ranks = "auto";  // auto | all | representative
 };
 
 // Exit status: 0 when the config fits (or --fit found a setting), 1 when it does not, 2 for an

@@ -62,8 +62,8 @@ std::string to_text(const PlanResult& r) {
   }
   out += "\nstep time (predicted, Note [Plan time model])\n";
   out += fmt::format("  compute                 {:>12}\n", ms(r.compute_us));
-  out += fmt::format("  communication           {:>12}   exposed {}, overlapped {}\n", ms(r.comm_us),
-                     ms(r.exposed_comm_us), ms(r.overlap_us));
+  out += fmt::format("  communication           {:>12}   blocked in collectives {}, overlapped {}\n",
+                     ms(r.comm_us), ms(r.exposed_comm_us), ms(r.overlap_us));
   if (r.offload_us > 0) out += fmt::format("  offload (CPU Adam, PCIe){:>12}\n", ms(r.offload_us));
   out += fmt::format("  step                    {:>12}   {:.0f} tokens/s over the cluster, MFU {:.1f}%\n",
                      ms(r.step_us), r.tokens_per_s, 100 * r.mfu);

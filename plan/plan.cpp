@@ -68,6 +68,14 @@ sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per
 
 }  // namespace
 
+std::vector<int> representative_ranks(int world) {
+  std::vector<int> r = {0, 1, world / 2, world - 1};
+  std::sort(r.begin(), r.end());
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  r.erase(std::remove_if(r.begin(), r.end(), [&](int x) { return x < 0 || x >= world; }), r.end());
+  return r;
+}
+
 PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   if (o.world < 1) throw ConfigError(fmt::format("--world-size {} must be at least 1", o.world));
   if (o.steps < 1 || o.steps > 4) throw ConfigError("plan runs 1 to 4 steps");
@@ -121,38 +129,53 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   spec.sim.limits.max_trace_events_kept = 0;
   spec.sim.limits.max_scheduler_steps = 2'000'000'000;
   spec.sim.cost = cost_model(gpu, net, r.gpus_per_node, cfg.model_dtype(), hw);
+  r.representative = o.ranks == PlanOptions::Ranks::representative ||
+                     (o.ranks == PlanOptions::Ranks::automatic && o.world > kFullSimulationRanks);
+  if (r.representative) spec.sim.simulated_ranks = representative_ranks(o.world);
   const props::RunResult run = props::run_on_sim(spec);
 
-  r.simulated_ranks.resize(static_cast<std::size_t>(o.world));
-  for (int k = 0; k < o.world; ++k) r.simulated_ranks[static_cast<std::size_t>(k)] = k;
+  r.simulated_ranks = run.ranks;
   std::size_t worst = 0;
   for (std::size_t k = 1; k < run.memory.size(); ++k) {
     if (run.memory[k].device.steps.peak_total() > run.memory[worst].device.steps.peak_total()) {
       worst = k;
     }
   }
-  r.worst_rank = static_cast<int>(worst);
+  r.worst_rank = run.ranks[worst];
   r.device = figures(run.memory[worst].device);
   r.cpu = figures(run.memory[worst].cpu);
   r.fits = r.device.peak <= r.device_capacity && r.device.construction_peak <= r.device_capacity;
 
-  const CommStats& end = run.comm[worst];
-  const CommStats& init = run.comm_after_init[worst];
-  for (int k = 0; k < kCollectiveKinds; ++k) {
-    const auto i = static_cast<std::size_t>(k);
-    const std::int64_t calls = end.by_kind[i].calls - init.by_kind[i].calls;
-    if (calls == 0) continue;
-    r.collectives.push_back({static_cast<CollectiveKind>(k), calls / o.steps,
-                             (end.by_kind[i].bytes - init.by_kind[i].bytes) / o.steps});
+  for (std::size_t i = 0; i < run.ranks.size(); ++i) {
+    PlanResult::RankFigures f;
+    f.rank = run.ranks[i];
+    f.device = figures(run.memory[i].device);
+    f.cpu = figures(run.memory[i].cpu);
+    const CommStats& end = run.comm[i];
+    const CommStats& init = run.comm_after_init[i];
+    for (int c = 0; c < kCollectiveKinds; ++c) {
+      const auto j = static_cast<std::size_t>(c);
+      const std::int64_t calls = end.by_kind[j].calls - init.by_kind[j].calls;
+      if (calls == 0) continue;
+      f.collectives.push_back({static_cast<CollectiveKind>(c), calls / o.steps,
+                               (end.by_kind[j].bytes - init.by_kind[j].bytes) / o.steps});
+    }
+    const std::vector<sim::RankTiming>& t = run.timing[i];
+    ZC_ASSERT(t.size() == static_cast<std::size_t>(o.steps) + 1, "{} clock samples for {} steps",
+              t.size(), o.steps);
+    f.compute_us = t.back().compute_us - t[t.size() - 2].compute_us;
+    f.comm_us = t.back().comm_us - t[t.size() - 2].comm_us;
+    f.wait_us = t.back().wait_us - t[t.size() - 2].wait_us;
+    r.ranks.push_back(std::move(f));
   }
+  const PlanResult::RankFigures& w = r.ranks[worst];
+  r.collectives = w.collectives;
   const std::vector<sim::RankTiming>& t = run.timing[worst];
-  ZC_ASSERT(t.size() == static_cast<std::size_t>(o.steps) + 1, "{} clock samples for {} steps",
-            t.size(), o.steps);
   const sim::RankTiming& a = t[t.size() - 2];
   const sim::RankTiming& b = t.back();
-  r.compute_us = b.compute_us - a.compute_us;
-  r.comm_us = b.comm_us - a.comm_us;
-  r.exposed_comm_us = b.wait_us - a.wait_us;
+  r.compute_us = w.compute_us;
+  r.comm_us = w.comm_us;
+  r.exposed_comm_us = w.wait_us;
   r.overlap_us = std::max(0.0, r.comm_us - r.exposed_comm_us);
   const DeviceCounters& cpu_ops = run.step_cpu_ops[worst];
   const OffloadStats& off = run.step_offload[worst];

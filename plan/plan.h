@@ -65,7 +65,11 @@ struct PlanOptions {
   // auto: all up to kFullSimulationRanks.
   enum class Ranks : std::uint8_t { automatic, all, representative } ranks = Ranks::automatic;
 };
-inline constexpr int kFullSimulationRanks = 8192;
+inline constexpr int kFullSimulationRanks = 1024;  // above it, automatic mode is representative
+
+// Note [Representative ranks] (sim/sim_cluster.h): the ranks a representative plan simulates,
+// the first two, the middle one and the last (where partitions and padding differ).
+std::vector<int> representative_ranks(int world);
 
 struct MemoryFigures {  // one device's step peak
   std::int64_t peak = 0;
@@ -88,12 +92,21 @@ struct PlanResult {
   bool representative = false;
   std::vector<int> simulated_ranks;
   int worst_rank = 0;            // the simulated rank with the largest device peak
+  // Every simulated rank's figures (by simulated_ranks), the clock split of its last step.
+  struct RankFigures {
+    int rank = 0;
+    MemoryFigures device, cpu;
+    double compute_us = 0, comm_us = 0, wait_us = 0;
+    std::vector<CollectiveFigure> collectives;
+  };
+  std::vector<RankFigures> ranks;
   MemoryFigures device, cpu;     // of worst_rank
   std::int64_t device_capacity = 0;
   bool fits = true;
   std::vector<CollectiveFigure> collectives;  // worst_rank's, per step
-  // Time of one step (the last simulated one), in us, worst_rank's: compute, collective time,
-  // the part of it not hidden behind compute, and the CPU side of offload (CPU Adam and PCIe).
+  // Time of one step (the last simulated one), in us, worst_rank's: compute, collective time on
+  // its communication stream, the time it sat blocked in collectives (communication not hidden
+  // behind compute, and waiting for slower ranks), and the CPU side of offload (CPU Adam, PCIe).
   double step_us = 0, compute_us = 0, comm_us = 0, exposed_comm_us = 0, overlap_us = 0;
   double offload_us = 0;
   std::int64_t flops_per_step = 0;

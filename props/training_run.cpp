@@ -294,13 +294,23 @@ RankRecord train_rank(const RunSpec& spec, int rank, Device& dev, Comm& world, T
 RunResult run_on_sim(const RunSpec& spec) {
   RunResult result;
   const int W = spec.world;
-  std::vector<RankRecord> recs(static_cast<std::size_t>(W));
-  BatchCache cache(spec, W);
+  // One record per simulated rank (every rank, or the representative ones).
+  result.ranks = spec.sim.simulated_ranks;
+  if (result.ranks.empty()) {
+    for (int r = 0; r < W; ++r) result.ranks.push_back(r);
+  }
+  std::vector<int> slot(static_cast<std::size_t>(W), -1);
+  for (std::size_t i = 0; i < result.ranks.size(); ++i) {
+    if (result.ranks[i] >= 0 && result.ranks[i] < W) slot[static_cast<std::size_t>(result.ranks[i])] = static_cast<int>(i);
+  }
+  const std::size_t n = result.ranks.size();
+  std::vector<RankRecord> recs(n);
+  BatchCache cache(spec, static_cast<int>(n));
   sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, spec.sim);
-  result.timing.assign(static_cast<std::size_t>(W), {});
-  result.comm_after_init.assign(static_cast<std::size_t>(W), CommStats{});
+  result.timing.assign(n, {});
+  result.comm_after_init.assign(n, CommStats{});
   result.sim = cluster.run([&](sim::RankContext& ctx) {
-    const auto r = static_cast<std::size_t>(ctx.rank);
+    const auto r = static_cast<std::size_t>(slot[static_cast<std::size_t>(ctx.rank)]);
     RunSpec mine = spec;  // the clock read after construction and after every step
     mine.after_init = [&, r](int rank, Engine& e) {
       result.timing[r].push_back(ctx.timing);
@@ -346,7 +356,7 @@ RunResult run_on_sim(const RunSpec& spec) {
                        named ? param_element_name(*named, at) : fmt::format("element {}", at), b[*i],
                        std::bit_cast<std::uint64_t>(b[*i]), a[*i], std::bit_cast<std::uint64_t>(a[*i]));
   };
-  for (int r = 1; r < W && result.ranks_agree && !r0.params.empty(); ++r) {
+  for (std::size_t r = 1; r < n && result.ranks_agree && !r0.params.empty(); ++r) {
     const RankRecord& other = recs[static_cast<std::size_t>(r)];
     for (int s = 0; s < spec.steps; ++s) {
       const auto at = static_cast<std::size_t>(s);

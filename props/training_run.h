@@ -88,6 +88,9 @@ struct RunResult {
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
   std::vector<CommStats> engine_comm;       // per rank: comm less the record's own getters (full grads/params)
+  // The simulated ranks (every rank, or SimOptions::simulated_ranks); every per-rank vector
+  // here is indexed like it (by rank in a full run).
+  std::vector<int> ranks;
   std::vector<RankMemory> memory;           // per rank
   // Per rank: the clock after construction, then after each step (timing[r][s + 1]).
   std::vector<std::vector<sim::RankTiming>> timing;

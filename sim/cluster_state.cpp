@@ -55,14 +55,30 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
   if (world_size < 1) {
     throw UsageError(fmt::format("SimCluster: world size {} must be at least 1", world_size));
   }
-  if (world_size > options.limits.max_ranks) {
-    throw LimitExceeded(fmt::format("SimCluster: world size {} passes SimLimits::max_ranks = {}",
-                                    world_size, options.limits.max_ranks));
+  const std::size_t fibers =
+      options.simulated_ranks.empty() ? static_cast<std::size_t>(world_size) : options.simulated_ranks.size();
+  if (fibers > static_cast<std::size_t>(options.limits.max_ranks)) {
+    throw LimitExceeded(fmt::format("SimCluster: {} simulated ranks pass SimLimits::max_ranks = {}; "
+                                    "simulate representative ranks (SimOptions::simulated_ranks)",
+                                    fibers, options.limits.max_ranks));
   }
-  std::vector<int> all(static_cast<std::size_t>(world_size));
-  std::iota(all.begin(), all.end(), 0);
+  if (world_size > kMaxWorld) {
+    throw LimitExceeded(fmt::format("SimCluster: world size {} passes {}", world_size, kMaxWorld));
+  }
+  std::vector<int> all = options.simulated_ranks;
+  if (all.empty()) {
+    all.resize(static_cast<std::size_t>(world_size));
+    std::iota(all.begin(), all.end(), 0);
+  } else {
+    check_representative(options, world_size);
+  }
   std::shared_ptr<Group> world = make_group("world", all);
-  for (int r = 0; r < world_size; ++r) {
+  world->size = world_size;
+  world->first_rank = 0;
+  world->last_rank = world_size - 1;
+  rank_slot_.assign(static_cast<std::size_t>(world_size), -1);
+  for (int r : all) {
+    rank_slot_[static_cast<std::size_t>(r)] = static_cast<int>(ranks_.size());
     auto rs = std::make_unique<RankState>(options.limits.max_trace_events_kept);
     rs->rank = r;
     if (options.meta) {
@@ -73,7 +89,8 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
       rs->cpu = std::make_unique<HostDevice>();
     }
     rs->device = std::make_unique<SimDevice>(*this, r, *rs->inner);
-    rs->world = std::make_unique<SimComm>(*this, r, world, r);
+    rs->world = std::make_unique<SimComm>(*this, r, world, r,
+                                          static_cast<int>(ranks_.size()));
     ranks_.push_back(std::move(rs));
   }
   runnable_pos_.assign(static_cast<std::size_t>(world_size), -1);
@@ -83,6 +100,24 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
       throw UsageError(fmt::format("SimOptions::faults: {} corrupts data, and a meta run "
                                    "(SimOptions::meta) has none", f.str()));
     }
+  }
+}
+
+void check_representative(const SimOptions& options, int world_size) {
+  const std::vector<int>& r = options.simulated_ranks;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (r[i] < 0 || r[i] >= world_size || (i > 0 && r[i] <= r[i - 1])) {
+      throw UsageError(fmt::format("SimOptions::simulated_ranks must be distinct ranks of the world "
+                                   "of {}, ascending; rank {} is not", world_size, r[i]));
+    }
+  }
+  if (!options.meta) {
+    throw UsageError("SimOptions::simulated_ranks needs SimOptions::meta: the ranks not simulated "
+                     "hold no data to reduce (Note [Representative ranks])");
+  }
+  if (!options.faults.empty()) {
+    throw UsageError("SimOptions::simulated_ranks with faults: a fault breaks the SPMD assumption "
+                     "the ranks not simulated rest on (Note [Representative ranks])");
   }
 }
 
@@ -167,6 +202,12 @@ std::shared_ptr<Group> ClusterState::make_group(std::string name, std::vector<in
   g->id = groups_.size();
   g->name = std::move(name);
   g->members = std::move(members);
+  g->size = static_cast<int>(g->members.size());
+  if (!g->members.empty()) {
+    const auto [lo, hi] = std::minmax_element(g->members.begin(), g->members.end());
+    g->first_rank = *lo;
+    g->last_rank = *hi;
+  }
   groups_.push_back(g);
   return g;
 }
@@ -208,7 +249,7 @@ SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
   std::exception_ptr failure;
   try {
     start_fibers(fn);
-    while (finished_ < world_size_) step_once();
+    while (finished_ < static_cast<int>(ranks_.size())) step_once();
   } catch (...) {
     failure = std::current_exception();
   }

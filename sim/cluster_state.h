@@ -20,11 +20,32 @@ namespace zc::sim {
 
 // Throws UsageError naming the first fault that cannot apply to a world of this size.
 void check_faults(const std::vector<Fault>& faults, int world_size);
+// Throws UsageError when SimOptions::simulated_ranks cannot apply (Note [Representative ranks]).
+void check_representative(const SimOptions& options, int world_size);
 
 class SimWork;
 class SimComm;
 class SimDevice;
 struct Group;
+
+// A byte buffer whose elements are not zeroed when it grows (every byte is written before it is
+// read: snapshots by memcpy, results by the reduction), so a collective pays for its copies only.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;  // default-initialisation: no zeroing
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+};
+using Bytes = std::vector<std::byte, UninitAllocator<std::byte>>;
 
 // What one rank asked for; all members of a rendezvous must agree on it.
 struct CallSig {
@@ -46,10 +67,14 @@ struct CallSig {
 struct Member {  // one rank's part in a rendezvous
   bool arrived = false;
   CallSig sig;
-  std::vector<std::byte> input;   // snapshot taken at issue
+  Bytes input;                    // snapshot taken at issue
+  // The last member to arrive is computed at its issue, so its input is read in place (no
+  // snapshot): this points at it until compute() returns.
+  const std::byte* live_input = nullptr;
   Tensor out;                     // written at completion
   // Computed when the last member arrives; shared between members that get the same bytes.
-  std::shared_ptr<const std::vector<std::byte>> result;
+  std::shared_ptr<const Bytes> result;
+  std::uint64_t result_hash = 0;  // hash_data of result, taken once per distinct result
   SimWork* work = nullptr;        // alive in its rank's inflight list until waited
   double issue_us = 0.0;
   int split_color = kNoColor;
@@ -61,7 +86,7 @@ struct Member {  // one rank's part in a rendezvous
 struct Rendezvous {
   Group* group = nullptr;  // owned by ClusterState::groups_ (no cycle through Group::open)
   std::int64_t seq = 0;
-  std::vector<Member> members;  // by group rank
+  std::vector<Member> members;  // by slot (Group::members)
   int arrived = 0;
   CallSig first_sig;  // the first arrival's call: every later one must equal it
   bool computed = false;
@@ -73,7 +98,10 @@ struct Rendezvous {
 struct Group {
   std::uint64_t id = 0;
   std::string name;
-  std::vector<int> members;  // global ranks, by group rank
+  std::vector<int> members;  // the simulated members' global ranks, by slot (= group rank in a
+                             // full run; Note [Representative ranks])
+  int size = 0;              // ranks in the group, simulated or not
+  int first_rank = 0, last_rank = 0;  // the lowest and highest global rank of the whole group
   std::map<std::int64_t, std::shared_ptr<Rendezvous>> open;  // by seq, until computed
 };
 
@@ -124,7 +152,9 @@ class ClusterState {
   void on_device_op(int rank, std::int64_t flops, std::int64_t bytes) noexcept;
 
   const SimOptions& options() const { return options_; }
-  RankState& rank_state(int rank) { return *ranks_[static_cast<std::size_t>(rank)]; }
+  RankState& rank_state(int rank) {
+    return *ranks_[static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(rank)])];
+  }
   std::shared_ptr<Group> make_group(std::string name, std::vector<int> members);
 
  private:
@@ -150,7 +180,8 @@ class ClusterState {
   std::uint64_t seed_;
   SimOptions options_;
   Rng sched_rng_;
-  std::vector<std::unique_ptr<RankState>> ranks_;
+  std::vector<std::unique_ptr<RankState>> ranks_;  // the simulated ranks, ascending
+  std::vector<int> rank_slot_;  // global rank -> index in ranks_, -1 when not simulated
   std::vector<int> runnable_;
   std::vector<int> runnable_pos_;  // index in runnable_, or -1
   std::vector<std::shared_ptr<SimWork>> ready_;  // computed, not yet completed

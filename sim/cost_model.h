@@ -10,10 +10,13 @@
 namespace zc::sim {
 
 // Two levels (zerocheck plan): ranks r and s share a node when r / gpus_per_node == s /
-// gpus_per_node; a collective whose group lies in one node runs over the intra-node link
-// (alpha_us, link_gb_per_s: NVLink), one that spans nodes is bound by the network link per rank
-// (inter_alpha_us, inter_gb_per_s), as a ring through every node's NIC is. gpus_per_node 0: one
-// node holds every rank.
+// gpus_per_node. A ring over a group inside one node runs over the intra-node link (alpha_us,
+// link_gb_per_s: NVLink). A ring over a group that spans k nodes (its ranks contiguous, as
+// data-parallel groups are) crosses the network k times per lap: its bandwidth is the network
+// link's per rank (inter_gb_per_s; every rank's NIC carries the ring's traffic), and of its ring
+// steps the fraction k / n pays the network's latency (inter_alpha_us), the rest NVLink's. NCCL's
+// tree and PAT algorithms, which cut the latency term at scale, are not modelled: past a few
+// hundred ranks the ring's latency dominates small collectives here. gpus_per_node 0: one node.
 struct CostModel {
   double alpha_us = 5.0;          // per ring step latency
   double link_gb_per_s = 100.0;   // per-rank link bandwidth (GB/s = 1e3 bytes/us)
@@ -43,14 +46,18 @@ struct CostModel {
     return k == CollectiveKind::all_reduce ? 2 * (n - 1) : n - 1;
   }
   // bytes is nccl-tests' "size" (the larger buffer).
-  double collective_us(CollectiveKind k, std::int64_t bytes, int n, bool spans_nodes = false) const {
-    const double alpha = spans_nodes ? inter_alpha_us : alpha_us;
-    const double bw = spans_nodes ? inter_gb_per_s : link_gb_per_s;
+  // `nodes`: how many nodes the group's ranks span (nodes_spanned).
+  double collective_us(CollectiveKind k, std::int64_t bytes, int n, int nodes = 1) const {
+    const bool across = nodes > 1;
+    const double crossing = across ? static_cast<double>(nodes) / n : 0.0;
+    const double alpha = alpha_us * (1.0 - crossing) + inter_alpha_us * crossing;
+    const double bw = across ? inter_gb_per_s : link_gb_per_s;
     return alpha * ring_steps(k, n) + static_cast<double>(bytes) * bus_factor(k, n) / (bw * 1e3);
   }
-  // Whether a group of these global ranks spans more than one node.
-  bool spans_nodes(int first_rank, int last_rank) const {
-    return gpus_per_node > 0 && first_rank / gpus_per_node != last_rank / gpus_per_node;
+  // How many nodes a group from global rank first_rank to last_rank spans.
+  int nodes_spanned(int first_rank, int last_rank) const {
+    if (gpus_per_node <= 0) return 1;
+    return last_rank / gpus_per_node - first_rank / gpus_per_node + 1;
   }
   double compute_us(std::int64_t flops, std::int64_t bytes) const {
     const double t_flops = static_cast<double>(flops) / (device_tflops * 1e6);

@@ -3,8 +3,10 @@
 
 #include "engine/errors.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 namespace zc::sim {
 
@@ -35,30 +37,43 @@ using F32 = Format<float, float, same<float>, same<float>>;
 using F16 = Format<float, std::uint16_t, f16_bits_to_f32, f32_to_f16_bits>;
 using BF16 = Format<float, std::uint16_t, bf16_bits_to_f32, f32_to_bf16_bits>;
 
+// One combine of an accumulator with an input, as the op and the dtype define it.
+template <class F, ReduceOp Op>
+inline typename F::Compute combine(typename F::Compute a, typename F::Compute x) {
+  if constexpr (Op == ReduceOp::sum) {
+    return F::round(a + x);
+  } else {
+    if (std::isnan(a) || std::isnan(x)) return std::isnan(a) ? a : x;
+    return Op == ReduceOp::max ? std::max(a, x) : std::min(a, x);
+  }
+}
+
 // Rank-outer, element-inner: each element sees the same sequence of combines as an element-by-
-// element loop would, so the result is identical, but each pass is straight over memory.
-template <class F>
-void reduce_range_as(ReduceOp op, std::span<const std::byte* const> inputs, std::int64_t offset,
+// element loop would, so the result is identical, but each pass is straight over memory (and
+// the op is a template argument, so the element loop has no branch and vectorizes).
+template <class F, ReduceOp Op>
+void reduce_range_op(std::span<const std::byte* const> inputs, std::int64_t offset,
                      std::int64_t count, int first, std::byte* out) {
   using T = typename F::Compute;
   const int n = static_cast<int>(inputs.size());
-  std::vector<T> acc(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) acc[static_cast<std::size_t>(i)] = F::load(inputs[first], offset + i);
+  const std::unique_ptr<T[]> acc(new T[static_cast<std::size_t>(count)]);  // every element set below
+  T* a = acc.get();
+  for (std::int64_t i = 0; i < count; ++i) a[i] = F::load(inputs[first], offset + i);
   for (int j = 1; j < n; ++j) {
     const std::byte* in = inputs[(first + j) % n];
-    for (std::int64_t i = 0; i < count; ++i) {
-      const T x = F::load(in, offset + i);
-      T& a = acc[static_cast<std::size_t>(i)];
-      if (op == ReduceOp::sum) {
-        a = F::round(a + x);
-      } else if (std::isnan(a) || std::isnan(x)) {
-        a = std::isnan(a) ? a : x;
-      } else {
-        a = op == ReduceOp::max ? std::max(a, x) : std::min(a, x);
-      }
-    }
+    for (std::int64_t i = 0; i < count; ++i) a[i] = combine<F, Op>(a[i], F::load(in, offset + i));
   }
-  for (std::int64_t i = 0; i < count; ++i) F::store(out, i, acc[static_cast<std::size_t>(i)]);
+  for (std::int64_t i = 0; i < count; ++i) F::store(out, i, a[i]);
+}
+
+template <class F>
+void reduce_range_as(ReduceOp op, std::span<const std::byte* const> inputs, std::int64_t offset,
+                     std::int64_t count, int first, std::byte* out) {
+  switch (op) {
+    case ReduceOp::sum: return reduce_range_op<F, ReduceOp::sum>(inputs, offset, count, first, out);
+    case ReduceOp::max: return reduce_range_op<F, ReduceOp::max>(inputs, offset, count, first, out);
+    case ReduceOp::min: return reduce_range_op<F, ReduceOp::min>(inputs, offset, count, first, out);
+  }
 }
 
 }  // namespace

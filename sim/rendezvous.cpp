@@ -13,12 +13,11 @@ namespace zc::sim {
 
 namespace {
 
-std::uint64_t hash_bytes(const std::shared_ptr<const std::vector<std::byte>>& b) {
+std::uint64_t hash_bytes(const std::shared_ptr<const Bytes>& b) {
   if (!b) return 0;
   return hash_data(b->data(), b->size());
 }
 
-using Bytes = std::vector<std::byte>;
 
 std::string error_kind(const std::exception& e) {
   if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
@@ -96,7 +95,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
     slot->members.resize(group->members.size());
   }
   std::shared_ptr<Rendezvous> rv = slot;
-  Member& m = rv->members[static_cast<std::size_t>(comm.rank())];
+  Member& m = rv->members[static_cast<std::size_t>(comm.slot())];
   ZC_ASSERT(!m.arrived, "rank {} arrived twice at {}", r, rv->where());
   m.arrived = true;
   m.sig = sig;
@@ -104,18 +103,23 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   m.issue_us = rs.timing.now_us;
   m.split_color = split_color;
   m.split_key = split_key;
+  const bool corrupts =
+      fault != nullptr && (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan);
+  const bool last = rv->arrived + 1 == static_cast<int>(rv->members.size());
   if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // inputs are read at issue
-    m.input.resize(static_cast<std::size_t>(in.nbytes()));
-    std::memcpy(m.input.data(), in.raw(), m.input.size());
+    if (last && !corrupts) {
+      m.live_input = static_cast<const std::byte*>(in.raw());  // computed below, before any yield
+    } else {
+      m.input.resize(static_cast<std::size_t>(in.nbytes()));
+      std::memcpy(m.input.data(), in.raw(), m.input.size());
+    }
   }
-  if (fault != nullptr && (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan)) {
-    corrupt(*fault, m, sig, rs);
-  }
+  if (corrupts) corrupt(*fault, m, sig, rs);
   if (rv->arrived++ == 0) rv->first_sig = sig;
   if (!(rv->first_sig == sig)) throw_mismatch(*rv);
   comm.count_op(sig.kind, sig.bytes());
   rs.trace.record("comm", fmt::format("issue {} on {}", sig.str(), rv->where()));
-  auto work = std::make_shared<SimWork>(*this, r, comm.rank(), rv, in, out, rs.trace.size() - 1);
+  auto work = std::make_shared<SimWork>(*this, r, comm.slot(), rv, in, out, rs.trace.size() - 1);
   m.work = work.get();
   rs.inflight.push_back(work);
   if (rv->arrived == static_cast<int>(rv->members.size())) compute(*rv);
@@ -156,7 +160,7 @@ void ClusterState::wait(SimWork& work) {
   rs.timing.now_us = std::max(rs.timing.now_us, rv.done_us);
   rs.trace.set_time(rs.timing.now_us);
   rs.trace.record("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()),
-                  hash_bytes(m.result));
+                  m.result_hash);
 }
 
 void ClusterState::compute(Rendezvous& rv) {
@@ -164,18 +168,18 @@ void ClusterState::compute(Rendezvous& rv) {
   rv.computed = true;
   rv.group->open.erase(rv.seq);
   const CallSig& sig = rv.members[0].sig;
-  const int n = static_cast<int>(rv.members.size());
+  const int n = rv.group->size;  // every rank of the group, simulated or not
   // It starts when every member has issued it and every member's communication stream is free.
   double start = 0.0;
   std::vector<const std::byte*> ins;
   for (std::size_t g = 0; g < rv.members.size(); ++g) {
     start = std::max({start, rv.members[g].issue_us,
                       rank_state(rv.group->members[g]).comm_free_us});
-    ins.push_back(rv.members[g].input.data());
+    const Member& m = rv.members[g];
+    ins.push_back(m.live_input != nullptr ? m.live_input : m.input.data());
   }
-  const auto [lo, hi] = std::minmax_element(rv.group->members.begin(), rv.group->members.end());
-  const double duration =
-      options_.cost.collective_us(sig.kind, sig.bytes(), n, options_.cost.spans_nodes(*lo, *hi));
+  const double duration = options_.cost.collective_us(
+      sig.kind, sig.bytes(), n, options_.cost.nodes_spanned(rv.group->first_rank, rv.group->last_rank));
   rv.done_us = start + duration;
   for (int member : rv.group->members) {
     RankState& ms = rank_state(member);
@@ -205,7 +209,13 @@ void ClusterState::compute(Rendezvous& rv) {
       }
       case CollectiveKind::all_gather: {
         auto r = std::make_shared<Bytes>();
-        for (const Member& src : rv.members) r->insert(r->end(), src.input.begin(), src.input.end());
+        r->resize(static_cast<std::size_t>(sig.in_numel * esz * n));
+        for (std::size_t k = 0; k < ins.size(); ++k) {
+          if (sig.in_numel > 0) {
+            std::memcpy(r->data() + k * static_cast<std::size_t>(sig.in_numel * esz), ins[k],
+                        static_cast<std::size_t>(sig.in_numel * esz));
+          }
+        }
         m.result = std::move(r);
         break;
       }
@@ -218,15 +228,18 @@ void ClusterState::compute(Rendezvous& rv) {
         }
         break;
       case CollectiveKind::broadcast:
-        if (!shared) shared = std::make_shared<Bytes>(rv.members[static_cast<std::size_t>(sig.root)].input);
+        if (!shared) {
+          shared = sized(sig.in_numel);
+          if (sig.in_numel > 0) std::memcpy(shared->data(), ins[static_cast<std::size_t>(sig.root)], shared->size());
+        }
         m.result = shared;
         break;
       case CollectiveKind::all_to_all: {
         const std::size_t chunk = static_cast<std::size_t>(sig.in_numel / n * esz);
         auto r = std::make_shared<Bytes>();
-        for (const Member& src : rv.members) {
-          const std::byte* from = src.input.data() + static_cast<std::size_t>(g) * chunk;
-          r->insert(r->end(), from, from + chunk);
+        r->resize(chunk * ins.size());
+        for (std::size_t k = 0; k < ins.size(); ++k) {
+          if (chunk > 0) std::memcpy(r->data() + k * chunk, ins[k] + static_cast<std::size_t>(g) * chunk, chunk);
         }
         m.result = std::move(r);
         break;
@@ -235,7 +248,17 @@ void ClusterState::compute(Rendezvous& rv) {
       case CollectiveKind::split: break;
     }
   }
+  for (Member& m : rv.members) m.live_input = nullptr;  // read; it may change after this call
   if (sig.kind == CollectiveKind::split) compute_split(rv);
+  const Bytes* hashed = nullptr;  // results shared by members are hashed once
+  std::uint64_t last_hash = 0;
+  for (Member& m : rv.members) {
+    if (m.result.get() != hashed || hashed == nullptr) {
+      hashed = m.result.get();
+      last_hash = hash_bytes(m.result);
+    }
+    m.result_hash = last_hash;
+  }
   for (Member& m : rv.members) {
     ZC_ASSERT(m.work != nullptr, "member of {} has no Work", rv.where());
     m.work->ready_pos_ = static_cast<int>(ready_.size());
@@ -274,7 +297,8 @@ void ClusterState::compute_split(Rendezvous& rv) {
 std::unique_ptr<Comm> ClusterState::split_result(const SimWork& work) {
   const Member& m = work.rv_->members[static_cast<std::size_t>(work.member_)];
   if (!m.split_group) return nullptr;
-  return std::make_unique<SimComm>(*this, work.rank_, groups_[m.split_group->id], m.split_rank);
+  return std::make_unique<SimComm>(*this, work.rank_, groups_[m.split_group->id], m.split_rank,
+                                   m.split_rank);
 }
 
 void ClusterState::complete(SimWork& work) {
@@ -341,7 +365,7 @@ void ClusterState::throw_mismatch(const Rendezvous& rv) const {
 }
 
 std::string ClusterState::describe_rank(int rank) const {
-  const RankState& rs = *ranks_[static_cast<std::size_t>(rank)];
+  const RankState& rs = *ranks_[static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(rank)])];
   if (rs.finished) return fmt::format("rank {} (finished)", rank);
   if (rs.blocked_on) {
     return fmt::format("rank {} (waiting in {} on {})", rank, rs.blocked_call,
@@ -365,7 +389,8 @@ void ClusterState::throw_deadlock() const {
   }
   throw Deadlock(fmt::format(
       "deadlock: no rank can run and {} of {} have not finished:{}\nA rank skipped a collective "
-      "or called collectives in a different order.", world_size_ - finished_, world_size_,
+      "or called collectives in a different order.", static_cast<int>(ranks_.size()) - finished_,
+      static_cast<int>(ranks_.size()),
       lines));
 }
 

@@ -19,6 +19,9 @@
 
 namespace zc::sim {
 
+// The largest world a run may name (with representative ranks; max_ranks bounds the fibers).
+inline constexpr int kMaxWorld = 1 << 22;
+
 // Limits on everything (STYLE.md 11). Passing one is a LimitExceeded naming it.
 struct SimLimits {
   int max_ranks = 8192;
@@ -76,7 +79,20 @@ struct SimOptions {
   SimLimits limits;
   CostModel cost;
   std::vector<Fault> faults;  // Note [Injected faults]
+  // Note [Representative ranks]: simulate only these ranks of the world (sorted, distinct; empty:
+  // every rank). Needs meta mode.
+  std::vector<int> simulated_ranks;
 };
+
+// Note [Representative ranks]
+// Data-parallel ranks do the same work on their own partition, so a meta run can simulate a few
+// of them for all: with SimOptions::simulated_ranks, fibers exist only for those ranks; the world
+// group still has world_size ranks (rank(), size(), the cost model's ring), and a collective is
+// complete when every simulated member has issued it, the others being taken to issue the same
+// call (SPMD). What cannot be taken for granted is refused: data (meta mode only), faults, and
+// split() (a subgroup's membership depends on the ranks not simulated). The simulated ranks' own
+// figures (memory, collectives, their clocks' splits) are what a full run gives them
+// (tests/plan_test.cpp checks it where both run); ranks not simulated have no figures.
 
 // A rank's simulated clock and its split (zerocheck plan): compute charged, time its
 // communication stream was busy, time blocked in wait().

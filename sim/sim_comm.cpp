@@ -7,13 +7,13 @@
 namespace zc::sim {
 
 SimComm::SimComm(ClusterState& cluster, int global_rank, std::shared_ptr<Group> group,
-                 int group_rank)
+                 int group_rank, int slot)
     : cluster_(cluster), global_rank_(global_rank), group_(std::move(group)),
-      group_rank_(group_rank) {}
+      group_rank_(group_rank), slot_(slot) {}
 
 SimComm::~SimComm() = default;
 
-int SimComm::size() const { return static_cast<int>(group_->members.size()); }
+int SimComm::size() const { return group_->size; }
 std::string SimComm::name() const { return group_->name; }
 
 WorkPtr SimComm::all_reduce(const Tensor& inout, const AllReduceOptions& opts) {
@@ -66,6 +66,11 @@ std::unique_ptr<Comm> SimComm::split(int color, int key) {
   if (color < kNoColor) {
     throw UsageError(fmt::format("split: color {} is negative; use kNoColor ({}) to opt out",
                                  color, kNoColor));
+  }
+  if (group_->size != static_cast<int>(group_->members.size())) {
+    throw UsageError(fmt::format("split() on {} in a representative-rank run: the subgroups depend on "
+                                 "the ranks not simulated; simulate every rank (Note [Representative "
+                                 "ranks])", group_->name));
   }
   CallSig sig{CollectiveKind::split, DType::f32, 0, 0, ReduceOp::sum, 0};
   WorkPtr work = cluster_.issue(*this, sig, Tensor(), Tensor(), false, color, key);

@@ -14,7 +14,9 @@ struct Group;
 
 class SimComm final : public Comm {
  public:
-  SimComm(ClusterState& cluster, int global_rank, std::shared_ptr<Group> group, int group_rank);
+  // `slot`: the rank's place among the group's simulated members (= group_rank in a full run).
+  SimComm(ClusterState& cluster, int global_rank, std::shared_ptr<Group> group, int group_rank,
+          int slot);
   ~SimComm() override;
 
   int rank() const override { return group_rank_; }
@@ -36,6 +38,7 @@ class SimComm final : public Comm {
   // For ClusterState: the next sequence number on this group, and who we are.
   std::int64_t next_seq() { return seq_++; }
   int global_rank() const { return global_rank_; }
+  int slot() const { return slot_; }
   const std::shared_ptr<Group>& group() const { return group_; }
   void count_op(CollectiveKind k, std::int64_t bytes) { count(k, bytes); }
 
@@ -44,6 +47,7 @@ class SimComm final : public Comm {
   int global_rank_;
   std::shared_ptr<Group> group_;
   int group_rank_;
+  int slot_;
   std::int64_t seq_ = 0;
 };
 

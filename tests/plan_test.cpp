@@ -1,0 +1,204 @@
+// zerocheck plan (plan/plan.h): a small model's memory checked by hand, representative ranks
+// against the full simulation, the time model's parts, and bad input (a world the batch sizes
+// cannot divide, a model that does not fit, unknown hardware, split under representative ranks).
+#include "engine/errors.h"
+#include "plan/plan.h"
+#include "sim/sim_cluster.h"
+
+#include <gtest/gtest.h>
+
+namespace zc::plan {
+namespace {
+
+const Hardware& hardware() {
+  static const Hardware hw = load_hardware(default_hardware_path());
+  return hw;
+}
+
+std::size_t k(MemCategory c) { return static_cast<std::size_t>(c); }
+
+PlanOptions tiny(int stage, int world, nlohmann::json zero_extra = nlohmann::json::object()) {
+  PlanOptions o;
+  o.ds_config = {{"train_micro_batch_size_per_gpu", 1},
+                 {"gradient_accumulation_steps", 1},
+                 {"bf16", {{"enabled", true}}},
+                 {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                 {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 1000}}}};
+  for (const auto& [key, v] : zero_extra.items()) o.ds_config["zero_optimization"][key] = v;
+  o.model = transformer_preset("llama-tiny");
+  o.world = world;
+  return o;
+}
+
+// llama-tiny has 8,016 params: ZeRO-2 at world 2 pads the flat group to a multiple of 2 x 2 (no
+// padding here) and gives each rank 4,008.
+TEST(Plan, SmallModelMemoryMatchesTheArithmeticByHand) {
+  const PlanResult r = run_plan(tiny(2, 2), hardware());
+  ASSERT_EQ(r.params, 8016);
+  const MemBytes& peak = r.device.category_peaks;
+  EXPECT_EQ(peak[k(MemCategory::params)], 8016 * 2) << "the bf16 flat group";
+  EXPECT_EQ(peak[k(MemCategory::master)], 4008 * 4) << "this rank's fp32 partition";
+  EXPECT_EQ(peak[k(MemCategory::optimizer_states)], 4008 * 8) << "exp_avg and exp_avg_sq";
+  EXPECT_EQ(peak[k(MemCategory::ipg_buckets)], 1000 * 2) << "one bf16 ipg buffer of reduce_bucket_size";
+  EXPECT_EQ(r.cpu.peak, 0) << "no offload";
+  // Construction flattens the model into the flat group while the model's own params still live.
+  EXPECT_GE(r.device.construction_peak, 2 * 8016 * 2);
+  EXPECT_TRUE(r.fits);
+  EXPECT_EQ(mem_total(r.device.at_peak), r.device.peak) << "the composition sums to the peak";
+
+  // Offloading the optimizer moves the master and states to the CPU side, byte for byte.
+  const PlanResult off = run_plan(tiny(2, 2, {{"offload_optimizer", {{"device", "cpu"}}}}), hardware());
+  EXPECT_EQ(off.device.category_peaks[k(MemCategory::master)], 0);
+  EXPECT_EQ(off.device.category_peaks[k(MemCategory::optimizer_states)], 0);
+  EXPECT_EQ(off.cpu.category_peaks[k(MemCategory::master)], 4008 * 4);
+  EXPECT_EQ(off.cpu.category_peaks[k(MemCategory::optimizer_states)], 4008 * 8);
+  EXPECT_GT(off.offload_us, 0) << "CPU Adam and the PCIe transfers take time";
+}
+
+TEST(Plan, ZeroThreeShardsWhatZeroTwoReplicates) {
+  PlanOptions o = tiny(3, 4, {{"stage3_param_persistence_threshold", 0}});
+  const PlanResult z3 = run_plan(o, hardware());
+  // Every param padded to a multiple of 4 and sharded: the partition is the sum of ceil(n / 4).
+  std::int64_t shards = 0;
+  Transformer t(o.model);
+  for (Parameter* p : t.named_parameters()) shards += (p->numel() + 3) / 4;
+  EXPECT_EQ(z3.device.category_peaks[k(MemCategory::params)], shards * 2);
+  EXPECT_EQ(z3.device.category_peaks[k(MemCategory::master)], shards * 4);
+  EXPECT_GT(z3.device.category_peaks[k(MemCategory::gathered_params)], 0);
+}
+
+TEST(Plan, TimeSplitsIntoComputeAndCommunication) {
+  const PlanResult r = run_plan(tiny(2, 4), hardware());
+  EXPECT_GT(r.compute_us, 0);
+  EXPECT_GT(r.comm_us, 0);
+  // Blocked time includes waiting for slower ranks, so it may exceed the collectives' own time.
+  EXPECT_GE(r.exposed_comm_us, 0);
+  EXPECT_NEAR(r.overlap_us, std::max(0.0, r.comm_us - r.exposed_comm_us), 1e-6);
+  EXPECT_GE(r.step_us + 1e-9, r.compute_us + r.exposed_comm_us);
+  EXPECT_GT(r.flops_per_step, 0);
+  // Across nodes the same collectives take longer (the NIC is slower than NVLink).
+  PlanOptions across = tiny(2, 4);
+  across.gpus_per_node = 1;
+  EXPECT_GT(run_plan(across, hardware()).comm_us, r.comm_us);
+}
+
+TEST(Plan, TwoLevelTopologyChargesTheNetworkForRingsThatLeaveANode) {
+  sim::CostModel c;
+  c.gpus_per_node = 8;
+  c.alpha_us = 3, c.link_gb_per_s = 400, c.inter_alpha_us = 14, c.inter_gb_per_s = 40;
+  EXPECT_EQ(c.nodes_spanned(0, 7), 1);
+  EXPECT_EQ(c.nodes_spanned(0, 15), 2);
+  EXPECT_EQ(c.nodes_spanned(6, 9), 2);
+  const std::int64_t bytes = 1 << 30;
+  // Inside a node: NVLink's latency and bandwidth.
+  EXPECT_DOUBLE_EQ(c.collective_us(CollectiveKind::all_gather, bytes, 8, 1),
+                   3.0 * 7 + static_cast<double>(bytes) * 7 / 8 / (400 * 1e3));
+  // Two nodes of 8: 2 of 16 ring steps cross the network, the NIC bounds the bandwidth.
+  const double alpha = 3.0 * (1 - 2.0 / 16) + 14.0 * (2.0 / 16);
+  EXPECT_DOUBLE_EQ(c.collective_us(CollectiveKind::all_reduce, bytes, 16, 2),
+                   alpha * 30 + static_cast<double>(bytes) * 2 * 15 / 16 / (40 * 1e3));
+}
+
+// Note [Representative ranks]: at sizes where both run, the simulated ranks' figures are the full
+// simulation's, byte for byte and collective for collective.
+TEST(Plan, RepresentativeRanksGiveTheFullSimulationsFigures) {
+  for (int stage : {1, 2, 3}) {
+    for (int world : {8, 12, 16}) {
+      PlanOptions full = tiny(stage, world, {{"overlap_comm", stage == 3}});
+      full.ranks = PlanOptions::Ranks::all;
+      PlanOptions rep = full;
+      rep.ranks = PlanOptions::Ranks::representative;
+      const PlanResult a = run_plan(full, hardware()), b = run_plan(rep, hardware());
+      ASSERT_TRUE(b.representative);
+      ASSERT_EQ(b.simulated_ranks, representative_ranks(world));
+      for (const PlanResult::RankFigures& rb : b.ranks) {
+        const PlanResult::RankFigures& ra = a.ranks.at(static_cast<std::size_t>(rb.rank));
+        const std::string what = fmt::format("stage {} world {} rank {}", stage, world, rb.rank);
+        EXPECT_EQ(ra.device.peak, rb.device.peak) << what;
+        EXPECT_EQ(ra.device.at_peak, rb.device.at_peak) << what;
+        EXPECT_EQ(ra.device.category_peaks, rb.device.category_peaks) << what;
+        EXPECT_EQ(ra.device.construction_peak, rb.device.construction_peak) << what;
+        EXPECT_EQ(ra.cpu.peak, rb.cpu.peak) << what;
+        ASSERT_EQ(ra.collectives.size(), rb.collectives.size()) << what;
+        for (std::size_t i = 0; i < ra.collectives.size(); ++i) {
+          EXPECT_EQ(ra.collectives[i].calls, rb.collectives[i].calls) << what;
+          EXPECT_EQ(ra.collectives[i].bytes, rb.collectives[i].bytes) << what;
+        }
+        EXPECT_EQ(ra.compute_us, rb.compute_us) << what;
+        EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
+      }
+    }
+  }
+}
+
+TEST(Plan, RepresentativeRanksPlanAWorldTheFullSimulatorCannotHold) {
+  PlanOptions o = tiny(3, 65536);
+  const PlanResult r = run_plan(o, hardware());  // automatic: representative above 1,024 ranks
+  EXPECT_TRUE(r.representative);
+  EXPECT_EQ(r.simulated_ranks.size(), 4u);
+  EXPECT_GT(r.comm_us, 0);
+}
+
+TEST(PlanBadInput, AWorldTheBatchSizesCannotDivideNamesTheKeys) {
+  PlanOptions o = tiny(2, 3);
+  o.ds_config["train_batch_size"] = 8;
+  o.ds_config.erase("train_micro_batch_size_per_gpu");
+  try {
+    run_plan(o, hardware());
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train_batch_size"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PlanBadInput, AModelThatDoesNotFitSaysSoWithoutAllocating) {
+  PlanOptions o = tiny(0, 8);
+  o.model = transformer_preset("llama-2-70b");
+  o.seq = 512;
+  o.steps = 1;
+  const PlanResult r = run_plan(o, hardware());  // 70B replicated: far beyond 80 GB, in meta mode
+  EXPECT_FALSE(r.fits);
+  const std::string why = fit_message(r);
+  EXPECT_EQ(why.rfind("does not fit: rank ", 0), 0u) << why;
+  EXPECT_NE(why.find("largest categories"), std::string::npos) << why;
+}
+
+TEST(PlanBadInput, UnknownHardwareNamesWhatIsKnown) {
+  PlanOptions o = tiny(1, 2);
+  o.gpu = "tpu-v5";
+  try {
+    run_plan(o, hardware());
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("h100"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_hardware("/nonexistent/hardware.json"), ConfigError);
+}
+
+TEST(PlanBadInput, RepresentativeRanksRefuseWhatTheyCannotModel) {
+  sim::SimOptions opts;
+  opts.simulated_ranks = {0, 3};
+  EXPECT_THROW(sim::SimCluster(4, 1, opts).run([](sim::RankContext&) {}), UsageError)
+      << "data without meta mode";
+  opts.meta = true;
+  EXPECT_THROW(sim::SimCluster(4, 1, opts).run([](sim::RankContext& ctx) { ctx.world.split(0, 0); }),
+               RankFailure)
+      << "split() depends on the ranks not simulated";
+  opts.simulated_ranks = {3, 0};
+  EXPECT_THROW(sim::SimCluster(4, 1, opts).run([](sim::RankContext&) {}), UsageError) << "not ascending";
+}
+
+TEST(PlanOutput, JsonAndHtmlCarryTheFigures) {
+  const PlanResult r = run_plan(tiny(3, 2), hardware());
+  const nlohmann::json j = to_json(r);
+  EXPECT_EQ(j.at("schema"), "zerocheck-plan/1");
+  EXPECT_EQ(j.at("memory").at("gpu").at("peak_bytes").get<std::int64_t>(), r.device.peak);
+  EXPECT_EQ(j.at("config").at("stage"), 3);
+  const std::string html = to_html({r}, "test");
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("plan-memory"), std::string::npos);
+  EXPECT_NE(to_text(r).find("collectives per step"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zc::plan
