@@ -164,6 +164,8 @@ class ClusterState {
   void make_runnable(int rank);
   void compute(Rendezvous& rv);
   void compute_split(Rendezvous& rv);
+  void schedule(Rendezvous& rv);
+  void hash_results(Rendezvous& rv);
   void complete(SimWork& work);
   void drop_ready(SimWork& work);
   void remove_runnable(int rank);

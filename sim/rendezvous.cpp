@@ -168,24 +168,10 @@ void ClusterState::compute(Rendezvous& rv) {
   rv.computed = true;
   rv.group->open.erase(rv.seq);
   const CallSig& sig = rv.members[0].sig;
-  const int n = rv.group->size;  // every rank of the group, simulated or not
-  // It starts when every member has issued it and every member's communication stream is free.
-  double start = 0.0;
+  schedule(rv);
+  const int n = static_cast<int>(rv.members.size());
   std::vector<const std::byte*> ins;
-  for (std::size_t g = 0; g < rv.members.size(); ++g) {
-    start = std::max({start, rv.members[g].issue_us,
-                      rank_state(rv.group->members[g]).comm_free_us});
-    const Member& m = rv.members[g];
-    ins.push_back(m.live_input != nullptr ? m.live_input : m.input.data());
-  }
-  const double duration = options_.cost.collective_us(
-      sig.kind, sig.bytes(), n, options_.cost.nodes_spanned(rv.group->first_rank, rv.group->last_rank));
-  rv.done_us = start + duration;
-  for (int member : rv.group->members) {
-    RankState& ms = rank_state(member);
-    ms.comm_free_us = rv.done_us;
-    ms.timing.comm_us += duration;
-  }
+  for (const Member& m : rv.members) ins.push_back(m.live_input != nullptr ? m.live_input : m.input.data());
   const std::int64_t esz = dtype_size(sig.dtype);
   const auto sized = [&](std::int64_t numel) {
     return std::make_shared<Bytes>(static_cast<std::size_t>(numel * esz));
@@ -250,7 +236,38 @@ void ClusterState::compute(Rendezvous& rv) {
   }
   for (Member& m : rv.members) m.live_input = nullptr;  // read; it may change after this call
   if (sig.kind == CollectiveKind::split) compute_split(rv);
-  const Bytes* hashed = nullptr;  // results shared by members are hashed once
+  hash_results(rv);
+  for (Member& m : rv.members) {
+    ZC_ASSERT(m.work != nullptr, "member of {} has no Work", rv.where());
+    m.work->ready_pos_ = static_cast<int>(ready_.size());
+    ready_.push_back(m.work->shared_from_this());
+  }
+  for (int waiter : rv.waiting) make_runnable(waiter);
+  rv.waiting.clear();
+}
+
+// The collective starts when every member has issued it and every member's communication stream
+// is free, and takes the cost model's time over the whole group (Note [Plan time model]).
+void ClusterState::schedule(Rendezvous& rv) {
+  const CallSig& sig = rv.members[0].sig;
+  double start = 0.0;
+  for (std::size_t g = 0; g < rv.members.size(); ++g) {
+    start = std::max({start, rv.members[g].issue_us, rank_state(rv.group->members[g]).comm_free_us});
+  }
+  const double duration = options_.cost.collective_us(
+      sig.kind, sig.bytes(), rv.group->size,
+      options_.cost.nodes_spanned(rv.group->first_rank, rv.group->last_rank));
+  rv.done_us = start + duration;
+  for (int member : rv.group->members) {
+    RankState& ms = rank_state(member);
+    ms.comm_free_us = rv.done_us;
+    ms.timing.comm_us += duration;
+  }
+}
+
+// Each distinct result is hashed once (an all_reduce's is shared by every member).
+void ClusterState::hash_results(Rendezvous& rv) {
+  const Bytes* hashed = nullptr;
   std::uint64_t last_hash = 0;
   for (Member& m : rv.members) {
     if (m.result.get() != hashed || hashed == nullptr) {
@@ -259,13 +276,6 @@ void ClusterState::compute(Rendezvous& rv) {
     }
     m.result_hash = last_hash;
   }
-  for (Member& m : rv.members) {
-    ZC_ASSERT(m.work != nullptr, "member of {} has no Work", rv.where());
-    m.work->ready_pos_ = static_cast<int>(ready_.size());
-    ready_.push_back(m.work->shared_from_this());
-  }
-  for (int waiter : rv.waiting) make_runnable(waiter);
-  rv.waiting.clear();
 }
 
 void ClusterState::compute_split(Rendezvous& rv) {

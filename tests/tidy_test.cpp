@@ -222,6 +222,61 @@ TEST(TidyChecker, FindsEveryClockReadAndNothingElse) {
   EXPECT_EQ(two[1], "line 2: steady_clock");
 }
 
+// Calls of alloc(...) whose arguments name no memory category (MemCategory::, or a forwarded
+// `category` / `why` parameter): "line: call" for each. Declarations and definitions are not calls.
+std::vector<std::string> uncategorised_allocs(const std::string& text) {
+  const std::string s = strip(text);
+  std::vector<std::string> out;
+  static const std::regex call(R"((\.|->)alloc\()");
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), call); it != std::sregex_iterator(); ++it) {
+    const std::size_t open = static_cast<std::size_t>(it->position() + it->length()) - 1;
+    int depth = 0;
+    std::size_t close = open;
+    for (; close < s.size(); ++close) {
+      if (s[close] == '(') ++depth;
+      if (s[close] == ')' && --depth == 0) break;
+    }
+    const std::string args = s.substr(open, close - open + 1);
+    static const std::regex named(R"(MemCategory::|\bcategory\b|\bwhy\b)");
+    if (std::regex_search(args, named)) continue;
+    const auto line = 1 + std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(open), '\n');
+    out.push_back(std::to_string(line) + ": alloc" + args);
+  }
+  return out;
+}
+
+TEST(TidyChecker, FindsEveryAllocationWithoutACategory) {
+  const std::string snippet =
+      "Tensor a = dev.alloc(DType::f32, {n}, \"a\", MemCategory::grads);\n"
+      "Tensor b = dev_.alloc(dtype_, {n}, \"b\");\n"                       // missing
+      "Tensor c = cpu_->alloc(DType::f32, {pn},\n  \"c\", MemCategory::master);\n"
+      "Tensor d = dev.alloc(dtype_, shape(x, y));\n"                          // missing, nested parens
+      "return cpu_->alloc(dtype, std::move(shape), \"cpu:\" + label, category);\n"
+      "// dev.alloc(DType::f32, {1}) in a comment is not a call\n"
+      "const char* s = \"dev.alloc(x)\";\n";
+  const std::vector<std::string> found = uncategorised_allocs(snippet);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].rfind("2:", 0), 0u) << found[0];
+  EXPECT_EQ(found[1].rfind("5:", 0), 0u) << found[1];
+}
+
+// engine/memory.h: every allocation the engine and the models make names what it is for, so
+// zerocheck plan's categories add up to the whole.
+TEST(Tidy, EveryEngineAndModelAllocationNamesAMemoryCategory) {
+  std::string report;
+  int checked = 0;
+  for (const std::string dir : {"engine", "models"}) {
+    for (const fs::path& p : sources(dir)) {
+      ++checked;
+      for (const std::string& call : uncategorised_allocs(read(p))) {
+        report += fs::relative(p, ZC_SOURCE_DIR).string() + ":" + call + "\n";
+      }
+    }
+  }
+  EXPECT_GT(checked, 20);
+  EXPECT_EQ(report, "") << "name a MemCategory at these alloc calls (engine/memory.h)";
+}
+
 TEST(Tidy, EngineIncludesNoBackend) {
   std::string report;
   ASSERT_GT(sources("engine").size(), 10u) << "ZC_SOURCE_DIR must point at the tree";
