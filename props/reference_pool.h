@@ -46,6 +46,8 @@ class ReferencePool {
   void probe(const std::string& name, const std::filesystem::path& dir);
   // A raw command to one rank (the pool's tests: "crash", "hang"), then waits as run() does.
   void command_one(int rank, const std::string& json_line);
+  // The deadline of every later command (the start keeps the one it had).
+  void set_timeout(double seconds) { env_.timeout_s = seconds; }
   int world() const { return world_; }
   int starts() const { return starts_; }  // how many times the workers were (re)started
   const ReferenceEnv& env() const { return env_; }
