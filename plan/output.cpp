@@ -76,7 +76,10 @@ nlohmann::json to_json(const PlanResult& r) {
     colls.push_back({{"kind", collective_name(c.kind)}, {"calls", c.calls}, {"bytes", c.bytes}});
   }
   auto mem = [](const MemoryFigures& m) {
+    nlohmann::json timeline = nlohmann::json::array();
+    for (const MemSample& t : m.timeline) timeline.push_back({{"event", t.event}, {"live", categories(t.live)}});
     return nlohmann::json{{"peak_bytes", m.peak},
+                          {"timeline", timeline},
                           {"construction_peak_bytes", m.construction_peak},
                           {"at_peak", categories(m.at_peak)},
                           {"category_peaks", categories(m.category_peaks)},
@@ -154,6 +157,34 @@ std::string memory_plot(const std::vector<PlanResult>& plans) {
   return svg.finish();
 }
 
+// The first plan's GPU memory over its steps: one stacked column per timeline sample.
+std::string timeline_plot(const PlanResult& p) {
+  using namespace reports;
+  const std::vector<MemSample>& t = p.device.timeline;
+  if (t.empty()) return "";
+  const double left = 60, width = 660, top = 30, height = 200;
+  const Axis axis = nice_axis(std::max(1.0, static_cast<double>(p.device.peak) / (1024.0 * 1024 * 1024)), false);
+  Svg svg("plan-timeline", left + width + 20, top + height + 50, "GPU memory over the steps, by category");
+  svg.text(8, 18, fmt::format("GPU memory of rank {} over the steps, by category (GiB)", p.worst_rank),
+           Anchor::start, 13, "#222", true);
+  const Box panel{left, top, width, height};
+  const double w = width / static_cast<double>(t.size());
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    double y = top + height;
+    for (std::size_t k = 0; k < kMemCategories; ++k) {
+      const double h = height * (static_cast<double>(t[i].live[k]) / (1024.0 * 1024 * 1024)) / axis.max;
+      if (h <= 0) continue;
+      y -= h;
+      svg.rect({left + w * static_cast<double>(i), y, w, h}, Paint{kColors[k], "none"}, "tl",
+               fmt::format("event {}: {} {}", t[i].event, mem_category_name(static_cast<MemCategory>(k)),
+                           format_bytes(t[i].live[k])));
+    }
+  }
+  svg.y_value_axis(panel, axis, "GiB");
+  svg.text(left + width / 2, top + height + 30, "allocation / free events (sampled)", Anchor::middle);
+  return svg.finish();
+}
+
 std::string time_plot(const std::vector<PlanResult>& plans) {
   using namespace reports;
   const double left = 190, width = 520, top = 30, pitch = 24;
@@ -199,8 +230,9 @@ std::string to_html(const std::vector<PlanResult>& plans, const std::string& tit
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title>\n"
       "<style>body{{font-family:sans-serif;margin:2em;max-width:70em}}pre{{background:#f6f8fa;"
       "padding:1em;overflow-x:auto}}</style></head>\n<body><h1>{0}</h1>\n<figure>{1}</figure>\n"
-      "<figure>{2}</figure>\n{3}</body></html>\n",
-      reports::xml_escape(title), memory_plot(plans), time_plot(plans), body);
+      "<figure>{2}</figure>\n<figure>{4}</figure>\n{3}</body></html>\n",
+      reports::xml_escape(title), memory_plot(plans), time_plot(plans), body,
+      plans.empty() ? std::string() : timeline_plot(plans.front()));
 }
 
 }  // namespace zc::plan

@@ -50,6 +50,7 @@ MemoryFigures figures(const props::DeviceMemory& m) {
   f.category_peaks = m.steps.peak();
   f.construction_peak = m.construction.peak_total();
   f.peak_label = m.steps.peak_label();
+  f.timeline = m.steps.timeline();
   return f;
 }
 
@@ -129,6 +130,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   spec.sim.limits.max_trace_events_kept = 0;
   spec.sim.limits.max_scheduler_steps = 2'000'000'000;
   spec.sim.cost = cost_model(gpu, net, r.gpus_per_node, cfg.model_dtype(), hw);
+  spec.after_init = [](int, Engine& e) { e.device().memory().enable_timeline(kTimelineSamples); };
   r.representative = o.ranks == PlanOptions::Ranks::representative ||
                      (o.ranks == PlanOptions::Ranks::automatic && o.world > kFullSimulationRanks);
   if (r.representative) spec.sim.simulated_ranks = representative_ranks(o.world);

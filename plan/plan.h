@@ -65,7 +65,8 @@ struct PlanOptions {
   // auto: all up to kFullSimulationRanks.
   enum class Ranks : std::uint8_t { automatic, all, representative } ranks = Ranks::automatic;
 };
-inline constexpr int kFullSimulationRanks = 1024;  // above it, automatic mode is representative
+inline constexpr int kFullSimulationRanks = 1024;
+inline constexpr std::size_t kTimelineSamples = 240;  // per device, over the steps  // above it, automatic mode is representative
 
 // Note [Representative ranks] (sim/sim_cluster.h): the ranks a representative plan simulates,
 // the first two, the middle one and the last (where partitions and padding differ).
@@ -77,6 +78,7 @@ struct MemoryFigures {  // one device's step peak
   MemBytes category_peaks{};
   std::int64_t construction_peak = 0;
   std::string peak_label;  // the allocation that set the peak
+  std::vector<MemSample> timeline;  // live bytes by category over the steps (bounded, decimated)
 };
 struct CollectiveFigure {
   CollectiveKind kind;

@@ -197,6 +197,18 @@ TEST(PlanOutput, JsonAndHtmlCarryTheFigures) {
   const std::string html = to_html({r}, "test");
   EXPECT_NE(html.find("<svg"), std::string::npos);
   EXPECT_NE(html.find("plan-memory"), std::string::npos);
+  EXPECT_NE(html.find("plan-timeline"), std::string::npos);
+  const nlohmann::json& tl = j.at("memory").at("gpu").at("timeline");
+  ASSERT_FALSE(tl.empty());
+  EXPECT_LE(tl.size(), kTimelineSamples);
+  std::int64_t highest = 0;  // no sample exceeds the peak, and the samples reach into the steps
+  for (const nlohmann::json& t : tl) {
+    std::int64_t live = 0;
+    for (const auto& [cat, bytes] : t.at("live").items()) live += bytes.get<std::int64_t>();
+    highest = std::max(highest, live);
+  }
+  EXPECT_LE(highest, r.device.peak);
+  EXPECT_GT(highest, 0);
   EXPECT_NE(to_text(r).find("collectives per step"), std::string::npos);
 }
 
