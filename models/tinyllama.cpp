@@ -14,6 +14,8 @@
 // group that leaves out the SP ranks) and every rank holds the same number of tokens.
 #include "models/tinyllama.h"
 
+#include "models/params.h"
+
 #include "engine/errors.h"
 
 #include <nlohmann/json.hpp>
@@ -22,19 +24,8 @@
 
 namespace zc {
 
-namespace {
-Tensor& param_data(Module& m, const char* local_name) {
-  Parameter* p = m.params().get(local_name);
-  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(),
-            local_name);
-  return p->data;
-}
-Parameter& param_of(Module& m, const char* local_name) {
-  Parameter* p = m.params().get(local_name);
-  ZC_ASSERT(p != nullptr, "{}: no param '{}'", m.path(), local_name);
-  return *p;
-}
-}  // namespace
+using model_params::data_of;
+using model_params::param_of;
 
 LlamaBlock::LlamaBlock(std::string name, std::int64_t d, std::int64_t qkv_l, std::int64_t hidden_l)
     : Module(std::move(name)), dim(d), qkv_local(qkv_l), hidden_local(hidden_l) {
@@ -53,7 +44,7 @@ nlohmann::json LlamaBlock::kind_args() const {
 }
 
 Tensor& LlamaBlock::p(const char* local_name) {
-  return param_data(*this, local_name);
+  return data_of(*this, local_name);
 }
 
 TinyLlama::TinyLlama(TinyLlamaSpec spec, TinyLlamaGroups groups, std::string name)
@@ -100,7 +91,7 @@ ModelParallelism TinyLlama::parallelism() const {
 }
 
 Tensor& TinyLlama::root_param(const char* local_name) {
-  return param_data(*this, local_name);
+  return data_of(*this, local_name);
 }
 
 int TinyLlama::tp_shard_axis(std::string_view local_name) {

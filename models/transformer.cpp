@@ -5,6 +5,7 @@
 #include "models/transformer.h"
 
 #include "engine/errors.h"
+#include "models/params.h"
 
 #include <nlohmann/json.hpp>
 
@@ -15,23 +16,10 @@ namespace zc {
 
 namespace {
 
-Tensor& data_of(Module& m, const char* local) {
-  Parameter* p = m.params().get(local);
-  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(),
-            local);
-  return p->data;
-}
-Parameter& param_of(Module& m, const char* local) {
-  Parameter* p = m.params().get(local);
-  ZC_ASSERT(p != nullptr, "{}: no param '{}'", m.path(), local);
-  return *p;
-}
-Tensor act(Device& dev, DType dt, Shape shape, const char* label) {
-  return dev.alloc(dt, std::move(shape), label, MemCategory::activations);
-}
-Tensor tmp(Device& dev, DType dt, Shape shape, const char* label) {
-  return dev.alloc(dt, std::move(shape), label, MemCategory::temporaries);
-}
+using model_params::act;
+using model_params::data_of;
+using model_params::param_of;
+using model_params::tmp;
 
 // A module of the tree, for the hooks and the copy path.
 class Part : public Module {

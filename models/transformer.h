@@ -113,6 +113,8 @@ class Transformer : public Model {
                          const Tensor& x, bool want_dx);
   Tensor block_forward(Device& dev, Module& blk, BlockActs& a, const Tensor& x);
   Tensor block_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dx3);
+  Tensor head_probs(Device& dev, const BlockActs& a, std::int64_t b, std::int64_t h,
+                    Tensor& scores);
   Tensor attention_forward(Device& dev, BlockActs& a);
   void attention_backward(Device& dev, BlockActs& a, const Tensor& do_tok, Tensor& dq,
                           Tensor& dk, Tensor& dv);

@@ -2,6 +2,7 @@
 // layout [N, width]; head layout [B, heads, S, dh]; query head h reads kv head h / rep, rep =
 // heads / kv_heads. Each block's saved tensors are freed by its backward.
 #include "engine/errors.h"
+#include "models/params.h"
 #include "models/transformer.h"
 
 #include <cmath>
@@ -10,15 +11,9 @@ namespace zc {
 
 namespace {
 
-Tensor& data_of(Module& m, const char* local) {
-  Parameter* p = m.params().get(local);
-  ZC_ASSERT(p != nullptr && p->data.defined(), "{}: param '{}' missing or without data", m.path(),
-            local);
-  return p->data;
-}
-Tensor act(Device& dev, DType dt, Shape shape, const char* label) {
-  return dev.alloc(dt, std::move(shape), label, MemCategory::activations);
-}
+using model_params::act;
+using model_params::data_of;
+
 // Head (b, h)'s [rows, cols] matrix of a head-layout buffer with `heads` heads.
 Tensor head(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t heads, std::int64_t rows,
             std::int64_t cols) {
@@ -26,6 +21,20 @@ Tensor head(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t heads,
 }
 
 }  // namespace
+
+// Fused attention (Note [Attention memory]): head (b, h)'s probabilities [S, S], computed afresh
+// (forward, and again in backward); `scores` keeps its scaled scores buffer for reuse.
+Tensor Transformer::head_probs(Device& dev, const BlockActs& a, std::int64_t b, std::int64_t h,
+                               Tensor& scores) {
+  const std::int64_t S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads, dh = spec_.head_dim();
+  scores = act(dev, dtype_, {S, S}, "attn_head_scores");
+  dev.matmul(scores, head(a.qh, b, h, H, S, dh), head(a.kh, b, h / (H / Hkv), Hkv, S, dh), false,
+             true, false);
+  dev.scale(scores, 1.0 / std::sqrt(static_cast<double>(dh)));
+  Tensor p = act(dev, dtype_, {S, S}, "attn_head_probs");
+  dev.causal_softmax(p, scores);
+  return p;
+}
 
 Tensor Transformer::attention_forward(Device& dev, BlockActs& a) {
   const std::int64_t B = batch_, S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
@@ -44,12 +53,8 @@ Tensor Transformer::attention_forward(Device& dev, BlockActs& a) {
   } else {  // fused: one head's [S, S] at a time, nothing kept (Note [Attention memory])
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
-        Tensor s = act(dev, dtype_, {S, S}, "attn_head_scores");
-        dev.matmul(s, head(a.qh, b, h, H, S, dh), head(a.kh, b, h / rep, Hkv, S, dh), false, true,
-                   false);
-        dev.scale(s, scale);
-        Tensor p = act(dev, dtype_, {S, S}, "attn_head_probs");
-        dev.causal_softmax(p, s);
+        Tensor s;
+        const Tensor p = head_probs(dev, a, b, h, s);
         dev.matmul(head(oh, b, h, H, S, dh), p, head(a.vh, b, h / rep, Hkv, S, dh), false, false,
                    false);
       }
@@ -95,12 +100,8 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
   } else {  // recompute each head's probabilities (Note [Attention memory])
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
-        Tensor s = act(dev, dtype_, {S, S}, "attn_head_scores");
-        dev.matmul(s, head(a.qh, b, h, H, S, dh), head(a.kh, b, h / rep, Hkv, S, dh), false, true,
-                   false);
-        dev.scale(s, scale);
-        Tensor p = act(dev, dtype_, {S, S}, "attn_head_probs");
-        dev.causal_softmax(p, s);
+        Tensor s;
+        const Tensor p = head_probs(dev, a, b, h, s);
         Tensor dp = act(dev, dtype_, {S, S}, "attn_head_dprobs");
         one_head(b, h, p, dp, s);  // s is free again: it takes dS
       }

@@ -67,6 +67,46 @@ sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per
   return c;
 }
 
+// One simulated rank's memory, collectives per step and clock split over the last step.
+PlanResult::RankFigures rank_figures(const props::RunResult& run, std::size_t i, int steps) {
+  PlanResult::RankFigures f;
+  f.rank = run.ranks[i];
+  f.device = figures(run.memory[i].device);
+  f.cpu = figures(run.memory[i].cpu);
+  const CommStats& end = run.comm[i];
+  const CommStats& init = run.comm_after_init[i];
+  for (int c = 0; c < kCollectiveKinds; ++c) {
+    const auto j = static_cast<std::size_t>(c);
+    const std::int64_t calls = end.by_kind[j].calls - init.by_kind[j].calls;
+    if (calls == 0) continue;
+    f.collectives.push_back({static_cast<CollectiveKind>(c), calls / steps,
+                             (end.by_kind[j].bytes - init.by_kind[j].bytes) / steps});
+  }
+  const std::vector<sim::RankTiming>& t = run.timing[i];
+  ZC_ASSERT(t.size() == static_cast<std::size_t>(steps) + 1, "{} clock samples for {} steps",
+            t.size(), steps);
+  const sim::RankTiming& a = t[t.size() - 2];
+  const sim::RankTiming& b = t.back();
+  f.compute_us = b.compute_us - a.compute_us;
+  f.comm_us = b.comm_us - a.comm_us;
+  f.wait_us = b.wait_us - a.wait_us;
+  f.step_us = b.now_us - a.now_us;
+  return f;
+}
+
+// The CPU side of offload over the steps (Note [Plan time model]): DeepSpeedCPUAdam's FLOPs and
+// bytes at the host's rates, plus the PCIe transfers.
+double offload_us(const DeviceCounters& cpu_ops, const OffloadStats& off, const HostSpec& host,
+                  const Hardware& hw) {
+  const double cpu_us = std::max(
+      static_cast<double>(cpu_ops.flops) / (host.cpu_tflops * hw.compute_efficiency * 1e6),
+      static_cast<double>(cpu_ops.bytes_read + cpu_ops.bytes_written) /
+          (host.cpu_gb_per_s * hw.bus_efficiency * 1e3));
+  const double pcie_us = static_cast<double>(off.to_cpu_bytes + off.to_device_bytes) /
+                         (host.pcie_gb_per_s * hw.bus_efficiency * 1e3);
+  return cpu_us + pcie_us;
+}
+
 }  // namespace
 
 std::vector<int> representative_ranks(int world) {
@@ -138,57 +178,22 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
 
   r.simulated_ranks = run.ranks;
   std::size_t worst = 0;
-  for (std::size_t k = 1; k < run.memory.size(); ++k) {
-    if (run.memory[k].device.steps.peak_total() > run.memory[worst].device.steps.peak_total()) {
-      worst = k;
-    }
-  }
-  r.worst_rank = run.ranks[worst];
-  r.device = figures(run.memory[worst].device);
-  r.cpu = figures(run.memory[worst].cpu);
-  r.fits = r.device.peak <= r.device_capacity && r.device.construction_peak <= r.device_capacity;
-
   for (std::size_t i = 0; i < run.ranks.size(); ++i) {
-    PlanResult::RankFigures f;
-    f.rank = run.ranks[i];
-    f.device = figures(run.memory[i].device);
-    f.cpu = figures(run.memory[i].cpu);
-    const CommStats& end = run.comm[i];
-    const CommStats& init = run.comm_after_init[i];
-    for (int c = 0; c < kCollectiveKinds; ++c) {
-      const auto j = static_cast<std::size_t>(c);
-      const std::int64_t calls = end.by_kind[j].calls - init.by_kind[j].calls;
-      if (calls == 0) continue;
-      f.collectives.push_back({static_cast<CollectiveKind>(c), calls / o.steps,
-                               (end.by_kind[j].bytes - init.by_kind[j].bytes) / o.steps});
-    }
-    const std::vector<sim::RankTiming>& t = run.timing[i];
-    ZC_ASSERT(t.size() == static_cast<std::size_t>(o.steps) + 1, "{} clock samples for {} steps",
-              t.size(), o.steps);
-    f.compute_us = t.back().compute_us - t[t.size() - 2].compute_us;
-    f.comm_us = t.back().comm_us - t[t.size() - 2].comm_us;
-    f.wait_us = t.back().wait_us - t[t.size() - 2].wait_us;
-    r.ranks.push_back(std::move(f));
+    r.ranks.push_back(rank_figures(run, i, o.steps));
+    if (r.ranks[i].device.peak > r.ranks[worst].device.peak) worst = i;
   }
   const PlanResult::RankFigures& w = r.ranks[worst];
+  r.worst_rank = w.rank;
+  r.device = w.device;
+  r.cpu = w.cpu;
+  r.fits = r.device.peak <= r.device_capacity && r.device.construction_peak <= r.device_capacity;
   r.collectives = w.collectives;
-  const std::vector<sim::RankTiming>& t = run.timing[worst];
-  const sim::RankTiming& a = t[t.size() - 2];
-  const sim::RankTiming& b = t.back();
   r.compute_us = w.compute_us;
   r.comm_us = w.comm_us;
   r.exposed_comm_us = w.wait_us;
   r.overlap_us = std::max(0.0, r.comm_us - r.exposed_comm_us);
-  const DeviceCounters& cpu_ops = run.step_cpu_ops[worst];
-  const OffloadStats& off = run.step_offload[worst];
-  const double cpu_us = std::max(
-      static_cast<double>(cpu_ops.flops) / (host.cpu_tflops * hw.compute_efficiency * 1e6),
-      static_cast<double>(cpu_ops.bytes_read + cpu_ops.bytes_written) /
-          (host.cpu_gb_per_s * hw.bus_efficiency * 1e3));
-  const double pcie_us = static_cast<double>(off.to_cpu_bytes + off.to_device_bytes) /
-                         (host.pcie_gb_per_s * hw.bus_efficiency * 1e3);
-  r.offload_us = (cpu_us + pcie_us) / o.steps;
-  r.step_us = (b.now_us - a.now_us) + r.offload_us;
+  r.offload_us = offload_us(run.step_cpu_ops[worst], run.step_offload[worst], host, hw) / o.steps;
+  r.step_us = w.step_us + r.offload_us;
   r.flops_per_step = run.step_device_ops[worst].flops / o.steps;
   r.kernels_per_step = run.step_device_ops[worst].kernels / o.steps;
   const double tokens = static_cast<double>(r.micro_batch * r.seq * r.ga) * o.world;

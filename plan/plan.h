@@ -98,7 +98,7 @@ struct PlanResult {
   struct RankFigures {
     int rank = 0;
     MemoryFigures device, cpu;
-    double compute_us = 0, comm_us = 0, wait_us = 0;
+    double compute_us = 0, comm_us = 0, wait_us = 0, step_us = 0;
     std::vector<CollectiveFigure> collectives;
   };
   std::vector<RankFigures> ranks;
