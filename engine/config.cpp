@@ -366,7 +366,7 @@ Config Config::from_json_text(const std::string& text, int world_size) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     throw ConfigError(fmt::format("ds_config is not valid JSON: {}", e.what()));
   }
   return from_json(j, world_size);

@@ -118,7 +118,10 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   Bad{"autotp_zero", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 0}})", "'tensor_parallel.autotp_size': must be >= 1"},
   Bad{"unmanaged", R"({"train_micro_batch_size_per_gpu": 1, "managed_gradient_accumulation": false})", "'managed_gradient_accumulation': false", true},
   Bad{"bool_type", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "overlap_comm": "yes"}})", "'zero_optimization.overlap_comm' must be true or false"},
-  Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"}),
+  Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"},
+  // Found by fuzz/config_fuzz.cpp: nlohmann throws out_of_range (not parse_error) for 1e400.
+  Bad{"number_overflow", R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1e400})",
+      "ds_config is not valid JSON"}),
   [](const ::testing::TestParamInfo<Bad>& p) { return std::string(p.param.name); });
 
 }  // namespace
