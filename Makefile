@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test run bench bench-plan bench-mpi bench-deepspeed gpu-check clean
+.PHONY: deps ds-env configure build test run bench bench-plan bench-mpi bench-deepspeed gpu-check fuzz clean
 
 deps:
 	@bash scripts/deps.sh
@@ -39,6 +39,11 @@ bench-mpi: build
 # On a GPU machine: build, gpu tests, verify-real --backend cuda, GPU benchmarks, a short table.
 gpu-check:
 	@bash scripts/gpu-check.sh
+
+# The fuzz campaign (preset fuzz, clang with ASan and UBSan): 10 million executions per target by
+# default; FUZZ_ARGS="--seconds 300" or "--runs N --targets config" for a shorter one.
+fuzz: deps
+	@bash scripts/fuzz-campaign.sh $(FUZZ_ARGS)
 
 clean:
 	@rm -rf build

@@ -10,6 +10,7 @@ pkgs=(
   libopenmpi-dev openmpi-bin
   libxml2-dev
   libgoogle-perftools-dev
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()
