@@ -1,4 +1,5 @@
-// zerocheck's command line (CLI11): verify (the main job), replay, prove, run, demo, verify-real.
+// zerocheck's command line (CLI11): verify (the main job; under mpirun it spreads over the ranks),
+// replay, prove, run, plan, demo, verify-real.
 #include "cli/demo.h"
 #include "cli/plan.h"
 #include "cli/prove.h"
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
   CLI::App* verify_cmd = app.add_subcommand("verify", "Check every invariant over generated scenarios, hunt every known bug, run the proofs; write the reports");
   verify_cmd->add_option("--profile", verify.profile, "quick | default | thorough")->check(CLI::IsMember({"quick", "default", "thorough"}));
   verify_cmd->add_option("--seed", verify.seed, "RapidCheck seed of every campaign");
-  verify_cmd->add_option("--out", verify.out, "Report directory (report.md, report.html, results.json, junit.xml, counterexamples/)");
+  CLI::Option* verify_out = verify_cmd->add_option("--out", verify.out, "Report directory (report.md, report.html, results.json, junit.xml, counterexamples/, journal.jsonl)");
   verify_cmd->add_option("--jobs", verify.jobs, "Work items at once (0 = one per core)")->check(CLI::Range(0, 256));
   verify_cmd->add_option("--only", verify.only, "Only these invariants (and bug hunts through them)");
   verify_cmd->add_option("--bugs", verify.bugs, "Only hunt these known bugs (B1 ...) or DeepSpeed hazards (H1)");
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"deepspeed"}));
   verify_cmd->add_option("--deepspeed-cases", verify.deepspeed_cases, "Scenarios the DeepSpeed comparison draws")
       ->check(CLI::Range(1, 1000000));
+  verify_cmd->add_option("--resume", verify.resume, "Finish an interrupted run in this report directory: rerun only "
+                         "the work items its journal.jsonl lacks (same options as that run)")->check(CLI::ExistingDirectory);
+  verify_cmd->add_option("--budget", verify.budget, "Soak: draw fresh seeds for this long (90s, 10m, 8h), rerun every "
+                         "10th case for determinism; writes soak.json (default --out reports/soak)");
 
   zc::cli::PlanCliOptions plan;
   CLI::App* plan_cmd = app.add_subcommand("plan", "Per-rank memory by category, collectives and step time for a model at N ranks, from the engine in meta mode");
@@ -102,7 +107,10 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return zc::cli::run_plan_cli(plan);
     if (vr_cmd->parsed()) return zc::cli::run_verify_real(argc, argv, vr);
     if (prove_cmd->parsed()) return zc::cli::run_prove(prove_timeout_s * 1000);
-    if (verify_cmd->parsed()) return zc::cli::run_verify_cli(verify);
+    if (verify_cmd->parsed()) {
+      verify.out_given = verify_out->count() > 0;
+      return zc::cli::run_verify_cli(verify);
+    }
     if (replay_cmd->parsed()) return zc::cli::run_replay(replay);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());

@@ -2,8 +2,11 @@
 // `zerocheck replay FILE`: reruns a saved counterexample exactly.
 #include "cli/verify.h"
 
+#include "cli/verify_mpi.h"
+
 #include "engine/errors.h"
 #include "props/reference.h"
+#include "props/soak.h"
 #include "props/verify.h"
 #include "real/deepcompile_loader.h"
 #include "reports/writers.h"
@@ -15,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -106,12 +111,97 @@ void print_reference_summary(const nlohmann::json& r) {
 
 }  // namespace
 
+// "90s", "10m", "8h", "1h30m" (a bare number is seconds). UsageError otherwise.
+double parse_duration(const std::string& text) {
+  double total = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text.substr(pos), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || v < 0) break;
+    pos += used;
+    const char unit = pos < text.size() ? text[pos++] : 's';
+    const double scale = unit == 's' ? 1 : unit == 'm' ? 60 : unit == 'h' ? 3600 : -1;
+    if (scale < 0) break;
+    total += v * scale;
+    if (pos == text.size() && total > 0) return total;
+  }
+  throw UsageError(fmt::format("--budget '{}': give a duration such as 90s, 10m, 8h or 1h30m", text));
+}
+
+// Test-only fault injection (props::VerifyFaults), from the environment so mpirun -x carries it.
+props::VerifyFaults faults_from_env() {
+  props::VerifyFaults f;
+  auto get = [](const char* k) { const char* v = std::getenv(k); return v == nullptr ? std::string() : std::string(v); };
+  f.crash_item = get("ZC_VERIFY_CRASH_ITEM");
+  if (!f.crash_item.empty()) f.crash_times = get("ZC_VERIFY_CRASH_TIMES").empty() ? 1 : std::stoi(get("ZC_VERIFY_CRASH_TIMES"));
+  if (!get("ZC_VERIFY_DIE_RANK").empty()) {
+    f.die_rank = std::stoi(get("ZC_VERIFY_DIE_RANK"));
+    f.die_after = get("ZC_VERIFY_DIE_AFTER").empty() ? 1 : std::stoi(get("ZC_VERIFY_DIE_AFTER"));
+  }
+  return f;
+}
+
+int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
+  props::SoakOptions s;
+  s.seed = o.seed;
+  s.out = o.out_given ? o.out : "reports/soak";
+  s.jobs = jobs;
+  s.only = o.only;
+  s.hooks = real_hooks();
+  const double budget_s = parse_duration(o.budget);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
+  s.keep_going = [end] { return std::chrono::steady_clock::now() < end; };  // the clock lives here, in cli/
+  auto last = std::chrono::steady_clock::now();
+  auto progress = [&last](const props::SoakReport& r) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(10)) return;
+    last = now;
+    fmt::print(stderr, "soak: {:.0f} s, {} cases, {} distinct, {} reruns, {} mismatches, {} failures\n", r.seconds,
+               r.cases, r.distinct, r.reruns, r.mismatches, r.failures.size());
+  };
+  fmt::print(stderr, "zerocheck verify --budget {}: soak from seed {}, {} jobs{}, report in {}\n", o.budget, s.seed,
+             s.jobs, mpi ? " per rank" : "", s.out.string());
+  std::optional<props::SoakReport> got = mpi ? run_soak_mpi(s, progress) : props::run_soak(s, progress);
+  if (!got) return 0;  // an MPI worker: rank 0 reports
+  const props::SoakReport& r = *got;
+  fmt::print("soak: {} cases ({} distinct scenarios, {} discarded) in {:.0f} s on {} rank(s) x {} jobs; {} rounds of "
+             "seeds; {} determinism reruns, {} mismatches; {} failures; {} item errors\n", r.cases, r.distinct,
+             r.discarded, r.seconds, r.ranks, r.jobs, r.rounds, r.reruns, r.mismatches, r.failures.size(),
+             r.item_errors);
+  fmt::print("slowest case: {:.3f} s, {} (round seed {}, case {})\n", r.slowest.seconds, r.slowest.invariant,
+             r.slowest.seed, r.slowest.index);
+  for (const std::string& d : r.mismatch_details) fmt::print("mismatch: {}\n", d);
+  for (const std::string& f : r.failures) fmt::print("failure: {}\n", f);
+  fmt::print("{}; {}/soak.json\n", r.passed() ? "PASS" : "FAIL", s.out.string());
+  return r.passed() ? 0 : 1;
+}
+
 int run_verify_cli(const VerifyCliOptions& o) {
+  const bool mpi = verify_under_mpi();
+  const int jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (!o.budget.empty()) {
+    if (!o.resume.empty()) throw UsageError("--budget and --resume: a soak run has no journal to resume");
+    return run_soak_cli(o, jobs, mpi);
+  }
   props::VerifyOptions opts;
   opts.profile = props::profile_named(o.profile);
   opts.seed = o.seed;
   opts.out = o.out;
-  opts.jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (!o.resume.empty()) {
+    if (o.out_given && std::filesystem::path(o.out) != std::filesystem::path(o.resume)) {
+      throw UsageError(fmt::format("--resume {} and --out {}: a resumed run writes where it started; drop --out",
+                                   o.resume, o.out));
+    }
+    opts.out = o.resume;
+    opts.resume = true;
+  }
+  opts.jobs = jobs;
   opts.only = o.only;
   opts.bugs = o.bugs;
   opts.proofs = !o.no_proofs;
@@ -129,11 +219,14 @@ int run_verify_cli(const VerifyCliOptions& o) {
     props::reference_env();  // a missing environment is an error now, not after the other items
   }
   opts.hooks = real_hooks();
+  opts.faults = faults_from_env();
   opts.progress = draw_progress;
   opts.started = fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)));
-  fmt::print(stderr, "zerocheck verify: profile {}, seed {}, {} jobs, reports in {}\n", opts.profile.name, opts.seed,
-             opts.jobs, opts.out.string());
-  const props::VerifyReport report = props::run_verify(opts);
+  fmt::print(stderr, "zerocheck verify: profile {}, seed {}, {} jobs{}{}, reports in {}\n", opts.profile.name,
+             opts.seed, opts.jobs, mpi ? " per MPI rank" : "", opts.resume ? ", resuming" : "", opts.out.string());
+  const std::optional<props::VerifyReport> got = mpi ? run_verify_mpi(opts) : props::run_verify(opts);
+  if (!got) return 0;  // an MPI worker: rank 0 writes the report and gives the verdict
+  const props::VerifyReport& report = *got;
   reports::write_all(report, opts.out);
 
   fmt::print("\n{:<48} {:>6} {:>6} {:>8}\n", "invariant", "holds", "cases", "seconds");

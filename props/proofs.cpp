@@ -307,25 +307,35 @@ std::pair<std::string, std::string> int64_overflow_hunt(std::int64_t max_numel, 
                                     settled.size(), ops->size(), fmt::join(open, ", "))};
 }
 
-std::vector<ProofResult> fpa_proofs(unsigned timeout_ms);  // proofs_fpa.cpp
+std::vector<ProofTask> fpa_proof_tasks(unsigned timeout_ms);  // proofs_fpa.cpp
+
+std::vector<ProofTask> proof_tasks(unsigned timeout_ms) {
+  std::vector<ProofTask> out;
+  // Each task runs lazily: the verify job gives every proof its own work item.
+  auto task = [&out](std::string name, std::string expected, std::function<std::pair<std::string, std::string>()> body) {
+    out.push_back({name, [name, expected, body] { return timed(name, expected, body); }});
+  };
+  task("deepcompile-runtime-calls-only-after-init", "proved", [=] { return deepcompile_gate(false, false, timeout_ms); });
+  task("deepcompile-gate-with-B1", "counterexample", [=] { return deepcompile_gate(true, false, timeout_ms); });
+  task("deepcompile-destroy-with-B2", "counterexample", [=] { return deepcompile_gate(false, true, timeout_ms); });
+  task("zero12-partitions-disjoint-and-covering", "proved", [=] { return zero12_partitions(timeout_ms); });
+  task("zero12-straddling-params-map-to-every-touched-rank", "proved", [=] { return zero12_params(timeout_ms); });
+  task("zero12-param-slices-tile-the-param", "proved", [=] { return zero12_param_slices(timeout_ms); });
+  task("zero3-shards-disjoint-and-covering", "proved", [=] { return zero3_shards(timeout_ms); });
+  task("zero3-shard-real-ranges-tile-the-param", "proved", [=] { return zero3_shard_real_ranges(timeout_ms); });
+  task("ipg-buckets-one-per-param-and-capped-zero12", "proved", [=] { return ipg_buckets(false, timeout_ms); });
+  task("ipg-buckets-one-per-param-and-capped-zero3", "proved", [=] { return ipg_buckets(true, timeout_ms); });
+  task("backward-allreduce-for-parallelization-only-passes", "proved", [=] { return backward_allreduce_gate(false, timeout_ms); });
+  task("backward-allreduce-gate-with-B8", "counterexample", [=] { return backward_allreduce_gate(true, timeout_ms); });
+  task("backward-allreduce-skips-no-sync-and-zero-backends", "proved", [=] { return backward_allreduce_skips(timeout_ms); });
+  task("int64-overflow-in-partition-offsets", "none found", [=] { return int64_overflow_hunt(std::int64_t{1} << 48, timeout_ms); });
+  for (ProofTask& t : fpa_proof_tasks(timeout_ms)) out.push_back(std::move(t));
+  return out;
+}
 
 std::vector<ProofResult> run_all_proofs(unsigned timeout_ms) {
   std::vector<ProofResult> out;
-  out.push_back(timed("deepcompile-runtime-calls-only-after-init", "proved", [&] { return deepcompile_gate(false, false, timeout_ms); }));
-  out.push_back(timed("deepcompile-gate-with-B1", "counterexample", [&] { return deepcompile_gate(true, false, timeout_ms); }));
-  out.push_back(timed("deepcompile-destroy-with-B2", "counterexample", [&] { return deepcompile_gate(false, true, timeout_ms); }));
-  out.push_back(timed("zero12-partitions-disjoint-and-covering", "proved", [&] { return zero12_partitions(timeout_ms); }));
-  out.push_back(timed("zero12-straddling-params-map-to-every-touched-rank", "proved", [&] { return zero12_params(timeout_ms); }));
-  out.push_back(timed("zero12-param-slices-tile-the-param", "proved", [&] { return zero12_param_slices(timeout_ms); }));
-  out.push_back(timed("zero3-shards-disjoint-and-covering", "proved", [&] { return zero3_shards(timeout_ms); }));
-  out.push_back(timed("zero3-shard-real-ranges-tile-the-param", "proved", [&] { return zero3_shard_real_ranges(timeout_ms); }));
-  out.push_back(timed("ipg-buckets-one-per-param-and-capped-zero12", "proved", [&] { return ipg_buckets(false, timeout_ms); }));
-  out.push_back(timed("ipg-buckets-one-per-param-and-capped-zero3", "proved", [&] { return ipg_buckets(true, timeout_ms); }));
-  out.push_back(timed("backward-allreduce-for-parallelization-only-passes", "proved", [&] { return backward_allreduce_gate(false, timeout_ms); }));
-  out.push_back(timed("backward-allreduce-gate-with-B8", "counterexample", [&] { return backward_allreduce_gate(true, timeout_ms); }));
-  out.push_back(timed("backward-allreduce-skips-no-sync-and-zero-backends", "proved", [&] { return backward_allreduce_skips(timeout_ms); }));
-  out.push_back(timed("int64-overflow-in-partition-offsets", "none found", [&] { return int64_overflow_hunt(std::int64_t{1} << 48, timeout_ms); }));
-  for (ProofResult& r : fpa_proofs(timeout_ms)) out.push_back(std::move(r));
+  for (const ProofTask& t : proof_tasks(timeout_ms)) out.push_back(t.run());
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include "engine/dtype.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +23,13 @@ struct ProofResult {
   bool ok() const { return verdict == expected; }
 };
 
-std::vector<ProofResult> run_all_proofs(unsigned timeout_ms);
+// One proof, run when asked: the verify job runs each in its own work item.
+struct ProofTask {
+  std::string name;  // short; the result's name may add the bound it proved
+  std::function<ProofResult()> run;
+};
+std::vector<ProofTask> proof_tasks(unsigned timeout_ms);
+std::vector<ProofResult> run_all_proofs(unsigned timeout_ms);  // every task, in order
 
 // The int64 overflow hunt over decide::zero12_partition_numel / partition_start for numel <=
 // max_numel, world <= 65536: ("found" | "none found" | "unknown", detail).

@@ -193,16 +193,19 @@ ProofResult guarded(const std::string& name, const std::string& expected, const 
 
 }  // namespace
 
-std::vector<ProofResult> fpa_proofs(unsigned timeout_ms) {
+std::vector<ProofTask> fpa_proof_tasks(unsigned timeout_ms) {
   const Fmt f32{DType::f32, 8, 24}, bf16{DType::bf16, 8, 8}, f16{DType::f16, 5, 11};
-  std::vector<ProofResult> out;
+  std::vector<ProofTask> out;
   for (Fmt f : {f32, bf16, f16}) {
-    out.push_back(guarded(fmt::format("fpa-{}", dtype_name(f.dtype)), "found", [&] { return rounding_witness(f, timeout_ms); }));
+    const std::string name = fmt::format("fpa-{}", dtype_name(f.dtype));
+    out.push_back({name, [=] { return guarded(name, "found", [&] { return rounding_witness(f, timeout_ms); }); }});
   }
   // Each dtype at the bound its generated exact data keeps to (exact_domain_max_integer).
   for (Fmt f : {f32, bf16, f16}) {
-    out.push_back(guarded(fmt::format("exact-{}", dtype_name(f.dtype)), "proved",
-                          [&] { return exact_add_lemma(f, exact_domain_max_integer(f.dtype), timeout_ms); }));
+    const std::string name = fmt::format("exact-{}", dtype_name(f.dtype));
+    out.push_back({name, [=] {
+      return guarded(name, "proved", [&] { return exact_add_lemma(f, exact_domain_max_integer(f.dtype), timeout_ms); });
+    }});
   }
   return out;
 }

@@ -24,6 +24,7 @@ nlohmann::json to_json(const VerifyReport& r) {
   j["profile"] = r.profile;
   j["seed"] = r.seed;
   j["jobs"] = r.jobs;
+  j["ranks"] = r.ranks;
   j["seconds"] = r.seconds;
   j["started"] = r.started;
   j["passed"] = r.passed();
@@ -64,9 +65,10 @@ VerifyReport report_from_json(const nlohmann::json& j) {
   r.profile = j.value("profile", "");
   r.seed = j.value("seed", std::uint64_t{0});
   r.jobs = j.value("jobs", 1);
+  r.ranks = j.value("ranks", 1);
   r.seconds = j.value("seconds", 0.0);
   r.started = j.value("started", "");
-  for (const auto& i : j.at("invariants")) {
+  for (const auto& i : j.value("invariants", nlohmann::json::array())) {
     InvariantResult x;
     x.name = i.at("name");
     x.explanation = i.value("explanation", "");
@@ -80,7 +82,7 @@ VerifyReport report_from_json(const nlohmann::json& j) {
     x.reproduce = i.value("reproduce", "");
     r.invariants.push_back(std::move(x));
   }
-  for (const auto& b : j.at("known_bugs")) {
+  for (const auto& b : j.value("known_bugs", nlohmann::json::array())) {
     BugResult x;
     x.id = b.at("id");
     x.summary = b.value("summary", "");
@@ -96,7 +98,7 @@ VerifyReport report_from_json(const nlohmann::json& j) {
     x.reproduce = b.at("reproduce");
     r.bugs.push_back(std::move(x));
   }
-  for (const auto& p : j.at("proofs")) {
+  for (const auto& p : j.value("proofs", nlohmann::json::array())) {
     ProofResult x;
     x.name = p.at("name");
     x.verdict = p.at("verdict");
@@ -105,9 +107,10 @@ VerifyReport report_from_json(const nlohmann::json& j) {
     x.detail = p.value("detail", "");
     r.proofs.push_back(std::move(x));
   }
-  r.determinism.runs = j.at("determinism").at("runs");
-  r.determinism.mismatches = j.at("determinism").at("mismatches");
-  r.determinism.detail = j.at("determinism").value("detail", "");
+  const nlohmann::json det = j.value("determinism", nlohmann::json::object());
+  r.determinism.runs = det.value("runs", 0);
+  r.determinism.mismatches = det.value("mismatches", 0);
+  r.determinism.detail = det.value("detail", "");
   r.errors = j.value("errors", std::vector<std::string>{});
   if (j.contains("reference")) r.reference = j.at("reference");
   for (const auto& c : j.value("collectives_per_step", nlohmann::json::array())) {

@@ -61,7 +61,8 @@ struct CollectivePoint {
 struct VerifyReport {
   std::string profile;  // quick | default | thorough
   std::uint64_t seed = 0;
-  int jobs = 1;
+  int jobs = 1;         // work items at once per process
+  int ranks = 1;        // MPI ranks the items were spread over (1: one process)
   double seconds = 0;   // wall time of the whole run
   std::string started;  // ISO 8601 UTC
   std::vector<InvariantResult> invariants;

@@ -1,0 +1,154 @@
+// The soak run (props/soak.h).
+#include "props/soak.h"
+
+#include "engine/errors.h"
+#include "engine/rng.h"
+#include "props/stopwatch.h"
+#include "props/work_items.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+
+namespace zc::props {
+
+namespace {
+
+std::uint64_t round_seed(std::uint64_t seed, std::int64_t round) {
+  return fnv1a(fmt::format("soak {} {}", seed, round));
+}
+
+}  // namespace
+
+nlohmann::json to_json(const SoakReport& r) {
+  return {{"zerocheck", "soak"},
+          {"passed", r.passed()},
+          {"cases", r.cases},
+          {"discarded", r.discarded},
+          {"distinct_scenarios", r.distinct},
+          {"reruns", r.reruns},
+          {"mismatches", r.mismatches},
+          {"mismatch_details", r.mismatch_details},
+          {"failures", r.failures},
+          {"items", r.items},
+          {"rounds", r.rounds},
+          {"item_errors", r.item_errors},
+          {"slowest", {{"seconds", r.slowest.seconds}, {"invariant", r.slowest.invariant},
+                       {"round_seed", r.slowest.seed}, {"index", r.slowest.index},
+                       {"scenario", r.slowest.scenario}}},
+          {"seconds", r.seconds},
+          {"ranks", r.ranks},
+          {"jobs", r.jobs}};
+}
+
+SoakJob::SoakJob(const SoakOptions& opts) : opts_(opts) {
+  for (const std::string& name : opts_.only) {
+    if (find_invariant(name) == nullptr) throw ConfigError(fmt::format("--only: no invariant '{}'", name));
+  }
+  for (const Invariant& i : invariants()) {
+    if (opts_.only.empty() || std::find(opts_.only.begin(), opts_.only.end(), i.name) != opts_.only.end()) {
+      invs_.push_back(&i);
+    }
+  }
+  ZC_ASSERT(!invs_.empty(), "a soak run with no invariant");
+  if (opts_.cases_per_item < 1) throw UsageError("soak: cases per item must be >= 1");
+}
+
+std::string SoakJob::name(std::size_t item) const {
+  return fmt::format("round {} {}", item / invs_.size(), invs_[item % invs_.size()]->name);
+}
+
+std::uint64_t SoakJob::fingerprint() const {
+  std::string key = fmt::format("soak|{}|{}|{}", opts_.seed, opts_.cases_per_item, opts_.rerun_every);
+  for (const Invariant* inv : invs_) key += "|" + inv->name;
+  return fnv1a(key);
+}
+
+nlohmann::json SoakJob::run(std::size_t item) const {
+  const Invariant& inv = *invs_[item % invs_.size()];
+  const std::uint64_t seed = round_seed(opts_.seed, static_cast<std::int64_t>(item / invs_.size()));
+  nlohmann::json hashes = nlohmann::json::array();
+  nlohmann::json slowest = {{"seconds", -1.0}};
+  CaseWatch watch;
+  watch.rerun_every = opts_.rerun_every;
+  watch.on_case = [&](int index, const Scenario& s, const Verdict&, double seconds) {
+    const nlohmann::json j = to_json(s);
+    hashes.push_back(fnv1a(j.dump()));
+    if (seconds > slowest.value("seconds", -1.0)) slowest = {{"seconds", seconds}, {"index", index}, {"scenario", j}};
+  };
+  const int n = opts_.cases_per_item;
+  const Campaign c = run_campaign_range(inv, CheckContext{{}, opts_.hooks}, {0, n, n}, seed, watch);
+  nlohmann::json out = {{"invariant", inv.name}, {"seed", seed}, {"cases", c.cases}, {"discarded", c.discarded},
+                        {"reruns", c.reruns}, {"mismatches", c.rerun_mismatches}, {"detail", c.rerun_detail},
+                        {"hashes", hashes}, {"slowest", slowest}, {"failed", c.failed}};
+  if (c.failed) {
+    const SavedCase saved{c.counterexample, inv.name, {}, false, c.verdict.trace_hash, c.verdict.failure,
+                          c.reproduce, seed};
+    out["failure"] = c.verdict.failure;
+    out["saved_case"] = to_json(saved);
+  }
+  return out;
+}
+
+void SoakJob::add(std::size_t item, const nlohmann::json& r) {
+  SoakReport& t = totals_;
+  ++t.items;
+  t.rounds = std::max<std::int64_t>(t.rounds, static_cast<std::int64_t>(item / invs_.size()) + 1);
+  if (!r.value("ok", false)) {
+    ++t.item_errors;
+    t.failures.push_back(fmt::format("{}: {}", name(item), r.value("error", "unknown")));
+    return;
+  }
+  const nlohmann::json& res = r["result"];
+  t.cases += res.value("cases", 0);
+  t.discarded += res.value("discarded", 0);
+  t.reruns += res.value("reruns", 0);
+  t.mismatches += res.value("mismatches", 0);
+  if (!res.value("detail", "").empty()) t.mismatch_details.push_back(name(item) + ": " + res.value("detail", ""));
+  for (const auto& h : res["hashes"]) scenarios_.insert(h.get<std::uint64_t>());
+  t.distinct = static_cast<std::int64_t>(scenarios_.size());
+  const nlohmann::json& slow = res["slowest"];
+  if (slow.value("seconds", -1.0) > t.slowest.seconds) {
+    t.slowest = {slow.value("seconds", 0.0), res.value("invariant", ""), res.value("seed", std::uint64_t{0}),
+                 slow.value("index", 0), slow.value("scenario", nlohmann::json())};
+  }
+  if (res.value("failed", false)) {
+    const std::string inv = res.value("invariant", "");
+    if (inv == "determinism-same-trace-hash") ++t.mismatches;
+    const std::filesystem::path file = opts_.out / "counterexamples" / fmt::format("{}-{}.json", inv, item);
+    save_case(saved_case_from_json(res["saved_case"]), file);
+    t.failures.push_back(fmt::format("{}: {} (saved: {})", name(item), res.value("failure", ""), file.string()));
+  }
+}
+
+SoakReport SoakJob::report(double seconds, int ranks) const {
+  SoakReport r = totals_;
+  r.seconds = seconds;
+  r.ranks = ranks;
+  r.jobs = opts_.jobs;
+  return r;
+}
+
+SoakReport run_soak(const SoakOptions& opts, const std::function<void(const SoakReport&)>& progress) {
+  const Stopwatch watch;
+  SoakJob job(opts);
+  std::size_t next = 0;
+  Dispatch d;
+  d.run = [&job](std::size_t i, int) { return job.run(i); };
+  d.next = [&]() -> std::optional<std::size_t> {
+    if (!opts.keep_going()) return std::nullopt;
+    return next++;
+  };
+  d.land = [&](std::size_t i, const nlohmann::json& r) {
+    job.add(i, r);
+    if (progress) progress(job.report(watch.seconds(), 1));
+  };
+  run_locally(d, opts.jobs);
+  const SoakReport r = job.report(watch.seconds(), 1);
+  std::filesystem::create_directories(opts.out);
+  std::ofstream(opts.out / "soak.json") << to_json(r).dump(2) << "\n";
+  return r;
+}
+
+}  // namespace zc::props

@@ -1,0 +1,82 @@
+// `zerocheck verify --budget DURATION`: a soak run. It keeps drawing fresh seeds until the budget
+// (the caller's clock) is spent: round r runs every invariant on `cases_per_item` new cases from
+// seed_r, checks every k-th case twice (same verdict and trace hash, or a determinism mismatch),
+// and counts cases, distinct scenarios, mismatches, failures and the slowest case. Items are
+// indexed like the verify job's (round r, invariant k), so they spread over MPI ranks the same way.
+#pragma once
+
+#include "props/verify.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace zc::props {
+
+struct SoakOptions {
+  std::uint64_t seed = 20261129;
+  std::filesystem::path out = "reports/soak";
+  int jobs = 1;
+  int cases_per_item = 200;
+  int rerun_every = 10;  // every k-th case is checked twice
+  std::vector<std::string> only;  // invariants; empty = all
+  RunHooks hooks;
+  // The budget, read by the caller (cli/): false once it is spent. No item starts after that; the
+  // ones running finish and count.
+  std::function<bool()> keep_going;
+};
+
+struct SoakSlowest {
+  double seconds = 0;
+  std::string invariant;
+  std::uint64_t seed = 0;  // the round's seed
+  int index = 0;           // the case index in that round (Note [Indexed cases])
+  nlohmann::json scenario;
+};
+
+struct SoakReport {
+  std::int64_t cases = 0;
+  std::int64_t discarded = 0;
+  std::int64_t distinct = 0;  // distinct scenarios (by the hash of their JSON)
+  std::int64_t reruns = 0;
+  std::int64_t mismatches = 0;  // reruns that disagreed, plus the determinism invariant's failures
+  std::vector<std::string> mismatch_details;
+  std::vector<std::string> failures;  // "invariant: failure (saved: file)"
+  std::int64_t items = 0;
+  std::int64_t rounds = 0;
+  std::int64_t item_errors = 0;
+  SoakSlowest slowest;
+  double seconds = 0;
+  int ranks = 1;
+  int jobs = 1;
+  bool passed() const { return mismatches == 0 && failures.empty() && item_errors == 0; }
+};
+nlohmann::json to_json(const SoakReport& r);
+
+class SoakJob {
+ public:
+  explicit SoakJob(const SoakOptions& opts);  // ConfigError on an unknown invariant
+  SoakJob(const SoakJob&) = delete;
+  SoakJob& operator=(const SoakJob&) = delete;
+
+  nlohmann::json run(std::size_t item) const;  // in a child process
+  std::uint64_t fingerprint() const;
+  // Adds a finished item's result (the merging process).
+  void add(std::size_t item, const nlohmann::json& result);
+  SoakReport report(double seconds, int ranks) const;
+  std::string name(std::size_t item) const;
+
+ private:
+  SoakOptions opts_;
+  std::vector<const Invariant*> invs_;
+  std::set<std::uint64_t> scenarios_;
+  SoakReport totals_;
+};
+
+// One process: --jobs children until the budget is spent. Writes soak.json under opts.out.
+SoakReport run_soak(const SoakOptions& opts, const std::function<void(const SoakReport&)>& progress = {});
+
+}  // namespace zc::props
