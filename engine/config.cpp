@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -51,12 +53,26 @@ class Reader {
   std::int64_t integer(const std::string& key, std::int64_t fallback) {
     if (!has(key)) return fallback;
     const json& v = obj_.at(key);
-    // DeepSpeed configs often write sizes as 5e8: accept a float that is a whole number.
-    if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<std::int64_t>(v.get<double>()))) {
-      return static_cast<std::int64_t>(v.get<double>());
+    // DeepSpeed configs often write sizes as 5e8: accept a float that is a whole number. 2^63
+    // bounds the cast (casting a float outside int64 is undefined behaviour).
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!(std::abs(d) < 0x1p63) || d != std::trunc(d)) throw wrong_type(key, "an integer", v);
+      return static_cast<std::int64_t>(d);
     }
     if (!v.is_number_integer()) throw wrong_type(key, "an integer", v);
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t{INT64_MAX}) {
+      throw error(key, fmt::format("{} is out of range: at most {}", v.dump(), INT64_MAX));
+    }
     return v.get<std::int64_t>();
+  }
+  // An integer that must fit an int (a stage, a parallel degree): never silently truncated.
+  int small_integer(const std::string& key, int fallback) {
+    const std::int64_t v = integer(key, fallback);
+    if (v < INT32_MIN || v > INT32_MAX) {
+      throw error(key, fmt::format("{} is out of range: at most {}", v, INT32_MAX));
+    }
+    return static_cast<int>(v);
   }
   std::string string(const std::string& key, const std::string& fallback) {
     if (!has(key)) return fallback;
@@ -120,7 +136,7 @@ void read_zero(Config& c, Reader& top) {
   if (z == nullptr) return;
   Reader r(*z, "zero_optimization", c.warnings);
   ZeroConfig& zc = c.zero;
-  zc.stage = static_cast<int>(r.integer("stage", 0));
+  zc.stage = r.small_integer("stage", 0);
   require(zc.stage >= 0 && zc.stage <= 3, r, "stage", fmt::format("{} is not a ZeRO stage: use 0, 1, 2 or 3", zc.stage));
   zc.contiguous_gradients = r.boolean("contiguous_gradients", true);
   zc.overlap_comm = r.boolean("overlap_comm", zc.stage == 3);
@@ -210,11 +226,11 @@ void read_precision(Config& c, Reader& top) {
     fc.enabled = r.boolean("enabled", false);
     fc.loss_scale = r.number("loss_scale", 0.0);
     require(fc.loss_scale >= 0, r, "loss_scale", "must be >= 0 (0 selects dynamic loss scaling)");
-    fc.initial_scale_power = static_cast<int>(r.integer("initial_scale_power", 16));
+    fc.initial_scale_power = r.small_integer("initial_scale_power", 16);
     require(fc.initial_scale_power >= 0 && fc.initial_scale_power <= 64, r, "initial_scale_power", "must be in [0, 64]");
-    fc.loss_scale_window = static_cast<int>(r.integer("loss_scale_window", 1000));
+    fc.loss_scale_window = r.small_integer("loss_scale_window", 1000);
     require(fc.loss_scale_window >= 1, r, "loss_scale_window", "must be >= 1");
-    fc.hysteresis = static_cast<int>(r.integer("hysteresis", 2));
+    fc.hysteresis = r.small_integer("hysteresis", 2);
     require(fc.hysteresis >= 1, r, "hysteresis", "must be >= 1");
     fc.consecutive_hysteresis = r.boolean("consecutive_hysteresis", false);
     fc.min_loss_scale = r.number("min_loss_scale", 1.0);
@@ -246,18 +262,18 @@ void read_precision(Config& c, Reader& top) {
 }
 
 void read_parallel(Config& c, Reader& top) {
-  c.sequence_parallel_size = static_cast<int>(top.integer("sequence_parallel_size", 1));
+  c.sequence_parallel_size = top.small_integer("sequence_parallel_size", 1);
   require(c.sequence_parallel_size >= 1, top, "sequence_parallel_size", "must be >= 1");
   if (const json* t = top.object("tensor_parallel")) {
     Reader r(*t, "tensor_parallel", c.warnings);
-    c.autotp_size = static_cast<int>(r.integer("autotp_size", 1));
+    c.autotp_size = r.small_integer("autotp_size", 1);
     require(c.autotp_size >= 1, r, "autotp_size", "must be >= 1");
     r.warn_unknown();
   }
   if (const json* m = top.object("moe")) {
     Reader r(*m, "moe", c.warnings);
     r.boolean("enabled", true);
-    c.ep_size = static_cast<int>(r.integer("ep_size", 1));
+    c.ep_size = r.small_integer("ep_size", 1);
     require(c.ep_size >= 1, r, "ep_size", "must be >= 1");
     r.warn_unknown();
   }
@@ -289,27 +305,37 @@ void derive_batch_sizes(Config& c, Reader& top, int world) {
   require(!has_tbs || c.train_batch_size >= 1, top, "train_batch_size", "must be >= 1");
   require(!has_mb || c.train_micro_batch_size_per_gpu >= 1, top, "train_micro_batch_size_per_gpu", "must be >= 1");
   const std::int64_t ga = c.gradient_accumulation_steps, w = world;
+  // Each product of batch factors, refused when it passes int64 (signed overflow is undefined).
+  auto times = [](std::int64_t a, std::int64_t b) {
+    std::int64_t out = 0;
+    if (__builtin_mul_overflow(a, b, &out)) {
+      throw ConfigError(fmt::format("batch sizes: {} x {} overflows a 64-bit integer: "
+                                    "'train_micro_batch_size_per_gpu', 'gradient_accumulation_steps' "
+                                    "and the world size multiply to the global batch", a, b));
+    }
+    return out;
+  };
   if (has_tbs && has_mb) {
-    const std::int64_t implied = c.train_micro_batch_size_per_gpu * w;
+    const std::int64_t implied = times(c.train_micro_batch_size_per_gpu, w);
     if (!has_ga) {
       if (c.train_batch_size % implied != 0) {
         throw ConfigError(fmt::format("'train_batch_size' {} is not a multiple of train_micro_batch_size_per_gpu {} x world {}",
                                       c.train_batch_size, c.train_micro_batch_size_per_gpu, w));
       }
       c.gradient_accumulation_steps = c.train_batch_size / implied;
-    } else if (c.train_batch_size != implied * ga) {
+    } else if (c.train_batch_size != times(implied, ga)) {
       throw ConfigError(fmt::format(
           "'train_batch_size' {} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x world {}; "
           "fix one of the three or drop train_batch_size", c.train_batch_size, c.train_micro_batch_size_per_gpu, ga, w));
     }
   } else if (has_tbs) {
-    if (c.train_batch_size % (ga * w) != 0) {
+    if (c.train_batch_size % times(ga, w) != 0) {
       throw ConfigError(fmt::format("'train_batch_size' {} is not divisible by gradient_accumulation_steps {} x world {}",
                                     c.train_batch_size, ga, w));
     }
-    c.train_micro_batch_size_per_gpu = c.train_batch_size / (ga * w);
+    c.train_micro_batch_size_per_gpu = c.train_batch_size / times(ga, w);
   } else if (has_mb) {
-    c.train_batch_size = c.train_micro_batch_size_per_gpu * ga * w;
+    c.train_batch_size = times(times(c.train_micro_batch_size_per_gpu, ga), w);
   } else {
     throw ConfigError("either 'train_batch_size' or 'train_micro_batch_size_per_gpu' must be set");
   }
@@ -347,7 +373,7 @@ Config Config::from_json(const json& j, int world_size) {
   derive_batch_sizes(c, top, world_size);
   c.gradient_clipping = top.number("gradient_clipping", 0.0);
   c.managed_gradient_accumulation = top.boolean("managed_gradient_accumulation", true);
-  c.steps_per_print = static_cast<int>(top.integer("steps_per_print", 10));
+  c.steps_per_print = top.small_integer("steps_per_print", 10);
   read_optimizer(c, top);
   read_precision(c, top);
   read_zero(c, top);

@@ -121,7 +121,17 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"},
   // Found by fuzz/config_fuzz.cpp: nlohmann throws out_of_range (not parse_error) for 1e400.
   Bad{"number_overflow", R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1e400})",
-      "ds_config is not valid JSON"}),
+      "ds_config is not valid JSON"},
+  // Found by fuzz/config_fuzz.cpp under UBSan: sizes past int64 or int were cast, not refused.
+  Bad{"batch_overflow", R"({"train_micro_batch_size_per_gpu": 9223372036854775807})",
+      "overflows a 64-bit integer"},
+  Bad{"batch_float_out_of_range", R"({"train_batch_size": 1e300})",
+      "'train_batch_size' must be an integer, got number 1e+300"},
+  Bad{"batch_past_int64", R"({"train_micro_batch_size_per_gpu": 18446744073709551615})",
+      "'train_micro_batch_size_per_gpu': 18446744073709551615 is out of range"},
+  Bad{"stage_past_int", R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 4294967298}})",
+      "'zero_optimization.stage': 4294967298 is out of range: at most 2147483647"}),
   [](const ::testing::TestParamInfo<Bad>& p) { return std::string(p.param.name); });
 
 }  // namespace
