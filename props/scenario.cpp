@@ -50,6 +50,82 @@ nlohmann::json to_json(const Scenario& s) {
 
 namespace {
 
+// Note [Scenario limits]: a scenario file is untrusted input, and what it names is simulated in
+// full (a fiber per rank, every param allocated), so the parser refuses sizes far past what the
+// generators draw (world <= 8, shapes of a few dozen) before anything is attempted.
+constexpr std::int64_t kMaxWorld = 1024;
+constexpr std::int64_t kMaxSteps = 1000;
+constexpr std::int64_t kMaxBackwards = 64;                 // n_backward
+constexpr std::int64_t kMaxGa = 1024;                      // gradient_accumulation_steps
+constexpr std::size_t kMaxShapeEntries = 64;
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 24;  // params of the model, all together
+constexpr std::int64_t kMaxMlpFan = std::int64_t{1} << 40;    // product of MLP widths past input
+
+// An integer key within [lo, hi]. nlohmann's get<int> casts a float or a too-large integer (for a
+// float out of range, undefined behaviour), so the JSON value is checked first.
+std::int64_t integer_in(const nlohmann::json& v, const std::string& key, std::int64_t lo,
+                        std::int64_t hi) {
+  if (!v.is_number_integer()) {
+    throw ConfigError(fmt::format("scenario key '{}': an integer, got {}", key, v.dump()));
+  }
+  const bool too_big =
+      v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi);
+  if (too_big || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi) {
+    throw ConfigError(fmt::format("scenario key '{}': {} is out of range [{}, {}]", key, v.dump(),
+                                  lo, hi));
+  }
+  return v.get<std::int64_t>();
+}
+
+template <class T>
+void read_int(const nlohmann::json& j, const char* key, T& out, std::int64_t lo, std::int64_t hi) {
+  if (j.contains(key)) out = static_cast<T>(integer_in(j.at(key), key, lo, hi));
+}
+
+// seed and sched_seed: any unsigned 64-bit integer.
+void read_u64(const nlohmann::json& j, const char* key, std::uint64_t& out) {
+  if (!j.contains(key)) return;
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_unsigned()) {
+    throw ConfigError(
+        fmt::format("scenario key '{}': an integer in [0, 2^64), got {}", key, v.dump()));
+  }
+  out = v.get<std::uint64_t>();
+}
+
+void read_shape(const nlohmann::json& j, std::vector<std::int64_t>& out) {
+  if (!j.contains("shape")) return;
+  const nlohmann::json& v = j.at("shape");
+  if (!v.is_array() || v.size() > kMaxShapeEntries) {
+    throw ConfigError(fmt::format("scenario key 'shape': a list of at most {} integers, got {}",
+                                  kMaxShapeEntries, v.dump()));
+  }
+  out.clear();
+  for (const nlohmann::json& d : v) out.push_back(integer_in(d, "shape", 0, kMaxElements));
+}
+
+// The model's param count (Synthetic: the sum; MLP: weights and biases) and, for an MLP, the
+// fan product exact_spec sizes sums by, each refused past its limit.
+void check_model_size(const Scenario& s) {
+  std::int64_t elements = 0, fan = 1;
+  for (std::size_t i = 0; i < s.shape.size() && s.model != "tree"; ++i) {
+    if (s.model == "synthetic") {
+      elements += s.shape[i];
+    } else if (i + 1 < s.shape.size()) {
+      elements += (s.shape[i] + 1) * s.shape[i + 1];  // each factor <= 2^24: no overflow
+      fan = fan > kMaxMlpFan / s.shape[i + 1] ? kMaxMlpFan + 1 : fan * s.shape[i + 1];
+    }
+    if (elements > kMaxElements) {
+      throw ConfigError(fmt::format("scenario key 'shape': {} {} has more than {} params",
+                                    s.model, fmt::join(s.shape, ","), kMaxElements));
+    }
+  }
+  if (fan > kMaxMlpFan) {
+    throw ConfigError(fmt::format("scenario key 'shape': the widths of mlp {} after the input "
+                                  "multiply to more than {}", fmt::join(s.shape, ","), kMaxMlpFan));
+  }
+}
+
 template <class T>
 void read(const nlohmann::json& j, const char* key, T& out) {
   if (!j.contains(key)) return;  // absent: the default
@@ -82,26 +158,26 @@ Scenario scenario_from_json(const nlohmann::json& j) {
     }
   }
   Scenario s;
-  read(j, "world", s.world);
-  read(j, "stage", s.stage);
+  read_int(j, "world", s.world, 1, kMaxWorld);
+  read_int(j, "stage", s.stage, 0, 3);
   read(j, "contiguous_gradients", s.contiguous);
   read(j, "overlap_comm", s.overlap);
-  read(j, "reduce_bucket_size", s.reduce_bucket_size);
+  read_int(j, "reduce_bucket_size", s.reduce_bucket_size, 1, std::int64_t{1} << 62);
   read(j, "dtype", s.dtype);
   read(j, "grad_accum_dtype", s.grad_accum_dtype);
   read(j, "offload", s.offload);
   read(j, "gradient_clipping", s.clip);
-  read(j, "gradient_accumulation_steps", s.ga);
-  read(j, "n_backward", s.n);
-  read(j, "steps", s.steps);
+  read_int(j, "gradient_accumulation_steps", s.ga, 1, kMaxGa);
+  read_int(j, "n_backward", s.n, 1, kMaxBackwards);
+  read_int(j, "steps", s.steps, 1, kMaxSteps);
   read(j, "coalesce", s.coalesce);
   read(j, "model", s.model);
-  read(j, "shape", s.shape);
+  read_shape(j, s.shape);
   read(j, "compile_passes", s.passes);
   read(j, "deepcompile", s.deepcompile);
   read(j, "domain", s.domain);
-  read(j, "seed", s.seed);
-  read(j, "sched_seed", s.sched_seed);
+  read_u64(j, "seed", s.seed);
+  read_u64(j, "sched_seed", s.sched_seed);
   read(j, "fault", s.fault);
   read(j, "commands", s.commands);
   read(j, "boundary", s.boundary);
@@ -138,6 +214,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   for (std::int64_t d : s.shape) {
     if (d < (s.model == "tree" ? 0 : 1)) throw ConfigError(fmt::format("scenario key 'shape': sizes must be >= 1, got {}", d));
   }
+  check_model_size(s);
   return s;
 }
 

@@ -54,6 +54,53 @@ TEST(ScenarioJson, BadInputNamesTheKey) {
   EXPECT_THROW(scenario_from_json(j), ConfigError);
 }
 
+// Note [Scenario limits]. Found by fuzz/scenario_fuzz.cpp under UBSan: integers were read with
+// get<int>, which casts a float or a too-large integer (4294967298 became world 2), and sizes had
+// no bound (a shape of 10^12 elements, an MLP whose exact-domain sizing overflowed int64).
+TEST(ScenarioJson, RefusesSizesPastTheLimitsNamingTheKey) {
+  const std::vector<std::pair<nlohmann::json, std::string>> bad = {
+      {{{"world", 4294967298}}, "'world': 4294967298 is out of range [1, 1024]"},
+      {{{"world", 1000000000}}, "'world': 1000000000 is out of range [1, 1024]"},
+      {{{"world", 2.5}}, "'world': an integer, got 2.5"},
+      {{{"steps", 1e300}}, "'steps': an integer"},
+      {{{"stage", 7}}, "'stage': 7 is out of range [0, 3]"},
+      {{{"seed", -1}}, "'seed': an integer in [0, 2^64)"},
+      {{{"shape", {1000000000000}}}, "'shape': 1000000000000 is out of range"},
+      {{{"shape", {1e12}}}, "'shape': an integer"},
+      {{{"shape", {16777216, 16777216}}}, "'shape': synthetic 16777216,16777216 has more than"},
+      {{{"model", "mlp"}, {"shape", {1, 65536, 1, 65536, 1, 65536}}},
+       "'shape': the widths of mlp 1,65536,1,65536,1,65536 after the input multiply to more"}};
+  for (const auto& [changes, fragment] : bad) {
+    nlohmann::json j = to_json(Scenario{});
+    j.update(changes);
+    try {
+      scenario_from_json(j);
+      ADD_FAILURE() << changes.dump() << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  }
+  nlohmann::json largest = to_json(Scenario{});
+  largest.update({{"world", 1024}, {"n_backward", 64}, {"model", "mlp"}, {"shape", {8, 1024, 1024}}});
+  EXPECT_EQ(scenario_from_json(largest).world, 1024);
+}
+
+// Found by fuzz/counterexample_fuzz.cpp: a trace_hash that is not hex escaped as std::stoull's
+// invalid_argument, and a float rc_seed was cast to uint64 (undefined behaviour under UBSan).
+TEST(SavedCaseJson, ABadTraceHashOrSeedIsAConfigError) {
+  SavedCase c;
+  c.invariant = "I1-coalesced-bit-exact";
+  nlohmann::json j = to_json(c);
+  j["trace_hash"] = "zz";
+  EXPECT_THROW(saved_case_from_json(j), ConfigError);
+  j["trace_hash"] = "0x1";
+  j["rc_seed"] = 1e30;
+  EXPECT_THROW(saved_case_from_json(j), ConfigError);
+  j["rc_seed"] = 5;
+  EXPECT_EQ(saved_case_from_json(j).rc_seed, 5u);
+  EXPECT_EQ(saved_case_from_json(j).trace_hash, 1u);
+}
+
 TEST(Verify, UnknownInvariantOrBugIsAClearError) {
   VerifyOptions o;
   o.only = {"I9-nonsense"};
