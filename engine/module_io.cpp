@@ -274,8 +274,28 @@ nlohmann::json serialize_module(const Module& m, Device& dev) {
   return serialize_tree(m, dev, positions);
 }
 
+namespace {
+
+// serialize_module writes no float: every number is a size, an id, a position or a count. nlohmann
+// casts a float to the integer a reader asks for, which is undefined behaviour out of range, so a
+// float anywhere is refused before any is read.
+void refuse_floats(const nlohmann::json& j, const std::string& where) {
+  if (j.is_number_float()) {
+    throw UsageError(fmt::format("deserialize: {} is {}, but module JSON has integers only: "
+                                 "write it with serialize_module", where, j.dump()));
+  }
+  if (j.is_object()) {
+    for (const auto& [key, v] : j.items()) refuse_floats(v, where + "." + key);
+  } else if (j.is_array()) {
+    for (std::size_t i = 0; i < j.size(); ++i) refuse_floats(j[i], fmt::format("{}[{}]", where, i));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Module> deserialize_module(const nlohmann::json& j, const ModuleRegistry& kinds,
                                            Device& dev, const ModuleEnv& env) {
+  refuse_floats(j, "the root");
   try {
     std::unique_ptr<Module> root = kinds.make(j.at("kind").get<std::string>(),
                                               j.at("name").get<std::string>(), j.at("args"), env);

@@ -192,6 +192,25 @@ TEST(ModuleCopies, SerializeDeserializeIsBitExactAndRebuildsTheSubclasses) {
   });
 }
 
+// Found by fuzz/module_fuzz.cpp under UBSan: nlohmann's get<int64_t> cast a float argument (1e300
+// is undefined behaviour, 2.5 silently became 2); module JSON has integers only, so floats are
+// refused before anything is read.
+TEST(ModuleCopies, DeserializeRefusesAFloatWhereSerializeWritesIntegers) {
+  HostDevice dev;
+  const nlohmann::json good = serialize_module(Linear("lin", 2, 3), dev);
+  for (const double bad : {2.5, 1e300}) {
+    nlohmann::json j = good;
+    j["args"]["in"] = bad;
+    try {
+      deserialize_module(j, model_registry(), dev);
+      ADD_FAILURE() << "in = " << bad << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("the root.args.in is"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NE(deserialize_module(good, model_registry(), dev), nullptr);
+}
+
 // Every Module subclass in models/ clones to its own kind, and serializes back to the same JSON.
 TEST(ModuleCopies, EveryModelKindClonesAndRoundTrips) {
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
