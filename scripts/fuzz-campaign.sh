@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fuzz campaign (issue 19): builds the libFuzzer targets (preset fuzz: clang, ASan, UBSan) and
-# runs each in turn, one worker, from a scratch copy of its seed corpus (fuzz/corpus is never
+# runs each in turn, in process (no -jobs: libFuzzer would fork and log elsewhere), from a scratch copy of its seed corpus (fuzz/corpus is never
 # written), then prints and writes per target: executions, exec/s, crashes, coverage and features.
 #   scripts/fuzz-campaign.sh [--runs N | --seconds S] [--targets "config scenario ..."] [--out FILE]
 # Defaults: 10,000,000 executions per target, every target, fuzz/campaign-results.md.
@@ -52,7 +52,7 @@ for t in $targets; do
   start=$(date +%s)
   set +e
   ./build/fuzz/fuzz/zc_fuzz_"$t" "${limit[@]}" -seed=1 -max_len=4096 -timeout=10 \
-    -rss_limit_mb=2048 -malloc_limit_mb=2048 -workers=1 -jobs=1 -print_final_stats=1 \
+    -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 \
     -dict=fuzz/"$t".dict -artifact_prefix="$work/crashes/" "$work/corpus" >"$log" 2>&1
   rc=$?
   set -e
