@@ -3,7 +3,8 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test run bench bench-plan bench-mpi bench-deepspeed gpu-check fuzz clean
+.PHONY: deps ds-env configure build test run bench bench-plan bench-mpi bench-deepspeed gpu-check \
+        fuzz clean
 
 deps:
 	@bash scripts/deps.sh

@@ -310,8 +310,9 @@ void derive_batch_sizes(Config& c, Reader& top, int world) {
     std::int64_t out = 0;
     if (__builtin_mul_overflow(a, b, &out)) {
       throw ConfigError(fmt::format("batch sizes: {} x {} overflows a 64-bit integer: "
-                                    "'train_micro_batch_size_per_gpu', 'gradient_accumulation_steps' "
-                                    "and the world size multiply to the global batch", a, b));
+                                    "'train_micro_batch_size_per_gpu', "
+                                    "'gradient_accumulation_steps' and the world size multiply "
+                                    "to the global batch", a, b));
     }
     return out;
   };

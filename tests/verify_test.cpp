@@ -81,7 +81,8 @@ TEST(ScenarioJson, RefusesSizesPastTheLimitsNamingTheKey) {
     }
   }
   nlohmann::json largest = to_json(Scenario{});
-  largest.update({{"world", 1024}, {"n_backward", 64}, {"model", "mlp"}, {"shape", {8, 1024, 1024}}});
+  largest.update(
+      {{"world", 1024}, {"n_backward", 64}, {"model", "mlp"}, {"shape", {8, 1024, 1024}}});
   EXPECT_EQ(scenario_from_json(largest).world, 1024);
 }
 
