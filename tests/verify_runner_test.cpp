@@ -1,0 +1,154 @@
+// The verify runner's distribution and recovery: indexed cases split into ranges give the
+// one-process answer; a crashed item is rerun once, then reported; the journal resumes a killed
+// run without rerunning finished items and refuses another job's journal; a soak run counts its
+// cases and reruns, and its rerun check sees a nondeterministic check.
+#include "engine/errors.h"
+#include "props/soak.h"
+#include "props/verify.h"
+#include "real/deepcompile_loader.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace zc::props {
+namespace {
+
+RunHooks hooks() {
+  RunHooks h;
+  h.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
+  return h;
+}
+
+std::filesystem::path scratch(const std::string& name) {
+  const auto p = std::filesystem::temp_directory_path() / fmt::format("zc-runner-{}-{}", name, getpid());
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+// One invariant, one bug hunt, the collective counts: small enough for a unit test.
+VerifyOptions small(const std::string& name) {
+  VerifyOptions o;
+  o.profile = profile_named("quick");
+  o.jobs = 2;
+  o.proofs = false;
+  o.only = {"I1-coalesced-bit-exact"};
+  o.bugs = {"B7"};
+  o.hooks = hooks();
+  o.out = scratch(name);
+  return o;
+}
+
+const char* kItem = "invariant I1-coalesced-bit-exact cases 0-40";
+
+TEST(IndexedCases, ARangeSplitGivesTheWholeCampaignsFirstFailure) {
+  const Invariant& inv = *find_invariant("I1-coalesced-bit-exact");
+  const CheckContext ctx{BugSet{KnownBug::B3_offload_copy_gate}, hooks()};
+  const Campaign whole = run_campaign(inv, ctx, 60, 11);
+  ASSERT_TRUE(whole.failed);
+  const int at = whole.first_failing;
+  const Campaign before = run_campaign_range(inv, ctx, {0, at, 60}, 11);
+  const Campaign after = run_campaign_range(inv, ctx, {at, 60, 60}, 11);
+  EXPECT_FALSE(before.failed);
+  ASSERT_TRUE(after.failed);
+  EXPECT_EQ(after.first_failing, at);
+  EXPECT_EQ(after.counterexample, whole.counterexample);
+  EXPECT_EQ(after.reproduce, whole.reproduce);
+  EXPECT_EQ(before.cases + after.cases, whole.cases);
+  // And RapidCheck's own reproduce path regenerates the shrunk case from the string.
+  EXPECT_EQ(run_campaign(inv, ctx, 1, 11, after.reproduce).counterexample, whole.counterexample);
+}
+
+TEST(VerifyRunner, ACrashedItemIsRerunOnceThenReported) {
+  VerifyOptions o = small("crash");
+  o.faults = {kItem, 1};
+  VerifyReport r = run_verify(o);
+  ASSERT_EQ(r.invariants.size(), 1u);
+  EXPECT_TRUE(r.invariants[0].holds) << r.invariants[0].failure;
+  EXPECT_EQ(r.invariants[0].cases, 40);
+  o.faults = {kItem, 2};
+  r = run_verify(o);
+  EXPECT_FALSE(r.invariants[0].holds);
+  EXPECT_NE(r.invariants[0].failure.find("signal 11"), std::string::npos) << r.invariants[0].failure;
+  EXPECT_NE(r.invariants[0].failure.find("2 attempts"), std::string::npos) << r.invariants[0].failure;
+  EXPECT_FALSE(r.passed());
+}
+
+TEST(VerifyRunner, ResumeRerunsOnlyWhatTheJournalLacks) {
+  VerifyOptions o = small("resume");
+  const VerifyReport first = run_verify(o);
+  ASSERT_TRUE(first.passed());
+  // Keep the header and the invariant's line, tear the rest as a kill mid-write would.
+  const std::filesystem::path journal = o.out / "journal.jsonl";
+  std::ifstream in(journal);
+  std::string header, line, kept;
+  std::getline(in, header);
+  while (std::getline(in, line)) {
+    if (line.find(kItem) != std::string::npos) kept = line;
+  }
+  in.close();
+  ASSERT_FALSE(kept.empty());
+  std::ofstream(journal) << header << "\n" << kept << "\n" << kept.substr(0, kept.size() / 2);
+  o.resume = true;
+  o.faults = {kItem, 9};  // it would fail if it ran again
+  const VerifyReport again = run_verify(o);
+  EXPECT_TRUE(again.passed());
+  ASSERT_EQ(again.bugs.size(), 1u);
+  EXPECT_EQ(again.bugs[0].cases_to_catch, first.bugs[0].cases_to_catch);
+  EXPECT_EQ(again.bugs[0].scenario, first.bugs[0].scenario);
+  EXPECT_TRUE(std::filesystem::exists(again.bugs[0].scenario_file));
+  o.seed += 1;  // another job: refused, naming both
+  try {
+    run_verify(o);
+    FAIL() << "a journal of another job was resumed";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("seed"), std::string::npos) << e.what();
+  }
+  o.out = scratch("resume-none");
+  EXPECT_THROW(run_verify(o), UsageError);
+}
+
+TEST(Soak, CountsCasesAndRerunsUntilTheBudgetEnds) {
+  SoakOptions s;
+  s.seed = 3;
+  s.jobs = 2;
+  s.cases_per_item = 20;
+  s.rerun_every = 5;
+  s.only = {"I2-micro-step-zero-at-flush", "sharded-parity"};
+  s.hooks = hooks();
+  s.out = scratch("soak");
+  int budget = 6;  // items: a deterministic stand-in for the clock
+  s.keep_going = [&budget] { return budget-- > 0; };
+  const SoakReport r = run_soak(s);
+  EXPECT_TRUE(r.passed()) << (r.failures.empty() ? "" : r.failures.front());
+  EXPECT_EQ(r.items, 6);
+  EXPECT_EQ(r.rounds, 3);
+  EXPECT_EQ(r.cases, 6 * 20);
+  EXPECT_EQ(r.reruns, 6 * 4);
+  EXPECT_EQ(r.mismatches, 0);
+  EXPECT_GT(r.distinct, 60);  // fresh seeds each round: mostly new scenarios
+  EXPECT_LE(r.distinct, r.cases);
+  EXPECT_GT(r.slowest.seconds, 0);
+  EXPECT_TRUE(std::filesystem::exists(s.out / "soak.json"));
+}
+
+TEST(Soak, TheRerunCheckSeesANondeterministicCheck) {
+  Invariant flaky = *find_invariant("I2-micro-step-zero-at-flush");
+  auto calls = std::make_shared<std::uint64_t>(0);
+  const auto real = flaky.check;
+  flaky.check = [real, calls](const Scenario& s, const CheckContext& ctx) {
+    Verdict v = real(s, ctx);
+    v.trace_hash ^= ++*calls;  // a different hash on every run of the same case
+    return v;
+  };
+  const Campaign c = run_campaign_range(flaky, CheckContext{{}, hooks()}, {0, 10, 10}, 1, {5, {}});
+  EXPECT_EQ(c.reruns, 2);
+  EXPECT_EQ(c.rerun_mismatches, 2);
+  EXPECT_NE(c.rerun_detail.find("case 5"), std::string::npos) << c.rerun_detail;
+}
+
+}  // namespace
+}  // namespace zc::props
