@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The fuzz campaign (issue 19): builds the libFuzzer targets (preset fuzz: clang, ASan, UBSan) and
-# runs each in turn, in process (no -jobs: libFuzzer would fork and log elsewhere), from a scratch copy of its seed corpus (fuzz/corpus is never
-# written), then prints and writes per target: executions, exec/s, crashes, coverage and features.
+# runs each in turn, in process (no -jobs: libFuzzer would fork and log elsewhere), from a scratch
+# copy of its seed corpus (fuzz/corpus is never written), then prints and writes per target:
+# executions, exec/s, crashes, coverage and features.
 #   scripts/fuzz-campaign.sh [--runs N | --seconds S] [--targets "config scenario ..."] [--out FILE]
 # Defaults: 10,000,000 executions per target, every target, fuzz/campaign-results.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+args="$*"
 
 runs=10000000
 seconds=0
@@ -34,10 +36,11 @@ commit=$(git rev-parse --short HEAD)
 {
   echo "# Fuzz campaign results"
   echo
-  echo "Commit $commit$(git diff --quiet HEAD -- . ':!fuzz/campaign-results.md' || echo ' (with local changes)'),"
-  echo "$(date -u +%Y-%m-%d), $(nproc) cores, one worker per target, clang $(clang++-14 -dumpversion),"
-  echo "ASan + UBSan (-fno-sanitize-recover=all), -max_len=4096 -timeout=10 -rss_limit_mb=2048,"
-  echo "limit: ${limit[*]}. Command: scripts/fuzz-campaign.sh $*"
+  local_changes=$(git diff --quiet HEAD -- . ':!fuzz/campaign-results.md' || echo ' + local changes')
+  echo "Commit $commit$local_changes, $(date -u +%Y-%m-%d), $(nproc) cores, one target at a time,"
+  echo "clang $(clang++-14 -dumpversion), ASan + UBSan (-fno-sanitize-recover=all), -max_len=4096"
+  echo "-timeout=10 -rss_limit_mb=2048, limit ${limit[*]}."
+  echo "Command: scripts/fuzz-campaign.sh $args"
   echo
   echo "| target | executions | exec/s | seconds | crashes | coverage (cov) | features (ft) | corpus |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -65,7 +68,8 @@ for t in $targets; do
   crashes=$(find "$work/crashes" -type f | wc -l)
   units=$(find "$work/corpus" -type f | wc -l)
   echo "| $t | $execs | $rate | $elapsed | $crashes | $cov | $ft | $units |" >>"$scratch/summary.md"
-  echo "fuzz $t: $execs executions, $rate exec/s, $elapsed s, $crashes crash(es), cov $cov, ft $ft (log: $log)"
+  echo "fuzz $t: $execs executions, $rate exec/s, $elapsed s, $crashes crash(es), cov $cov, ft $ft"
+  echo "  log: $log"
   if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
     status=1
     find "$work/crashes" -type f -exec echo "  crash input: {}" \;
