@@ -206,7 +206,14 @@ std::optional<props::VerifyReport> run_verify_mpi(const props::VerifyOptions& op
       serve(d, opts.jobs, mpi.rank, opts.faults);
       return std::nullopt;
     }
-    coordinate(props::verify_dispatch(job, *journal, opts.progress), opts.jobs, mpi.size);
+    props::Dispatch d = props::verify_dispatch(job, *journal, opts.progress);
+    if (opts.faults.die_rank == 0) {  // the coordinator itself dies once it has journaled die_after items
+      d.land = [land = d.land, &opts, landed = 0](std::size_t i, const nlohmann::json& r) mutable {
+        land(i, r);
+        if (++landed >= opts.faults.die_after) std::raise(SIGKILL);
+      };
+    }
+    coordinate(d, opts.jobs, mpi.size);
     std::vector<nlohmann::json> results(job.size());
     for (const auto& [i, r] : journal->finished()) results[i] = r;
     return job.merge(results, watch.seconds(), mpi.size);

@@ -50,15 +50,23 @@ run two "${mpirun[@]}" -np 2 "$zc" verify --profile quick --jobs 1 --out "$work/
 grep -q '"ranks": 2' "$work/two/results.json" || { echo "FAIL: results.json does not say 2 ranks"; exit 1; }
 compare "$work/one/results.json" "$work/two/results.json" || exit 1
 
-# Rank 1 dies (SIGKILL) after finishing 3 items: the job must end, not hang, and exit non-zero.
-if "${mpirun[@]}" -np 2 -x ZC_VERIFY_DIE_RANK=1 -x ZC_VERIFY_DIE_AFTER=3 "$zc" verify --profile quick \
+# A worker dies (SIGKILL) after 2 items: the job must end, not hang, and exit non-zero.
+if "${mpirun[@]}" -np 2 -x ZC_VERIFY_DIE_RANK=1 -x ZC_VERIFY_DIE_AFTER=2 "$zc" verify --profile quick \
+    --no-proofs --jobs 1 --out "$work/dead-worker" >"$work/dead-worker.log" 2>&1; then
+  echo "FAIL: the job with a dead worker rank exited 0"
+  exit 1
+fi
+# Rank 0 dies after journaling 5 of the 23 items: --resume must run exactly the other 18.
+if "${mpirun[@]}" -np 2 -x ZC_VERIFY_DIE_RANK=0 -x ZC_VERIFY_DIE_AFTER=5 "$zc" verify --profile quick \
     --no-proofs --jobs 1 --out "$work/dead" >"$work/dead.log" 2>&1; then
-  echo "FAIL: the job with a dead rank exited 0"
+  echo "FAIL: the job with a dead rank 0 exited 0"
   exit 1
 fi
 journaled=$(($(wc -l <"$work/dead/journal.jsonl") - 1))
-echo "a dead rank ended the job; the journal kept $journaled finished items"
-[ "$journaled" -ge 1 ] || { echo "FAIL: the journal kept nothing"; exit 1; }
+echo "dead ranks ended both jobs; rank 0's journal kept $journaled finished items"
+[ "$journaled" -eq 5 ] || { echo "FAIL: the journal kept $journaled items, not 5"; exit 1; }
 run resume "$zc" verify --profile quick --no-proofs --jobs 2 --resume "$work/dead"
+grep -q "resuming" "$work/resume.log" || { echo "FAIL: the resumed run did not say so"; exit 1; }
+grep -q "6/23" "$work/resume.log" || { echo "FAIL: the resumed run did not start from 5 of 23 items"; exit 1; }
 compare "$work/one/results.json" "$work/dead/results.json" --no-proofs || exit 1
 echo PASS
