@@ -1,6 +1,7 @@
 // zerocheck's command line (CLI11): verify (the main job; under mpirun it spreads over the ranks),
 // replay, prove, run, plan, demo, verify-real.
 #include "cli/demo.h"
+#include "cli/hf_options.h"
 #include "cli/plan.h"
 #include "cli/prove.h"
 #include "cli/run.h"
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--steps", run.steps, "Optimizer steps")->check(CLI::Range(1, 100000));
   run_cmd->add_option("--hidden", run.hidden, "Hidden size")->check(CLI::Range(1, 1 << 14));
   run_cmd->add_option("--layers", run.layers, "Linear layers")->check(CLI::Range(1, 64));
-  run_cmd->add_option("--micro-batch", run.micro_batch, "Override train_micro_batch_size_per_gpu");
+  zc::cli::add_hf_options(run_cmd, run.hf, /*with_batch=*/true);
   run_cmd->add_option("--seed", run.seed, "Root seed");
   run_cmd->add_option("--domain", run.domain, "gaussian | exact")->check(CLI::IsMember({"gaussian", "exact"}));
 
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node (default: the GPU's node)")->check(CLI::Range(1, 1024));
   plan_cmd->add_option("--gpu", plan.gpu, "a100 | a100-40gb | h100 | h200 | v100 | l40s (plan/hardware.json)");
   plan_cmd->add_option("--network", plan.network, "ib-hdr | ib-ndr | ib-edr | roce-100g (default: the GPU's node)");
-  plan_cmd->add_option("--micro-batch", plan.micro_batch, "Override train_micro_batch_size_per_gpu")->check(CLI::Range(1, 1 << 16));
+  plan_cmd->add_option("--micro-batch,--per-device-train-batch-size", plan.micro_batch, "Override train_micro_batch_size_per_gpu")->check(CLI::Range(1, 1 << 16));
+  zc::cli::add_hf_options(plan_cmd, plan.hf, /*with_batch=*/false);
   plan_cmd->add_option("--seq", plan.seq, "Sequence length (default: the model's)")->check(CLI::Range(1, 1 << 20));
   plan_cmd->add_option("--steps", plan.steps, "Training steps simulated (the last one is timed)")->check(CLI::Range(1, 4));
   plan_cmd->add_option("--attention", plan.attention, "materialised (eager) | fused (FlashAttention-style memory)")

@@ -2,6 +2,7 @@
 #include "cli/plan.h"
 
 #include "engine/errors.h"
+#include "engine/hf_auto.h"
 #include "plan/plan.h"
 #include "reports/text.h"
 
@@ -35,6 +36,14 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
     p.model = transformer_preset(o.model);
   }
   p.model.attention = o.attention == "fused" ? AttentionMemory::fused : AttentionMemory::materialised;
+  // --micro-batch overrides the config (plan.cpp), so it overrides before "auto" is resolved.
+  if (o.micro_batch && p.ds_config.is_object()) {
+    p.ds_config["train_micro_batch_size_per_gpu"] = *o.micro_batch;
+    p.ds_config.erase("train_batch_size");
+  }
+  HfCliArgs hf = o.hf;
+  hf.per_device_train_batch_size = o.micro_batch;
+  p.ds_config = resolve_hf_auto(p.ds_config, training_args(hf, o.world_size, o.steps, p.model.dim));
   p.world = o.world_size;
   p.gpu = o.gpu;
   p.gpus_per_node = o.gpus_per_node;

@@ -3,6 +3,8 @@
 // stage, offload and micro-batch settings that fit a memory budget.
 #pragma once
 
+#include "cli/hf_options.h"
+
 #include <optional>
 #include <string>
 
@@ -25,6 +27,7 @@ struct PlanCliOptions {
   bool json = false;
   bool no_deepspeed = false;
   std::string ranks = "auto";  // auto | all | representative
+  HfCliArgs hf;  // fill the config's "auto" values (the batch from --micro-batch, the buckets from the model)
 };
 
 // Exit status: 0 when the config fits (or --fit found a setting), 1 when it does not, 2 for an

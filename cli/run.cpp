@@ -2,6 +2,7 @@
 #include "cli/run.h"
 
 #include "engine/errors.h"
+#include "engine/hf_auto.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
 #include "props/training_run.h"
@@ -47,13 +48,14 @@ int run_training(const RunOptions& o) {
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(fmt::format("'{}' is not valid JSON: {}", o.config_path, e.what()));
   }
+  j = resolve_hf_auto(std::move(j), training_args(o.hf, o.world_size, o.steps, o.hidden));
   const Config cfg = Config::from_json(j, o.world_size);  // validates before anything runs
   for (const std::string& w : cfg.warnings) fmt::print("warning: {}\n", w);
   props::RunSpec spec;
   spec.ds_config = j;
   spec.world = o.world_size;
   spec.steps = o.steps;
-  spec.micro_batch = o.micro_batch > 0 ? o.micro_batch : cfg.train_micro_batch_size_per_gpu;
+  spec.micro_batch = cfg.train_micro_batch_size_per_gpu;
   spec.make_model = model_factory(o);
   spec.domain = o.domain == "exact" ? DataDomain::exact : DataDomain::gaussian;
   spec.exact.grad_multiple = o.world_size * cfg.gradient_accumulation_steps;

@@ -2,6 +2,8 @@
 // progress per step (loss, loss scale, collectives).
 #pragma once
 
+#include "cli/hf_options.h"
+
 #include <cstdint>
 #include <string>
 
@@ -14,7 +16,7 @@ struct RunOptions {
   int steps = 20;
   std::int64_t hidden = 16;
   int layers = 2;
-  std::int64_t micro_batch = 0;  // 0: the config's train_micro_batch_size_per_gpu
+  HfCliArgs hf;  // fill the config's "auto" values (--per-device-train-batch-size is --micro-batch)
   std::uint64_t seed = 1;
   std::string domain = "gaussian";
 };

@@ -174,6 +174,51 @@ void read_zero(Config& c, Reader& top) {
   }
 }
 
+// DeepSpeed's WarmupLR / WarmupDecayLR: their constructor arguments, their defaults and checks.
+void read_scheduler(Config& c, Reader& top) {
+  const json* o = top.object("scheduler");
+  if (o == nullptr) return;
+  Reader r(*o, "scheduler", c.warnings);
+  const std::string type = r.string("type", "");
+  LrSchedule& s = c.optimizer.schedule;
+  if (type == "WarmupLR") {
+    s.type = LrScheduleType::warmup;
+  } else if (type == "WarmupDecayLR") {
+    s.type = LrScheduleType::warmup_decay;
+  } else if (type == "OneCycle" || type == "LRRangeTest" || type == "WarmupCosineLR") {
+    throw NotImplementedError(fmt::format("'scheduler.type': {} is not modelled; use WarmupLR or WarmupDecayLR, or "
+                                          "drop the scheduler block (a constant learning rate)", type));
+  } else {
+    throw r.error("type", fmt::format("'{}' is not a DeepSpeed scheduler: use WarmupLR or WarmupDecayLR", type));
+  }
+  const json* p = r.object("params");
+  r.warn_unknown();
+  if (s.type == LrScheduleType::warmup_decay && p == nullptr) {
+    throw ConfigError("'scheduler.params.total_num_steps' is required by WarmupDecayLR");
+  }
+  if (p == nullptr) return;
+  Reader pr(*p, "scheduler.params", c.warnings);
+  s.warmup_min_lr = pr.number("warmup_min_lr", 0.0);
+  if (pr.has("warmup_max_lr")) {
+    s.warmup_max_lr = pr.number("warmup_max_lr", 0.0);
+  } else if (s.type == LrScheduleType::warmup_decay) {
+    s.warmup_max_lr = 0.001;  // WarmupDecayLR's own default (lr_schedules.py:818); WarmupLR's is the optimizer's lr
+  }
+  s.warmup_num_steps = pr.integer("warmup_num_steps", 1000);
+  require(s.warmup_num_steps > 0, pr, "warmup_num_steps", "must be a positive integer (DeepSpeed raises otherwise)");
+  const std::string wt = pr.string("warmup_type", "log");
+  s.linear = wt == "linear";
+  if (wt != "log" && wt != "linear") {
+    c.warnings.push_back(fmt::format("'scheduler.params.warmup_type' {} is unknown: log is used, as DeepSpeed does", wt));
+  }
+  if (s.type == LrScheduleType::warmup_decay) {
+    require(pr.has("total_num_steps"), pr, "total_num_steps", "is required by WarmupDecayLR");
+    s.total_num_steps = pr.integer("total_num_steps", 0);
+  }
+  pr.integer("last_batch_iteration", -1);
+  pr.warn_unknown();
+}
+
 void read_optimizer(Config& c, Reader& top) {
   const json* o = top.object("optimizer");
   if (o == nullptr) return;
@@ -376,11 +421,12 @@ Config Config::from_json(const json& j, int world_size) {
   c.managed_gradient_accumulation = top.boolean("managed_gradient_accumulation", true);
   c.steps_per_print = top.small_integer("steps_per_print", 10);
   read_optimizer(c, top);
+  read_scheduler(c, top);
   read_precision(c, top);
   read_zero(c, top);
   read_parallel(c, top);
   for (const char* k : {"wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor",
-                        "zero_allow_untested_optimizer", "scheduler", "activation_checkpointing",
+                        "zero_allow_untested_optimizer", "activation_checkpointing",
                         "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
     if (top.has(k)) c.warnings.push_back(fmt::format("'{}' accepted and ignored: not modelled", k));
   }

@@ -16,6 +16,20 @@ namespace zc {
 
 enum class OptimizerType : std::uint8_t { adam, adamw, sgd };
 
+// The ds_config "scheduler" block: DeepSpeed's WarmupLR and WarmupDecayLR (runtime/lr_schedules.py),
+// the two the Hugging Face integration's configs use. The learning rate of each applied step is
+// scheduled_lr() (engine/optimizer.h); other schedulers are refused.
+enum class LrScheduleType : std::uint8_t { none, warmup, warmup_decay };
+
+struct LrSchedule {
+  LrScheduleType type = LrScheduleType::none;
+  double warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr;  // unset: the optimizer's lr (WarmupLR's default; WarmupDecayLR's is 0.001)
+  std::int64_t warmup_num_steps = 1000;
+  bool linear = false;                  // warmup_type "linear"; "log" (the default) otherwise
+  std::int64_t total_num_steps = 0;     // WarmupDecayLR
+};
+
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adam;
   double lr = 1e-3;
@@ -31,6 +45,7 @@ struct OptimizerConfig {
   // optimizer.params.torch_adam: torch.optim.Adam/AdamW in place of DeepSpeed's FusedAdam (and in
   // place of DeepSpeedCPUAdam under offload, as DeepSpeed's get_optimizer_configuration decides).
   bool torch_adam = false;
+  LrSchedule schedule;  // the top-level "scheduler" block
 };
 
 struct Fp16Config {

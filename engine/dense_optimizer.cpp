@@ -37,7 +37,7 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
     // construction (fused_optimizer.py initialize_optimizer_states): the step count becomes 1 and
     // weight decay acts once on the fp32 master, which is not copied back to the 16-bit params.
     base_->step(master_, dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad",
-                                    MemCategory::temporaries));
+                                    MemCategory::temporaries), /*engine_step=*/false);
   }
   record(fmt::format("{} init: {} params, {} elements", name(), params_.size(), layout_.numel));
 }

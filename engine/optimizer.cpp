@@ -61,10 +61,30 @@ BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64
   }
 }
 
-void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {
+double scheduled_lr(const OptimizerConfig& cfg, std::int64_t engine_step) {
+  const LrSchedule& s = cfg.schedule;
+  if (s.type == LrScheduleType::none) return cfg.lr;
+  const double min_lr = s.warmup_min_lr;
+  const double delta = s.warmup_max_lr.value_or(cfg.lr) - min_lr;
+  const std::int64_t it = engine_step - 1;  // last_batch_iteration while this step runs
+  if (it < 0) return min_lr;
+  const std::int64_t warmup = std::max<std::int64_t>(2, s.warmup_num_steps);
+  double gamma = 1.0;
+  if (it < warmup) {
+    gamma = s.linear ? static_cast<double>(it) / static_cast<double>(warmup)
+                     : (1.0 / std::log(static_cast<double>(warmup))) * std::log(static_cast<double>(it + 1));
+  } else if (s.type == LrScheduleType::warmup_decay) {
+    gamma = std::max(0.0, static_cast<double>(s.total_num_steps - it) /
+                              std::max(1.0, static_cast<double>(s.total_num_steps - warmup)));
+  }
+  return min_lr + delta * gamma;
+}
+
+void BaseOptimizer::step(const Tensor& master, const Tensor& grad, bool engine_step) {
   ++steps_;
+  const double lr = engine_step ? scheduled_lr(cfg_, engine_steps_++) : cfg_.lr;
   if (cfg_.type == OptimizerType::sgd) {
-    SgdParams p{cfg_.lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, steps_ == 1};
+    SgdParams p{lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, steps_ == 1};
     for (const auto& [off, len] : segments_) {
       dev_.sgd_step(master.narrow(off, len), grad.narrow(off, len), state_a_.narrow(off, len), p);
     }
@@ -72,7 +92,7 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad) {
   }
   AdamParams p;
   p.kernel = cfg_.torch_adam ? AdamKernel::torch_cpu : AdamKernel::ds_cpu;
-  p.lr = cfg_.lr;
+  p.lr = lr;
   p.beta1 = cfg_.beta1;
   p.beta2 = cfg_.beta2;
   p.eps = cfg_.eps;

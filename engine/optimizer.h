@@ -43,8 +43,10 @@ class BaseOptimizer {
   using Segments = std::vector<std::pair<std::int64_t, std::int64_t>>;
   BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel, const std::string& label,
                 int adam_simd_width, Segments segments = {});
-  // master -= update(grad); grad is f32 [numel], already unscaled and clipped.
-  void step(const Tensor& master, const Tensor& grad);
+  // master -= update(grad); grad is f32 [numel], already unscaled and clipped. An engine step
+  // (`engine_step`) takes the scheduled learning rate and advances the schedule; FP16_Optimizer's
+  // dummy step at construction runs before DeepSpeed builds the scheduler, at the config's lr.
+  void step(const Tensor& master, const Tensor& grad, bool engine_step = true);
   std::int64_t steps() const { return steps_; }
   const Tensor& exp_avg() const { return state_a_; }
   const Tensor& exp_avg_sq() const { return state_b_; }
@@ -55,6 +57,7 @@ class BaseOptimizer {
   Tensor state_a_;  // [numel] f32: Adam exp_avg, or SGD momentum buffer
   Tensor state_b_;  // [numel] f32: Adam exp_avg_sq
   std::int64_t steps_ = 0;
+  std::int64_t engine_steps_ = 0;  // applied engine steps: the lr schedule's position
   int adam_simd_width_;
   Segments segments_;
   // DeepSpeed's Adam_Optimizer::IncrementStep: beta^step as a running f32 product.
@@ -67,6 +70,12 @@ class BaseOptimizer {
 // with torch ops on its norm tensor: f32 at ZeRO-1/2 and at ZeRO-3 under offload_optimizer
 // (stage_1_and_2.py and stage3.py unscale_and_clip_grads), f64 at ZeRO-3 otherwise (the norm is
 // a double tensor there).
+// The learning rate of applied engine step `engine_step` (0-based) under cfg.schedule, as
+// DeepSpeed computes it: the scheduler sets min_lr at construction (last_batch_iteration -1) and
+// steps after each applied step, so step k runs at get_lr() for iteration k - 1. Python's float
+// arithmetic in its order (double, no FMA); the kernels take the result as f32, as DeepSpeed's do.
+double scheduled_lr(const OptimizerConfig& cfg, std::int64_t engine_step);
+
 double combined_unscale_factor(double loss_scale, double global_norm_scaled, double clip, DType compute = DType::f64);
 
 }  // namespace zc

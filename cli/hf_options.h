@@ -1,0 +1,29 @@
+// The Hugging Face Trainer's option names, in kebab case, for `zerocheck run` and `plan`: they
+// resolve a ds_config's "auto" values as the integration resolves them from its TrainingArguments
+// (engine/hf_auto.h).
+#pragma once
+
+#include "engine/hf_auto.h"
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+
+namespace zc::cli {
+
+struct HfCliArgs {
+  std::optional<long long> per_device_train_batch_size, gradient_accumulation_steps, warmup_steps;
+  std::optional<double> max_grad_norm, learning_rate, adam_beta1, adam_beta2, adam_epsilon, weight_decay,
+      warmup_ratio;
+  bool fp16 = false, bf16 = false;
+};
+
+// Registers --gradient-accumulation-steps, --max-grad-norm, --learning-rate, --adam-beta1,
+// --adam-beta2, --adam-epsilon, --weight-decay, --warmup-steps, --warmup-ratio, --fp16, --bf16, and
+// (with_batch) --per-device-train-batch-size.
+void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch);
+
+HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> steps,
+                             std::optional<long long> hidden);
+
+}  // namespace zc::cli

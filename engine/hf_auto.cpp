@@ -1,0 +1,168 @@
+// resolve_hf_auto (engine/hf_auto.h).
+#include "engine/hf_auto.h"
+
+#include "engine/errors.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+namespace zc {
+
+namespace {
+
+using json = nlohmann::json;
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// Python's == for the values the integration compares: numbers by value (1 == 1.0), lists
+// element-wise, everything else as JSON.
+bool same(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+  if (a.is_array() && b.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (!same(a[i], b[i])) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+class Resolver {
+ public:
+  explicit Resolver(json& config) : config_(config) {}
+
+  // The node at a dotted key, or nullptr if any part is missing (then the key is left alone).
+  json* find(const std::string& key) {
+    json* node = &config_;
+    std::stringstream parts(key);
+    std::string part;
+    while (std::getline(parts, part, '.')) {
+      if (!node->is_object() || !node->contains(part)) return nullptr;
+      node = &(*node)[part];
+    }
+    return node;
+  }
+
+  // HF's fill_match: "auto" takes `value` (or is unfillable without it); any other value is
+  // checked against `value` when `check` (the user gave the option).
+  void fill(const std::string& key, const std::optional<json>& value, const std::string& option, bool check = true) {
+    json* node = find(key);
+    if (node == nullptr) return;
+    if (is_auto(*node)) {
+      if (value) {
+        *node = *value;
+      } else {
+        unfilled_.push_back(fmt::format("'{}' is \"auto\": give {}", key, option));
+        *node = nullptr;  // reported once, here, not again as a leftover
+      }
+      return;
+    }
+    if (check && value && !node->is_null() && !same(*node, *value)) {
+      mismatches_.push_back(fmt::format("- ds {}={} vs {}={}", key, node->dump(), option, value->dump()));
+    }
+  }
+
+  // Any "auto" the integration does not fill.
+  void leftovers(const json& node, const std::string& path) {
+    if (is_auto(node)) unfilled_.push_back(fmt::format("'{}' is \"auto\", which the Hugging Face integration does "
+                                                       "not fill either: give it a value", path));
+    if (!node.is_object()) return;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      leftovers(it.value(), path.empty() ? it.key() : path + "." + it.key());
+    }
+  }
+
+  void finish() {
+    std::vector<std::string> parts;
+    if (!mismatches_.empty()) {
+      parts.push_back(fmt::format("these ds_config values disagree with the command line:\n{}\nset them to \"auto\" "
+                                  "or drop the option", fmt::join(mismatches_, "\n")));
+    }
+    for (const std::string& u : unfilled_) parts.push_back(u);
+    if (!parts.empty()) throw ConfigError(fmt::format("{}", fmt::join(parts, "\n")));
+  }
+
+ private:
+  json& config_;
+  std::vector<std::string> mismatches_;
+  std::vector<std::string> unfilled_;
+};
+
+template <class T>
+std::optional<json> opt(const std::optional<T>& v) {
+  if (!v) return std::nullopt;
+  return json(*v);
+}
+
+void fill_batch_and_optimizer(Resolver& r, const HfTrainingArgs& a) {
+  r.fill("train_micro_batch_size_per_gpu", opt(a.per_device_train_batch_size), "--per-device-train-batch-size");
+  r.fill("gradient_accumulation_steps", opt(a.gradient_accumulation_steps), "--gradient-accumulation-steps");
+  std::optional<json> tbs;
+  if (a.per_device_train_batch_size && a.gradient_accumulation_steps) {
+    tbs = json(a.world_size * *a.per_device_train_batch_size * *a.gradient_accumulation_steps);
+  }
+  r.fill("train_batch_size", tbs, "--per-device-train-batch-size and --gradient-accumulation-steps (x world size)");
+  r.fill("gradient_clipping", opt(a.max_grad_norm), "--max-grad-norm");
+  r.fill("optimizer.params.lr", opt(a.learning_rate), "--learning-rate");
+  std::optional<json> betas;
+  if (a.adam_beta1 && a.adam_beta2) betas = json::array({*a.adam_beta1, *a.adam_beta2});
+  r.fill("optimizer.params.betas", betas, "--adam-beta1 and --adam-beta2");
+  r.fill("optimizer.params.eps", opt(a.adam_epsilon), "--adam-epsilon");
+  r.fill("optimizer.params.weight_decay", opt(a.weight_decay), "--weight-decay");
+}
+
+void fill_scheduler(Resolver& r, const HfTrainingArgs& a) {
+  r.fill("scheduler.params.warmup_min_lr", json(0), "", /*check=*/false);  // not a trainer argument
+  r.fill("scheduler.params.warmup_max_lr", opt(a.learning_rate), "--learning-rate");
+  r.fill("scheduler.params.total_num_steps", opt(a.num_training_steps), "--steps");
+  std::optional<json> warmup;
+  if (a.warmup_steps && *a.warmup_steps > 0) {
+    warmup = json(*a.warmup_steps);
+  } else if (a.warmup_ratio && a.num_training_steps) {
+    warmup = json(static_cast<std::int64_t>(std::ceil(static_cast<double>(*a.num_training_steps) * *a.warmup_ratio)));
+  } else if (a.warmup_steps) {
+    warmup = json(0);
+  }
+  r.fill("scheduler.params.warmup_num_steps", warmup, "--warmup-steps (or --warmup-ratio with --steps)");
+}
+
+void fill_precision_and_buckets(Resolver& r, const HfTrainingArgs& a) {
+  // A flag is always a value for "auto" (absent = false, TrainingArguments' default) and is
+  // checked against an explicit setting only when given.
+  r.fill("fp16.enabled", json(a.fp16), "--fp16", a.fp16);
+  r.fill("bf16.enabled", json(a.bf16), "--bf16", a.bf16);
+  std::optional<json> rbs, prefetch, persistence;
+  if (a.hidden_size) {
+    const std::int64_t h = *a.hidden_size;
+    rbs = json(h * h);
+    // Python's int(0.9 * hidden_size * hidden_size): (0.9 * h) * h, left to right.
+    prefetch = json(static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h)));
+    persistence = json(10 * h);
+  }
+  // fill_only: HF never checks these against the model. At stages below 3 HF leaves the stage3_*
+  // keys "auto" (DeepSpeed never reads them there); zerocheck fills them, where they do nothing.
+  r.fill("zero_optimization.reduce_bucket_size", rbs, "--hidden (the model's hidden size)", false);
+  r.fill("zero_optimization.stage3_prefetch_bucket_size", prefetch, "--hidden (the model's hidden size)", false);
+  r.fill("zero_optimization.stage3_param_persistence_threshold", persistence, "--hidden (the model's hidden size)",
+         false);
+}
+
+}  // namespace
+
+json resolve_hf_auto(json ds_config, const HfTrainingArgs& args) {
+  if (!ds_config.is_object()) throw ConfigError(fmt::format("ds_config must be an object, got {}", ds_config.type_name()));
+  Resolver r(ds_config);
+  fill_batch_and_optimizer(r, args);
+  fill_scheduler(r, args);
+  fill_precision_and_buckets(r, args);
+  r.leftovers(ds_config, "");
+  r.finish();
+  return ds_config;
+}
+
+}  // namespace zc
