@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -111,6 +113,11 @@ void print_reference_summary(const nlohmann::json& r) {
 
 }  // namespace
 
+// Ctrl-C or SIGTERM ends a soak run early, as a spent budget does: running items finish, the
+// report is written. (Forked children inherit the handler, so they finish their items too.)
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted = true; }
+
 // "90s", "10m", "8h", "1h30m" (a bare number is seconds). UsageError otherwise.
 double parse_duration(const std::string& text) {
   double total = 0;
@@ -156,7 +163,9 @@ int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
   s.hooks = real_hooks();
   const double budget_s = parse_duration(o.budget);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
-  s.keep_going = [end] { return std::chrono::steady_clock::now() < end; };  // the clock lives here, in cli/
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  s.keep_going = [end] { return !g_interrupted && std::chrono::steady_clock::now() < end; };  // the clock lives in cli/
   auto last = std::chrono::steady_clock::now();
   auto progress = [&last](const props::SoakReport& r) {
     const auto now = std::chrono::steady_clock::now();
@@ -174,8 +183,8 @@ int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
              "seeds; {} determinism reruns, {} mismatches; {} failures; {} item errors\n", r.cases, r.distinct,
              r.discarded, r.seconds, r.ranks, r.jobs, r.rounds, r.reruns, r.mismatches, r.failures.size(),
              r.item_errors);
-  fmt::print("slowest case: {:.3f} s, {} (round seed {}, case {})\n", r.slowest.seconds, r.slowest.invariant,
-             r.slowest.seed, r.slowest.index);
+  fmt::print("slowest case: {:.3f} s, {} (round seed {}, case {}); replay: zerocheck replay {}/slowest.json\n",
+             r.slowest.seconds, r.slowest.invariant, r.slowest.seed, r.slowest.index, s.out.string());
   for (const std::string& d : r.mismatch_details) fmt::print("mismatch: {}\n", d);
   for (const std::string& f : r.failures) fmt::print("failure: {}\n", f);
   fmt::print("{}; {}/soak.json\n", r.passed() ? "PASS" : "FAIL", s.out.string());

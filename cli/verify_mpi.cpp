@@ -244,8 +244,7 @@ std::optional<props::SoakReport> run_soak_mpi(const props::SoakOptions& opts,
     };
     coordinate(d, opts.jobs, mpi.size);
     const props::SoakReport r = job.report(watch.seconds(), mpi.size);
-    std::filesystem::create_directories(opts.out);
-    std::ofstream(opts.out / "soak.json") << to_json(r).dump(2) << "\n";
+    props::write_soak(r, opts.out);
     return r;
   });
 }

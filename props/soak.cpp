@@ -72,10 +72,13 @@ nlohmann::json SoakJob::run(std::size_t item) const {
   nlohmann::json slowest = {{"seconds", -1.0}};
   CaseWatch watch;
   watch.rerun_every = opts_.rerun_every;
-  watch.on_case = [&](int index, const Scenario& s, const Verdict&, double seconds) {
+  watch.on_case = [&](int index, const Scenario& s, const Verdict& v, double seconds) {
     const nlohmann::json j = to_json(s);
     hashes.push_back(fnv1a(j.dump()));
-    if (seconds > slowest.value("seconds", -1.0)) slowest = {{"seconds", seconds}, {"index", index}, {"scenario", j}};
+    if (seconds > slowest.value("seconds", -1.0)) {
+      slowest = {{"seconds", seconds}, {"index", index}, {"scenario", j}, {"holds", v.holds},
+                 {"trace_hash", v.trace_hash}};
+    }
   };
   const int n = opts_.cases_per_item;
   const Campaign c = run_campaign_range(inv, CheckContext{{}, opts_.hooks}, {0, n, n}, seed, watch);
@@ -111,7 +114,8 @@ void SoakJob::add(std::size_t item, const nlohmann::json& r) {
   const nlohmann::json& slow = res["slowest"];
   if (slow.value("seconds", -1.0) > t.slowest.seconds) {
     t.slowest = {slow.value("seconds", 0.0), res.value("invariant", ""), res.value("seed", std::uint64_t{0}),
-                 slow.value("index", 0), slow.value("scenario", nlohmann::json())};
+                 slow.value("index", 0), slow.value("scenario", nlohmann::json()), slow.value("holds", true),
+                 slow.value("trace_hash", std::uint64_t{0})};
   }
   if (res.value("failed", false)) {
     const std::string inv = res.value("invariant", "");
@@ -146,9 +150,18 @@ SoakReport run_soak(const SoakOptions& opts, const std::function<void(const Soak
   };
   run_locally(d, opts.jobs);
   const SoakReport r = job.report(watch.seconds(), 1);
-  std::filesystem::create_directories(opts.out);
-  std::ofstream(opts.out / "soak.json") << to_json(r).dump(2) << "\n";
+  write_soak(r, opts.out);
   return r;
+}
+
+void write_soak(const SoakReport& r, const std::filesystem::path& out) {
+  std::filesystem::create_directories(out);
+  std::ofstream(out / "soak.json") << to_json(r).dump(2) << "\n";
+  if (r.slowest.scenario.is_null()) return;
+  // The slowest case as a counterexample file, so `zerocheck replay out/slowest.json` reruns it.
+  const SoakSlowest& s = r.slowest;
+  save_case({scenario_from_json(s.scenario), s.invariant, {}, s.holds, s.trace_hash, "", "", s.seed},
+            out / "slowest.json");
 }
 
 }  // namespace zc::props

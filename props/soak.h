@@ -35,6 +35,8 @@ struct SoakSlowest {
   std::uint64_t seed = 0;  // the round's seed
   int index = 0;           // the case index in that round (Note [Indexed cases])
   nlohmann::json scenario;
+  bool holds = true;       // its verdict and trace hash, for `zerocheck replay out/slowest.json`
+  std::uint64_t trace_hash = 0;
 };
 
 struct SoakReport {
@@ -75,6 +77,9 @@ class SoakJob {
   std::set<std::uint64_t> scenarios_;
   SoakReport totals_;
 };
+
+// soak.json, and the slowest case as slowest.json (a counterexample file `zerocheck replay` reruns).
+void write_soak(const SoakReport& r, const std::filesystem::path& out);
 
 // One process: --jobs children until the budget is spent. Writes soak.json under opts.out.
 SoakReport run_soak(const SoakOptions& opts, const std::function<void(const SoakReport&)>& progress = {});
