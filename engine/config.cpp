@@ -351,7 +351,7 @@ void derive_batch_sizes(Config& c, Reader& top, int world) {
   require(!has_mb || c.train_micro_batch_size_per_gpu >= 1, top, "train_micro_batch_size_per_gpu", "must be >= 1");
   const std::int64_t ga = c.gradient_accumulation_steps, w = world;
   // Each product of batch factors, refused when it passes int64 (signed overflow is undefined).
-  auto times = [](std::int64_t a, std::int64_t b) {
+  auto product = [](std::int64_t a, std::int64_t b) {
     std::int64_t out = 0;
     if (__builtin_mul_overflow(a, b, &out)) {
       throw ConfigError(fmt::format("batch sizes: {} x {} overflows a 64-bit integer: "
@@ -362,26 +362,26 @@ void derive_batch_sizes(Config& c, Reader& top, int world) {
     return out;
   };
   if (has_tbs && has_mb) {
-    const std::int64_t implied = times(c.train_micro_batch_size_per_gpu, w);
+    const std::int64_t implied = product(c.train_micro_batch_size_per_gpu, w);
     if (!has_ga) {
       if (c.train_batch_size % implied != 0) {
         throw ConfigError(fmt::format("'train_batch_size' {} is not a multiple of train_micro_batch_size_per_gpu {} x world {}",
                                       c.train_batch_size, c.train_micro_batch_size_per_gpu, w));
       }
       c.gradient_accumulation_steps = c.train_batch_size / implied;
-    } else if (c.train_batch_size != times(implied, ga)) {
+    } else if (c.train_batch_size != product(implied, ga)) {
       throw ConfigError(fmt::format(
           "'train_batch_size' {} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x world {}; "
           "fix one of the three or drop train_batch_size", c.train_batch_size, c.train_micro_batch_size_per_gpu, ga, w));
     }
   } else if (has_tbs) {
-    if (c.train_batch_size % times(ga, w) != 0) {
+    if (c.train_batch_size % product(ga, w) != 0) {
       throw ConfigError(fmt::format("'train_batch_size' {} is not divisible by gradient_accumulation_steps {} x world {}",
                                     c.train_batch_size, ga, w));
     }
-    c.train_micro_batch_size_per_gpu = c.train_batch_size / times(ga, w);
+    c.train_micro_batch_size_per_gpu = c.train_batch_size / product(ga, w);
   } else if (has_mb) {
-    c.train_batch_size = times(times(c.train_micro_batch_size_per_gpu, ga), w);
+    c.train_batch_size = product(product(c.train_micro_batch_size_per_gpu, ga), w);
   } else {
     throw ConfigError("either 'train_batch_size' or 'train_micro_batch_size_per_gpu' must be set");
   }
