@@ -241,7 +241,9 @@ SavedCase saved_case_from_json(const nlohmann::json& j) {
     c.trace_hash = parse_hex(j.value("trace_hash", "0"));
     c.failure = j.value("failure", "");
     c.reproduce = j.value("reproduce", "");
-    if (j.contains("rc_seed") && !j.at("rc_seed").is_number_unsigned()) {  // get<> casts a float
+    const nlohmann::json& seed = j.contains("rc_seed") ? j.at("rc_seed") : nlohmann::json(0u);
+    const bool whole = seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<std::int64_t>() >= 0);
+    if (!whole) {  // get<> would cast a float or wrap a negative
       throw ConfigError(fmt::format("counterexample key 'rc_seed': an integer in [0, 2^64), got {}",
                                     j.at("rc_seed").dump()));
     }
