@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test run bench bench-plan bench-mpi bench-deepspeed gpu-check \
+.PHONY: deps ds-env configure build test run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed gpu-check \
         fuzz clean
 
 deps:
@@ -33,6 +33,10 @@ bench-plan: build
 
 bench-deepspeed: build ds-env
 	@./$(BUILD)/bench/zc_reference_bench
+
+# The verify job at K = 1 and 2 MPI ranks (--jobs 1 each): wall time and the speed-up.
+bench-verify-mpi: build
+	@bash scripts/bench-verify-mpi.sh $(or $(PROFILE),default) --no-proofs
 
 bench-mpi: build
 	@mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 4 ./$(BUILD)/bench/zc_mpi_bench
