@@ -36,15 +36,17 @@ commit=$(git rev-parse --short HEAD)
 {
   echo "# Fuzz campaign results"
   echo
-  local_changes=$(git diff --quiet HEAD -- . ':!fuzz/campaign-results.md' || echo ' + local changes')
+  local_changes=$(git diff --quiet HEAD -- . ':!fuzz/campaign-results.md' ||
+                  echo ' + local changes')
   echo "Commit $commit$local_changes, $(date -u +%Y-%m-%d), $(nproc) cores, one target at a time,"
   echo "clang $(clang++-14 -dumpversion), ASan + UBSan (-fno-sanitize-recover=all), -max_len=4096"
   echo "-timeout=10 -rss_limit_mb=2048, limit ${limit[*]}."
   echo "Command: scripts/fuzz-campaign.sh $args"
   echo
-  echo "| target | executions | exec/s | seconds | crashes | coverage (cov) | features (ft) | corpus |"
+  echo "| target | executions | exec/s | seconds | crashes | cov | ft | corpus |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 } >"$scratch/summary.md"
+# cov: code edges libFuzzer's coverage reached; ft: its features (edges with hit counts and more).
 
 status=0
 for t in $targets; do
