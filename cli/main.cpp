@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   verify_cmd->add_option("--resume", verify.resume, "Finish an interrupted run in this report directory: rerun only "
                          "the work items its journal.jsonl lacks (same options as that run)")->check(CLI::ExistingDirectory);
+  verify_cmd->add_option("--item-timeout-s", verify.item_timeout_s, "A work item still running after this many seconds "
+                         "is killed and reported as failed")->check(CLI::Range(1.0, 1e7));
   verify_cmd->add_option("--budget", verify.budget, "Soak: draw fresh seeds for this long (90s, 10m, 8h), rerun every "
                          "10th case for determinism; writes soak.json (default --out reports/soak)");
 

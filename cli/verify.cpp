@@ -146,6 +146,7 @@ props::VerifyFaults faults_from_env() {
   props::VerifyFaults f;
   auto get = [](const char* k) { const char* v = std::getenv(k); return v == nullptr ? std::string() : std::string(v); };
   f.crash_item = get("ZC_VERIFY_CRASH_ITEM");
+  f.hang_item = get("ZC_VERIFY_HANG_ITEM");
   if (!f.crash_item.empty()) f.crash_times = get("ZC_VERIFY_CRASH_TIMES").empty() ? 1 : std::stoi(get("ZC_VERIFY_CRASH_TIMES"));
   if (!get("ZC_VERIFY_DIE_RANK").empty()) {
     f.die_rank = std::stoi(get("ZC_VERIFY_DIE_RANK"));
@@ -229,6 +230,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   }
   opts.hooks = real_hooks();
   opts.faults = faults_from_env();
+  opts.item_timeout_s = o.item_timeout_s;
   opts.progress = draw_progress;
   opts.started = fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)));
   fmt::print(stderr, "zerocheck verify: profile {}, seed {}, {} jobs{}{}, reports in {}\n", opts.profile.name,

@@ -20,6 +20,7 @@ struct VerifyCliOptions {
   std::string resume;         // a directory of an interrupted run: finish it (its journal.jsonl)
   std::string budget;         // "10m", "90s", "8h": a soak run of that long instead of the profile
   bool out_given = false;     // --out was on the command line
+  double item_timeout_s = 7200;  // a work item still running after this is killed and reported
 };
 int run_verify_cli(const VerifyCliOptions& o);
 

@@ -58,8 +58,8 @@ std::pair<std::size_t, nlohmann::json> recv_result(const MPI_Status& probed) {
 }
 
 // A worker: ask for items while a child slot is free, run them, send each result to rank 0.
-void serve(const props::Dispatch& d, int jobs, int rank, const props::VerifyFaults& faults) {
-  props::ChildPool pool(d.run, jobs);
+void serve(const props::Dispatch& d, int jobs, double item_timeout_s, int rank, const props::VerifyFaults& faults) {
+  props::ChildPool pool(d.run, jobs, item_timeout_s);
   bool stopped = false;
   int finished = 0;
   while (!stopped || !pool.idle()) {
@@ -83,8 +83,8 @@ void serve(const props::Dispatch& d, int jobs, int rank, const props::VerifyFaul
 
 // Rank 0: its own children and every worker's requests and results, in one polling loop, until
 // next() has said none, every item handed out has landed, and every worker has been stopped.
-void coordinate(const props::Dispatch& d, int jobs, int size) {
-  props::ChildPool pool(d.run, jobs);
+void coordinate(const props::Dispatch& d, int jobs, double item_timeout_s, int size) {
+  props::ChildPool pool(d.run, jobs, item_timeout_s);
   std::optional<std::size_t> pending = d.next();  // the next item to hand out
   std::size_t outstanding = 0;                    // handed out, not landed
   int stops_sent = 0;
@@ -203,7 +203,7 @@ std::optional<props::VerifyReport> run_verify_mpi(const props::VerifyOptions& op
     if (mpi.rank != 0) {
       props::Dispatch d;
       d.run = [&job](std::size_t i, int attempt) { return job.run(i, attempt); };
-      serve(d, opts.jobs, mpi.rank, opts.faults);
+      serve(d, opts.jobs, opts.item_timeout_s, mpi.rank, opts.faults);
       return std::nullopt;
     }
     props::Dispatch d = props::verify_dispatch(job, *journal, opts.progress);
@@ -213,7 +213,7 @@ std::optional<props::VerifyReport> run_verify_mpi(const props::VerifyOptions& op
         if (++landed >= opts.faults.die_after) std::raise(SIGKILL);
       };
     }
-    coordinate(d, opts.jobs, mpi.size);
+    coordinate(d, opts.jobs, opts.item_timeout_s, mpi.size);
     std::vector<nlohmann::json> results(job.size());
     for (const auto& [i, r] : journal->finished()) results[i] = r;
     return job.merge(results, watch.seconds(), mpi.size);
@@ -230,7 +230,7 @@ std::optional<props::SoakReport> run_soak_mpi(const props::SoakOptions& opts,
     props::Dispatch d;
     d.run = [&job](std::size_t i, int) { return job.run(i); };
     if (mpi.rank != 0) {
-      serve(d, opts.jobs, mpi.rank, {});
+      serve(d, opts.jobs, props::ChildPool::kItemTimeoutS, mpi.rank, {});
       return std::nullopt;
     }
     std::size_t next = 0;
@@ -242,7 +242,7 @@ std::optional<props::SoakReport> run_soak_mpi(const props::SoakOptions& opts,
       job.add(i, r);
       if (progress) progress(job.report(watch.seconds(), mpi.size));
     };
-    coordinate(d, opts.jobs, mpi.size);
+    coordinate(d, opts.jobs, props::ChildPool::kItemTimeoutS, mpi.size);
     const props::SoakReport r = job.report(watch.seconds(), mpi.size);
     props::write_soak(r, opts.out);
     return r;

@@ -17,6 +17,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <map>
 
@@ -301,6 +303,7 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
 nlohmann::json VerifyJob::run(std::size_t i, int attempt) const {
   const Item& item = items_.at(i);
   if (item.name == opts_.faults.crash_item && attempt <= opts_.faults.crash_times) std::raise(SIGSEGV);
+  while (item.name == opts_.faults.hang_item) pause();
   return item.run();
 }
 
@@ -391,7 +394,8 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   const Stopwatch watch;
   const VerifyJob job(opts);
   Journal journal(opts.out, job, opts.resume);
-  const std::vector<nlohmann::json> results = run_items_locally(job, journal, opts.jobs, opts.progress);
+  const std::vector<nlohmann::json> results = run_items_locally(job, journal, opts.jobs, opts.item_timeout_s,
+                                                                opts.progress);
   return job.merge(results, watch.seconds(), 1);
 }
 

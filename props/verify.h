@@ -31,6 +31,7 @@ struct VerifyFaults {
   int crash_times = 0;     // ... on its first crash_times attempts
   int die_rank = -1;       // this MPI rank raises SIGKILL ...
   int die_after = 0;       // ... once it has finished this many items
+  std::string hang_item;   // the named item's child sleeps forever (the item timeout must end it)
 };
 
 struct VerifyOptions {
@@ -44,6 +45,7 @@ struct VerifyOptions {
   bool engine_items = true;       // the invariants, bug hunts and collective counts (false: --only deepspeed)
   int deepspeed_cases = 0;        // > 0: also run the DeepSpeed reference campaigns (--against deepspeed)
   bool resume = false;            // take finished items from out/journal.jsonl, run only the rest
+  double item_timeout_s = 7200;   // a work item's child still running after this is killed (a failed item)
   RunHooks hooks;
   VerifyFaults faults;
   std::string started;  // the wall-clock start for the report (the caller's clock; ISO 8601 UTC)

@@ -38,8 +38,8 @@ nlohmann::json read_result(const std::filesystem::path& file, int status) {
 
 }  // namespace
 
-ChildPool::ChildPool(RunFn run, int jobs, int attempts)
-    : run_(std::move(run)), jobs_(std::max(1, jobs)), attempts_(std::max(1, attempts)) {
+ChildPool::ChildPool(RunFn run, int jobs, double item_timeout_s, int attempts)
+    : run_(std::move(run)), jobs_(std::max(1, jobs)), item_timeout_s_(item_timeout_s), attempts_(std::max(1, attempts)) {
   // Node-local: under mpirun on several nodes, --out may exist only where rank 0 runs.
   work_ = std::filesystem::temp_directory_path() / fmt::format("zerocheck-items-{}", getpid());
   std::filesystem::create_directories(work_);
@@ -79,14 +79,27 @@ void ChildPool::spawn(std::size_t item, int attempt) {
     std::fflush(nullptr);
     _exit(f ? rc : 4);
   }
-  running_[pid] = {item, attempt};
+  running_.emplace(pid, Child{item, attempt, Deadline(item_timeout_s_), false});
+}
+
+void ChildPool::kill_overdue() {
+  for (auto& [pid, child] : running_) {
+    if (!child.timed_out && child.deadline.passed()) {
+      kill(pid, SIGKILL);
+      child.timed_out = true;
+    }
+  }
 }
 
 std::optional<std::pair<std::size_t, nlohmann::json>> ChildPool::reap(bool block) {
   if (running_.empty()) return std::nullopt;
   int status = 0;
-  const pid_t pid = waitpid(-1, &status, block ? 0 : WNOHANG);
-  if (pid == 0) return std::nullopt;
+  pid_t pid = 0;
+  while ((pid = waitpid(-1, &status, WNOHANG)) == 0) {  // polled, so overdue children are killed
+    kill_overdue();
+    if (!block) return std::nullopt;
+    usleep(5000);
+  }
   if (pid < 0) throw UsageError(fmt::format("waitpid failed: {}", std::strerror(errno)));
   const auto it = running_.find(pid);
   if (it == running_.end()) return std::nullopt;  // not ours (a DeepSpeed worker's)
@@ -96,6 +109,10 @@ std::optional<std::pair<std::size_t, nlohmann::json>> ChildPool::reap(bool block
   nlohmann::json got = read_result(file, status);
   std::error_code ec;
   std::filesystem::remove(file, ec);
+  if (child.timed_out) {
+    return std::make_pair(child.item, nlohmann::json{{"ok", false}, {"error", fmt::format(
+        "the work item ran past its timeout of {:.0f} s and was killed (--item-timeout-s)", item_timeout_s_)}});
+  }
   const bool died = WIFSIGNALED(status) || got.value("error", "").rfind("the work item exited", 0) == 0;
   if (died && child.attempt < attempts_) {
     spawn(child.item, child.attempt + 1);
@@ -157,8 +174,8 @@ void Journal::record(std::size_t item, const std::string& name, const nlohmann::
   }
 }
 
-void run_locally(const Dispatch& d, int jobs) {
-  ChildPool pool(d.run, jobs);
+void run_locally(const Dispatch& d, int jobs, double item_timeout_s) {
+  ChildPool pool(d.run, jobs, item_timeout_s);
   bool more = true;
   while (more || !pool.idle()) {
     while (more && !pool.full()) {
@@ -191,9 +208,9 @@ Dispatch verify_dispatch(const VerifyJob& job, Journal& journal,
   return d;
 }
 
-std::vector<nlohmann::json> run_items_locally(const VerifyJob& job, Journal& journal, int jobs,
+std::vector<nlohmann::json> run_items_locally(const VerifyJob& job, Journal& journal, int jobs, double item_timeout_s,
                                               const std::function<void(const std::string&, int, int)>& progress) {
-  run_locally(verify_dispatch(job, journal, progress), jobs);
+  run_locally(verify_dispatch(job, journal, progress), jobs, item_timeout_s);
   std::vector<nlohmann::json> results(job.size());
   for (const auto& [i, r] : journal.finished()) results[i] = r;
   return results;

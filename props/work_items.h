@@ -3,6 +3,8 @@
 // runner here and the MPI runner (real/verify_mpi.h).
 #pragma once
 
+#include "props/stopwatch.h"
+
 #include <nlohmann/json.hpp>
 
 #include <sys/types.h>
@@ -25,12 +27,14 @@ class VerifyJob;
 // as JSON to a file and exits; the parent keeps up to `jobs` children going. A child that dies (a
 // signal, an abort, no result) is started again, up to `attempts` times in all, then becomes a
 // failed item naming the signal and the attempts. A deterministic crash therefore costs two runs
-// and is reported; a transient one (the OOM killer, a stray signal) is absorbed.
+// and is reported; a transient one (the OOM killer, a stray signal) is absorbed. A child still
+// running after `item_timeout_s` is killed and reported as timed out, not rerun: nothing hangs.
 class ChildPool {
  public:
   // `run(i, attempt)` computes item i in the child; its exceptions become failed items.
   using RunFn = std::function<nlohmann::json(std::size_t, int)>;
-  ChildPool(RunFn run, int jobs, int attempts = 2);
+  static constexpr double kItemTimeoutS = 7200;
+  ChildPool(RunFn run, int jobs, double item_timeout_s = kItemTimeoutS, int attempts = 2);
   ~ChildPool();
   ChildPool(const ChildPool&) = delete;
   ChildPool& operator=(const ChildPool&) = delete;
@@ -46,12 +50,16 @@ class ChildPool {
   struct Child {
     std::size_t item = 0;
     int attempt = 1;
+    Deadline deadline;
+    bool timed_out = false;
   };
+  void kill_overdue();
   void spawn(std::size_t item, int attempt);
   std::filesystem::path file_of(std::size_t item, int attempt) const;
 
   RunFn run_;
   int jobs_;
+  double item_timeout_s_;
   int attempts_;
   std::filesystem::path work_;  // node-local scratch for the children's result files
   std::map<pid_t, Child> running_;
@@ -88,10 +96,10 @@ struct Dispatch {
 };
 
 // The one-process runner: `jobs` children at a time until next() says none and all have landed.
-void run_locally(const Dispatch& d, int jobs);
+void run_locally(const Dispatch& d, int jobs, double item_timeout_s = ChildPool::kItemTimeoutS);
 
 // The verify job's items not in the journal, through run_locally; results in item order.
-std::vector<nlohmann::json> run_items_locally(const VerifyJob& job, Journal& journal, int jobs,
+std::vector<nlohmann::json> run_items_locally(const VerifyJob& job, Journal& journal, int jobs, double item_timeout_s,
                                               const std::function<void(const std::string&, int, int)>& progress);
 
 // The verify job as a Dispatch: the journal's missing items, each result journaled and counted.

@@ -64,17 +64,30 @@ TEST(IndexedCases, ARangeSplitGivesTheWholeCampaignsFirstFailure) {
 
 TEST(VerifyRunner, ACrashedItemIsRerunOnceThenReported) {
   VerifyOptions o = small("crash");
-  o.faults = {kItem, 1};
+  o.faults.crash_item = kItem;
+  o.faults.crash_times = 1;
   VerifyReport r = run_verify(o);
   ASSERT_EQ(r.invariants.size(), 1u);
   EXPECT_TRUE(r.invariants[0].holds) << r.invariants[0].failure;
   EXPECT_EQ(r.invariants[0].cases, 40);
-  o.faults = {kItem, 2};
+  o.faults.crash_times = 2;
   r = run_verify(o);
   EXPECT_FALSE(r.invariants[0].holds);
   EXPECT_NE(r.invariants[0].failure.find("signal 11"), std::string::npos) << r.invariants[0].failure;
   EXPECT_NE(r.invariants[0].failure.find("2 attempts"), std::string::npos) << r.invariants[0].failure;
   EXPECT_FALSE(r.passed());
+}
+
+TEST(VerifyRunner, AHungItemIsKilledAtItsTimeoutNotWaitedFor) {
+  VerifyOptions o = small("hang");
+  o.faults.hang_item = kItem;
+  o.item_timeout_s = 2;
+  const VerifyReport r = run_verify(o);
+  ASSERT_EQ(r.invariants.size(), 1u);
+  EXPECT_FALSE(r.invariants[0].holds);
+  EXPECT_NE(r.invariants[0].failure.find("ran past its timeout of 2 s"), std::string::npos) << r.invariants[0].failure;
+  ASSERT_EQ(r.bugs.size(), 1u);
+  EXPECT_TRUE(r.bugs[0].caught);  // the other items are unharmed
 }
 
 TEST(VerifyRunner, ResumeRerunsOnlyWhatTheJournalLacks) {
@@ -93,7 +106,8 @@ TEST(VerifyRunner, ResumeRerunsOnlyWhatTheJournalLacks) {
   ASSERT_FALSE(kept.empty());
   std::ofstream(journal) << header << "\n" << kept << "\n" << kept.substr(0, kept.size() / 2);
   o.resume = true;
-  o.faults = {kItem, 9};  // it would fail if it ran again
+  o.faults.crash_item = kItem;  // it would fail if it ran again
+  o.faults.crash_times = 9;
   const VerifyReport again = run_verify(o);
   EXPECT_TRUE(again.passed());
   ASSERT_EQ(again.bugs.size(), 1u);
