@@ -79,15 +79,18 @@ Tensor tensor_from_json(Device& dev, const nlohmann::json& j, const std::string&
   if (j.is_null()) return Tensor();
   const DType dtype = parse_dtype(j.at("dtype").get<std::string>());
   Shape shape = j.at("shape").get<Shape>();
+  const std::int64_t numel = shape_numel(shape);
   if (j.value("placement", "") == "meta") {
     return Tensor(dtype, std::move(shape), Placement::meta, nullptr);
   }
-  Tensor t = dev.alloc(dtype, std::move(shape), label, MemCategory::params);
+  // The bytes bound the allocation, so they are checked first: a shape alone may ask for any size.
   const std::vector<std::byte> bytes = from_hex(j.at("bytes").get<std::string>(), label);
-  if (static_cast<std::int64_t>(bytes.size()) != t.nbytes()) {
-    throw UsageError(fmt::format("deserialize: {} holds {} bytes for {} ({} bytes)", label,
-                                 bytes.size(), t.describe(), t.nbytes()));
+  const auto itemsize = static_cast<std::size_t>(dtype_size(dtype));
+  if (bytes.size() % itemsize != 0 || bytes.size() / itemsize != static_cast<std::size_t>(numel)) {
+    throw UsageError(fmt::format("deserialize: {} holds {} bytes for {} {} ({} elements)", label,
+                                 bytes.size(), dtype_name(dtype), shape_str(shape), numel));
   }
+  Tensor t = dev.alloc(dtype, std::move(shape), label, MemCategory::params);
   dev.upload(t, bytes);
   return t;
 }
@@ -278,16 +281,24 @@ namespace {
 
 // serialize_module writes no float: every number is a size, an id, a position or a count. nlohmann
 // casts a float to the integer a reader asks for, which is undefined behaviour out of range, so a
-// float anywhere is refused before any is read.
-void refuse_floats(const nlohmann::json& j, const std::string& where) {
+// float anywhere is refused before any is read. The walk recurses, so nesting is bounded too.
+constexpr int kMaxJsonDepth = 256;  // a module tree nests two levels a module; trees are shallower
+
+void refuse_floats(const nlohmann::json& j, const std::string& where, int depth = 0) {
+  if (depth > kMaxJsonDepth) {
+    throw UsageError(fmt::format("deserialize: the module JSON nests deeper than {} levels at {}",
+                                 kMaxJsonDepth, where.substr(0, 200)));
+  }
   if (j.is_number_float()) {
     throw UsageError(fmt::format("deserialize: {} is {}, but module JSON has integers only: "
                                  "write it with serialize_module", where, j.dump()));
   }
   if (j.is_object()) {
-    for (const auto& [key, v] : j.items()) refuse_floats(v, where + "." + key);
+    for (const auto& [key, v] : j.items()) refuse_floats(v, where + "." + key, depth + 1);
   } else if (j.is_array()) {
-    for (std::size_t i = 0; i < j.size(); ++i) refuse_floats(j[i], fmt::format("{}[{}]", where, i));
+    for (std::size_t i = 0; i < j.size(); ++i) {
+      refuse_floats(j[i], fmt::format("{}[{}]", where, i), depth + 1);
+    }
   }
 }
 

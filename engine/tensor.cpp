@@ -18,10 +18,14 @@ std::string_view placement_name(Placement p) {
 }
 
 std::int64_t shape_numel(const Shape& shape) {
+  // 2^60 elements: past any device, and nbytes() (numel x at most 8) stays within int64.
+  constexpr std::int64_t kMaxNumel = std::int64_t{1} << 60;
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
     if (d < 0) throw UsageError(fmt::format("negative dimension in shape {}", shape_str(shape)));
-    n *= d;
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxNumel) {
+      throw UsageError(fmt::format("shape {} has more than 2^60 elements", shape_str(shape)));
+    }
   }
   return n;
 }

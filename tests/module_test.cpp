@@ -211,6 +211,43 @@ TEST(ModuleCopies, DeserializeRefusesAFloatWhereSerializeWritesIntegers) {
   EXPECT_NE(deserialize_module(good, model_registry(), dev), nullptr);
 }
 
+// Found by fuzz/module_fuzz.cpp under ASan: a tensor's shape was allocated before its bytes were
+// counted, so [444444888800173, 2] asked calloc for 1.8 PB; shapes past 2^60 elements overflowed.
+TEST(ModuleCopies, DeserializeChecksTensorBytesBeforeAllocating) {
+  HostDevice dev;
+  Synthetic m(std::vector<Shape>{{3}});
+  Rng rng(1);
+  m.init_params(dev, DType::f16, DataDomain::exact, {}, rng);
+  nlohmann::json j = serialize_module(m, dev);
+  j["params"][0]["data"]["shape"] = {444444888800173, 2};
+  try {
+    deserialize_module(j, model_registry(), dev);
+    ADD_FAILURE() << "a 1.8 PB tensor was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 6 bytes for f16 [444444888800173,2]"),
+              std::string::npos) << e.what();
+  }
+  const std::int64_t big = std::int64_t{1} << 40;
+  j["params"][0]["data"] = {{"dtype", "f16"}, {"shape", {big, big}}, {"placement", "meta"}};
+  EXPECT_THROW(deserialize_module(j, model_registry(), dev), UsageError);
+}
+
+// That walk recurses, so it refuses nesting deeper than any module tree's before it goes on.
+TEST(ModuleCopies, DeserializeRefusesJsonNestedDeeperThanAnyModuleTree) {
+  HostDevice dev;
+  nlohmann::json j = serialize_module(Linear("lin", 2, 3), dev);
+  nlohmann::json deep = nlohmann::json::array();
+  for (int i = 0; i < 1000; ++i) deep = nlohmann::json::array({deep});
+  j["args"]["extra"] = deep;
+  try {
+    deserialize_module(j, model_registry(), dev);
+    ADD_FAILURE() << "1000 levels of nesting were accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("nests deeper than 256 levels"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Every Module subclass in models/ clones to its own kind, and serializes back to the same JSON.
 TEST(ModuleCopies, EveryModelKindClonesAndRoundTrips) {
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
