@@ -86,7 +86,8 @@ void read_int(const nlohmann::json& j, const char* key, T& out, std::int64_t lo,
 void read_u64(const nlohmann::json& j, const char* key, std::uint64_t& out) {
   if (!j.contains(key)) return;
   const nlohmann::json& v = j.at(key);
-  if (!v.is_number_unsigned()) {
+  // A parsed 5 is unsigned, a 5 set from C++ code signed: both are seeds; a float or -1 is not.
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0)) {
     throw ConfigError(
         fmt::format("scenario key '{}': an integer in [0, 2^64), got {}", key, v.dump()));
   }

@@ -84,6 +84,8 @@ TEST(ScenarioJson, RefusesSizesPastTheLimitsNamingTheKey) {
   largest.update(
       {{"world", 1024}, {"n_backward", 64}, {"model", "mlp"}, {"shape", {8, 1024, 1024}}});
   EXPECT_EQ(scenario_from_json(largest).world, 1024);
+  largest["seed"] = std::int64_t{5};  // a signed JSON integer, as C++ code builds one
+  EXPECT_EQ(scenario_from_json(largest).seed, 5u);
 }
 
 // Found by fuzz/counterexample_fuzz.cpp: a trace_hash that is not hex escaped as std::stoull's
