@@ -24,7 +24,7 @@ std::uint64_t hash_data(const void* data, std::size_t bytes) {
     h = std::rotl((h ^ w) * 0xff51afd7ed558ccdull, 29);
   }
   std::uint64_t tail = 0;
-  std::memcpy(&tail, p + i, bytes - i);
+  if (bytes > i) std::memcpy(&tail, p + i, bytes - i);  // never memcpy from a null empty buffer (UB)
   h = (h ^ tail) * 0xc4ceb9fe1a85ec53ull;
   return h ^ (h >> 33);
 }

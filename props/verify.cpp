@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <map>
 
@@ -267,9 +268,10 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
   }
   const VerifyOptions& o = opts_;
   // Long items first, so the jobs finish together.
-  if (o.proofs) {
-    for (const ProofTask& t : proof_tasks(o.profile.proof_timeout_ms)) {
-      items_.push_back({"proof " + t.name, [t] { return proof_item(t); }});
+  if (o.proofs) {  // in reverse: the FPA lemmas, the longest items, start first; merge() restores the order
+    const std::vector<ProofTask> tasks = proof_tasks(o.profile.proof_timeout_ms);
+    for (auto t = tasks.rbegin(); t != tasks.rend(); ++t) {
+      items_.push_back({"proof " + t->name, [task = *t] { return proof_item(task); }});
     }
   }
   for (const KnownBugInfo& b : bugs) {
@@ -369,6 +371,7 @@ VerifyReport VerifyJob::merge(const std::vector<nlohmann::json>& results, double
       report.bugs.push_back(b);
     }
   }
+  std::reverse(report.proofs.begin(), report.proofs.end());  // proof_tasks() order (the items run reversed)
   for (const Invariant* inv : invs_) {
     const nlohmann::json* chosen = nullptr;
     InvariantResult r = merge_ranges(*inv, ranges[inv->name], replays, &chosen);
