@@ -237,6 +237,10 @@ void restore_aliases(Module& m, const nlohmann::json& j, const std::vector<Param
     }
     Parameter& p = *params[static_cast<std::size_t>(k)];
     Module* owner = owners.at(&p);
+    if (owner == &m) {  // an alias shares another module's param; its own is simply a param
+      throw UsageError(fmt::format("deserialize: module '{}' aliases '{}' (position {}), which is its "
+                                   "own param: an alias must name another module's param", m.name(), local, k));
+    }
     auto& built = m.params().aliases();
     auto it = std::find_if(built.begin(), built.end(),
                            [&](const ParamDict::Alias& a) { return a.local == local; });

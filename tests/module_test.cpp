@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace zc::props {
 namespace {
 
@@ -230,6 +232,20 @@ TEST(ModuleCopies, DeserializeChecksTensorBytesBeforeAllocating) {
   const std::int64_t big = std::int64_t{1} << 40;
   j["params"][0]["data"] = {{"dtype", "f16"}, {"shape", {big, big}}, {"placement", "meta"}};
   EXPECT_THROW(deserialize_module(j, model_registry(), dev), UsageError);
+}
+
+// Found by fuzz/module_fuzz.cpp (10-million campaign, 2.5 million executions): an alias at the
+// position of the module's own param reached ParamDict::add_alias's internal assertion.
+TEST(ModuleCopies, DeserializeRefusesAnAliasOfTheModulesOwnParam) {
+  HostDevice dev;
+  std::ifstream in(std::string(ZC_SOURCE_DIR) + "/fuzz/corpus/module/regress-self-alias.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  try {
+    deserialize_module(j, model_registry(), dev);
+    ADD_FAILURE() << "a module aliasing its own param was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("which is its own param"), std::string::npos) << e.what();
+  }
 }
 
 // That walk recurses, so it refuses nesting deeper than any module tree's before it goes on.
