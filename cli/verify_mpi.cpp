@@ -128,7 +128,13 @@ void coordinate(const props::Dispatch& d, int jobs, double item_timeout_s, int s
 
 }  // namespace
 
-bool verify_under_mpi() { return real::detect_launch_env().world > 1; }
+// mpirun or srun, not torchrun's variables alone (left in a shell, they must not turn a plain
+// `zerocheck verify` into an MPI job).
+bool verify_under_mpi() {
+  const real::LaunchEnv env = real::detect_launch_env();
+  const bool mpi_launcher = env.source.find("openmpi") != std::string::npos || env.source.find("slurm") != std::string::npos;
+  return mpi_launcher && env.world > 1;
+}
 
 namespace {
 

@@ -12,7 +12,8 @@
 
 namespace zc::cli {
 
-// True when launched by mpirun/srun with more than one rank (the launcher's variables say so).
+// True when launched by mpirun/srun with more than one rank (their variables say so; torchrun's
+// RANK/WORLD_SIZE alone do not count).
 bool verify_under_mpi();
 
 // Initialises MPI, runs the job over MPI_COMM_WORLD and finalises MPI. The report on rank 0,
