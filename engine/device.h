@@ -87,6 +87,14 @@ struct DeviceCounters {
   std::int64_t bytes_allocated = 0;  // cumulative bytes allocated
 };
 
+// A top-k routing on the host (Device::moe_gate): per token n and choice j (row-major [N*k]),
+// the expert, or -1 when capacity dropped it, and its slot in that expert's capacity buffer
+// (-1 when dropped).
+struct MoeRoute {
+  std::int64_t tokens = 0, k = 0, experts = 0, capacity = 0;
+  std::vector<std::int64_t> expert, slot;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -230,6 +238,34 @@ class Device {
   virtual void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads,
                     double base, bool inverse) = 0;
 
+  // ---- MoE top-k routing (the Mixtral-style blocks of models/transformer.h, Note [MoE routing]
+  // there). In f32, or f64 if any operand is f64; exp in f64 rounded once (Note [Transcendentals]).
+  // The default implementations read their operands back, compute on the host and write the
+  // results (a host round trip, as DeepSpeed's gating reads its expert counts back); HostDevice
+  // and CudaDevice use them (CudaDevice has no kernels for these four yet), MetaDevice overrides
+  // them with shapes and balanced routing (Note [Meta mode]).
+  //
+  // moe_gate, per row n of logits [N,E], k = index.dim(1): probs[n,:] = softmax(logits[n,:])
+  // (max-subtracted, denominator summed in ascending e); e_0..e_k-1 the k largest probs, largest
+  // first (first index on ties; a NaN is never chosen over a number). Capacity then drops choices
+  // in DeepSpeed's order (moe_assign_slots). weights[n,j] = probs[n,e_j] / s_n for a kept choice,
+  // 0 for a dropped one, s_n = max(sum of the kept probs[n,e_j] (ascending j), epsilon of the
+  // compute type) (DeepSpeed's clamp); index[n,j] = e_j, or -1 when dropped (ids as floats).
+  // Returns the routing to the host.
+  virtual MoeRoute moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
+                            const Tensor& logits, std::int64_t capacity);
+  // dlogits [N,E] from dweights [N,k], through the kept choices (index >= 0): with s_n as above,
+  // c_n = sum_j dweights[n,j] * weights[n,j] (kept j ascending; 0 when s_n was clamped),
+  // dp[e_j] = (dweights[n,j] - c_n) / s_n, dp = 0 elsewhere; then dlogits[n,e] = probs[n,e] *
+  // (dp[e] - t_n), t_n = sum_e probs[n,e] * dp[e] (ascending e).
+  virtual void moe_gate_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& probs,
+                                 const Tensor& weights, const Tensor& index);
+  // out [M,D]: out[m,:] = x[index[m],:], zeros where index[m] < 0 (index [M], ids as floats).
+  virtual void gather_rows(const Tensor& out, const Tensor& x, const Tensor& index);
+  // out [N,D]: out[index[m],:] += x[m,:] for ascending m (each sum rounded on store), rows with
+  // index[m] < 0 skipped.
+  virtual void index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index);
+
   const DeviceCounters& counters() const { return counters_; }
   // This device's memory by category: live bytes, high-water marks, the composition at the peak
   // (memory.h). The meta device counts what it would hold, byte for byte what a host run holds.
@@ -276,6 +312,11 @@ class Device {
 // reduction a GPU kernel does, so CudaDevice reproduces it bit for bit, with no atomics.
 inline constexpr std::int64_t kReduceBlock = 1024;
 static_assert((kReduceBlock & (kReduceBlock - 1)) == 0, "reduction blocks are a power of two");
+
+// DeepSpeed's capacity order (top2gating's locations; topkgating's): every token's first choice
+// in ascending n takes the next slot of its expert, then every second choice, and so on; a choice
+// whose slot would be >= capacity is dropped (expert and slot -1). capacity <= 0 never drops.
+void moe_assign_slots(MoeRoute& r);
 
 // What the default bmm's loop of matmuls counts, after checking its shapes (MetaDevice counts it
 // without the loop).

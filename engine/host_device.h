@@ -155,6 +155,12 @@ class MetaDevice final : public Device {
                        const Tensor& gate, const Tensor& up) override;
   void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
             bool inverse) override;
+  MoeRoute moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
+                    const Tensor& logits, std::int64_t capacity) override;
+  void moe_gate_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& probs,
+                         const Tensor& weights, const Tensor& index) override;
+  void gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) override;
+  void index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index) override;
 
  protected:
   Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
@@ -169,6 +175,12 @@ void same_numel(const char* op, const Tensor& a, const Tensor& b);
 void same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void on(const char* op, const Tensor& t, Placement placement);
 void f32_state(const char* op, const Tensor& t);
+// The MoE ops' shapes (device.h): wide and wide2 [N, E], narrow and index [N, k] with 1 <= k <= E;
+// indexed [M, D] with M indices into the rows of dense [*, D].
+void moe_gate_shapes(const char* op, const Tensor& wide, const Tensor& wide2, const Tensor& narrow,
+                     const Tensor& index);
+void index_rows_shapes(const char* op, const Tensor& indexed, const Tensor& dense,
+                       const Tensor& index);
 struct MatmulDims {
   std::int64_t m, n, k;
 };

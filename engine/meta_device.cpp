@@ -311,4 +311,38 @@ void MetaDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std:
   tally(counters_, 6 * x.numel(), x.nbytes(), out.nbytes());
 }
 
+// Note [Meta mode]: balanced routing, token n's choice j to expert (n * k + j) % E, then
+// capacity as on every device.
+MoeRoute MetaDevice::moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
+                              const Tensor& logits, std::int64_t capacity) {
+  all_meta("moe_gate", {&weights, &index, &probs, &logits});
+  moe_gate_shapes("moe_gate", logits, probs, weights, index);
+  const std::int64_t N = logits.dim(0), E = logits.dim(1), k = index.dim(1);
+  MoeRoute r{N, k, E, capacity, std::vector<std::int64_t>(static_cast<std::size_t>(N * k)), {}};
+  for (std::int64_t i = 0; i < N * k; ++i) r.expert[static_cast<std::size_t>(i)] = i % E;
+  moe_assign_slots(r);
+  tally(counters_, 6 * logits.numel(), logits.nbytes(),
+        probs.nbytes() + weights.nbytes() + index.nbytes());
+  return r;
+}
+void MetaDevice::moe_gate_backward(const Tensor& dlogits, const Tensor& dweights,
+                                   const Tensor& probs, const Tensor& weights,
+                                   const Tensor& index) {
+  all_meta("moe_gate_backward", {&dlogits, &dweights, &probs, &weights, &index});
+  moe_gate_shapes("moe_gate_backward", probs, dlogits, dweights, index);
+  same_numel("moe_gate_backward", weights, dweights);
+  tally(counters_, 4 * probs.numel(),
+        probs.nbytes() + dweights.nbytes() + weights.nbytes() + index.nbytes(), dlogits.nbytes());
+}
+void MetaDevice::gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
+  all_meta("gather_rows", {&out, &x, &index});
+  index_rows_shapes("gather_rows", out, x, index);
+  tally(counters_, 0, index.nbytes() + out.numel() * dtype_size(x.dtype()), out.nbytes());
+}
+void MetaDevice::index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
+  all_meta("index_add_rows", {&out, &x, &index});
+  index_rows_shapes("index_add_rows", x, out, index);
+  tally(counters_, x.numel(), x.nbytes() + index.nbytes() + out.nbytes(), out.nbytes());
+}
+
 }  // namespace zc

@@ -42,7 +42,11 @@ std::int64_t TransformerSpec::param_count() const {
   const std::int64_t norm_p = norm == NormKind::layernorm ? 2 * d : d;
   std::int64_t block = 2 * norm_p + d * q + 2 * d * kv + q * d;
   if (bias) block += q + 2 * kv + d;
-  block += mlp == MlpKind::swiglu ? 3 * d * ffn : 2 * d * ffn + (bias ? ffn + d : 0);
+  if (experts > 0) {
+    block += experts * (3 * d * ffn + d);  // the experts and the router's [experts, dim]
+  } else {
+    block += mlp == MlpKind::swiglu ? 3 * d * ffn : 2 * d * ffn + (bias ? ffn + d : 0);
+  }
   std::int64_t total = vocab * d + (pos == PositionKind::learned ? positions * d : 0);
   total += static_cast<std::int64_t>(layers) * block + norm_p;
   if (!tied_embeddings) total += vocab * d;
@@ -55,6 +59,14 @@ std::int64_t TransformerSpec::largest_param() const {
                    pos == PositionKind::learned ? positions * dim : 0});
 }
 
+std::int64_t TransformerSpec::capacity(std::int64_t tokens) const {
+  // DeepSpeed's _capacity: torch.ceil((num_tokens / num_experts) * capacity_factor) with the
+  // factor (capacity_factor * 2 for top-2) a float32 tensor, so the product is in f32.
+  const float per_expert = static_cast<float>(static_cast<double>(tokens) / experts);
+  const auto c = static_cast<std::int64_t>(std::ceil(per_expert * static_cast<float>(capacity_factor * top_k)));
+  return std::max(c, min_capacity);
+}
+
 std::string TransformerSpec::invalid() const {
   if (vocab < 1 || dim < 1 || layers < 1 || heads < 1 || ffn < 1 || seq < 1) {
     return "vocab, dim, layers, heads, ffn and seq must be at least 1";
@@ -65,6 +77,18 @@ std::string TransformerSpec::invalid() const {
   }
   if (pos == PositionKind::rotary && head_dim() % 2 != 0) {
     return fmt::format("rotary positions need an even head dim (dim / heads = {})", head_dim());
+  }
+  if (experts < 0) return "experts must be 0 (dense) or more";
+  if (experts > 0) {
+    if (mlp != MlpKind::swiglu) return "experts need the swiglu MLP (Mixtral's experts)";
+    if (top_k != 2) {
+      return fmt::format("top_k {}: only top-2 gating is modelled (DeepSpeed's top1gating's random "
+                         "token selection and topkgating's drop policy are not)", top_k);
+    }
+    if (experts < top_k) return fmt::format("{} experts for top_k {}", experts, top_k);
+    if (!(capacity_factor > 0) || min_capacity < 0) {
+      return "capacity_factor must be > 0 and min_capacity >= 0 (drop_tokens=False is not modelled)";
+    }
   }
   if (pos == PositionKind::learned && seq > positions) {
     return fmt::format("seq {} exceeds the learned position table's {} rows (max_positions)", seq,
@@ -94,6 +118,9 @@ TransformerSpec transformer_preset(const std::string& name) {
     llama(5120, 40, 40, 40, 13824);  // 13,015,864,320
   } else if (name == "llama-2-70b") {
     llama(8192, 80, 64, 8, 28672);  // 68,976,648,192
+  } else if (name == "mixtral-8x7b") {
+    llama(4096, 32, 32, 8, 14336);  // 46,702,792,704
+    s.experts = 8;
   } else if (name == "gpt2-tiny") {
     gpt2(64, 16, 2, 4, 16);
     s.seq = 8;
@@ -103,6 +130,9 @@ TransformerSpec transformer_preset(const std::string& name) {
   } else if (name == "llama-gqa-tiny") {
     llama(16, 2, 4, 2, 40);
     s.vocab = 64, s.seq = 8;
+  } else if (name == "mixtral-tiny") {
+    llama(16, 2, 4, 2, 24);
+    s.vocab = 64, s.seq = 8, s.experts = 4;
   } else {
     std::string known;
     for (const std::string& n : transformer_presets()) known += (known.empty() ? "" : ", ") + n;
@@ -113,15 +143,16 @@ TransformerSpec transformer_preset(const std::string& name) {
 }
 
 std::vector<std::string> transformer_presets() {
-  return {"gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-2-70b", "gpt2-tiny", "llama-tiny",
-          "llama-gqa-tiny"};
+  return {"gpt2-xl",   "llama-2-7b", "llama-2-13b",    "llama-2-70b", "mixtral-8x7b",
+          "gpt2-tiny", "llama-tiny", "llama-gqa-tiny", "mixtral-tiny"};
 }
 
 TransformerSpec transformer_spec_from_json(const nlohmann::json& j) {
   static const std::vector<std::string> keys = {
       "name",  "vocab", "dim",       "layers",        "heads",           "kv_heads", "ffn",
       "seq",   "norm",  "mlp",       "positions",     "max_positions",   "tied_embeddings",
-      "bias",  "eps",   "rope_base", "attention"};
+      "bias",  "eps",   "rope_base", "attention",     "experts",         "top_k",
+      "capacity_factor", "min_capacity"};
   if (!j.is_object()) throw ConfigError("--model-json: the model must be a JSON object");
   for (const auto& [k, v] : j.items()) {
     if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
@@ -155,6 +186,10 @@ TransformerSpec transformer_spec_from_json(const nlohmann::json& j) {
     s.bias = j.value("bias", false);
     s.eps = j.value("eps", 1e-5);
     s.rope_base = j.value("rope_base", 10000.0);
+    s.experts = j.value("experts", 0);
+    s.top_k = j.value("top_k", 2);
+    s.capacity_factor = j.value("capacity_factor", 1.0);
+    s.min_capacity = j.value("min_capacity", std::int64_t{4});
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("--model-json: {}", e.what()));
   }
@@ -162,10 +197,14 @@ TransformerSpec transformer_spec_from_json(const nlohmann::json& j) {
   return s;
 }
 
-Transformer::Transformer(TransformerSpec spec, std::string name)
-    : Model(std::move(name)), spec_(std::move(spec)) {
+Transformer::Transformer(TransformerSpec spec, std::string name, Comm* ep)
+    : Model(std::move(name)), spec_(std::move(spec)), ep_(spec_.experts > 0 ? ep : nullptr) {
   if (const std::string why = spec_.invalid(); !why.empty()) {
     throw ConfigError(fmt::format("transformer {}: {}", spec_.preset, why));
+  }
+  if (spec_.experts % ep_size() != 0) {
+    throw ConfigError(fmt::format("transformer {}: {} experts do not split over ep_size {}",
+                                  spec_.preset, spec_.experts, ep_size()));
   }
   const std::int64_t d = spec_.dim, q = spec_.heads * spec_.head_dim();
   const std::int64_t kv = spec_.kv_heads * spec_.head_dim(), f = spec_.ffn;
@@ -188,7 +227,16 @@ Transformer::Transformer(TransformerSpec spec, std::string name)
     if (b) p.add("bo", {d}, DType::f32);
     p.add("mlp_norm", {d}, DType::f32);
     if (ln) p.add("mlp_norm_b", {d}, DType::f32);
-    if (spec_.mlp == MlpKind::gelu) {
+    if (spec_.experts > 0) {  // Note [MoE routing]; this rank's experts by global id
+      p.add("router", {spec_.experts, d}, DType::f32);
+      for (int i = 0; i < local_experts(); ++i) {
+        const int e = (ep_ == nullptr ? 0 : ep_->rank()) * local_experts() + i;
+        for (const auto& [w, shape] : {std::pair{"w_gate", Shape{f, d}}, std::pair{"w_up", Shape{f, d}},
+                                       std::pair{"w_down", Shape{d, f}}}) {
+          p.add(fmt::format("expert{}_{}", e, w), shape, DType::f32).is_expert = true;
+        }
+      }
+    } else if (spec_.mlp == MlpKind::gelu) {
       p.add("w_fc", {f, d}, DType::f32);
       if (b) p.add("b_fc", {f}, DType::f32);
       p.add("w_proj", {d, f}, DType::f32);
@@ -214,26 +262,39 @@ Transformer::Transformer(TransformerSpec spec, std::string name)
 nlohmann::json Transformer::kind_args() const {
   return {{"preset", spec_.preset}, {"vocab", spec_.vocab}, {"dim", spec_.dim},
           {"layers", spec_.layers}, {"heads", spec_.heads}, {"kv_heads", spec_.kv_heads},
-          {"ffn", spec_.ffn},       {"seq", spec_.seq}};
+          {"ffn", spec_.ffn},       {"seq", spec_.seq},         {"experts", spec_.experts}};
 }
 
 std::string Transformer::describe() const {
   return fmt::format(
       "transformer {} ({} params: vocab {}, dim {}, {} layers, {} heads ({} kv), ffn {}, seq {}, "
-      "{}, {}, {} positions{}{}, {} attention)",
+      "{}, {}, {} positions{}{}, {} attention{})",
       spec_.preset, spec_.param_count(), spec_.vocab, spec_.dim, spec_.layers, spec_.heads,
       spec_.kv_heads, spec_.ffn, spec_.seq,
       spec_.norm == NormKind::layernorm ? "LayerNorm" : "RMSNorm",
       spec_.mlp == MlpKind::gelu ? "GELU" : "SwiGLU",
       spec_.pos == PositionKind::learned ? "learned" : "rotary",
       spec_.tied_embeddings ? ", tied embeddings" : "", spec_.bias ? ", biases" : "",
-      spec_.attention == AttentionMemory::fused ? "fused" : "materialised");
+      spec_.attention == AttentionMemory::fused ? "fused" : "materialised",
+      spec_.experts > 0 ? fmt::format(", {} experts top-{} over ep_size {}, capacity factor {}",
+                                      spec_.experts, spec_.top_k, ep_size(), spec_.capacity_factor)
+                        : std::string());
 }
 
 void Transformer::init_params(Device& dev, DType dtype, DataDomain domain, const ExactSpec& ex,
                               Rng& rng) {
   dtype_ = dtype;
+  // Experts draw from a stream of their own name, so that an expert has the same values at any
+  // ep_size and the dense params the same draws with or without them.
   for (Parameter* p : named_parameters()) {
+    if (!p->is_expert) continue;
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a of the name
+    for (const char c : p->name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    Rng own = rng.split(h);
+    init_param(dev, *p, dtype, domain, ex, own, 0.02);
+  }
+  for (Parameter* p : named_parameters()) {
+    if (p->is_expert) continue;
     const std::string& n = p->name;
     const bool norm_w = n.ends_with("norm") || n == "norm.weight";
     const bool zero = n.ends_with("_b") || n == "norm.bias" || (p->shape.size() == 1 && !norm_w);

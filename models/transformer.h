@@ -15,8 +15,25 @@
 // the backward recomputing them (so its attention FLOPs include a second forward's).
 // Activation checkpointing is not modelled: every layer keeps its activations until its backward,
 // which frees them (as autograd frees saved tensors).
+//
+// Note [MoE routing]
+// experts > 0 (Mixtral-style): every block's MLP is a router [experts, dim] (a Linear without
+// bias, in the model dtype) and `experts` SwiGLU experts of width ffn, with top-2 routing as
+// DeepSpeed's MoE layer does it (deepspeed/moe/sharded_moe.py, top2gating): softmax of the router
+// logits, the two largest probabilities per token, DeepSpeed's capacity per expert
+// max(ceil(f32(N / E) * f32(capacity_factor * 2)), min_capacity) over the N local tokens, first
+// choices placed before second ones, choices past capacity dropped, and the kept probabilities
+// renormalised (Device::moe_gate). Tokens travel to the experts' ranks by all_to_all over the
+// expert-parallel group in DeepSpeed's [E, C, d] layout, and back; the output is the weighted sum
+// of a token's kept choices. Experts are spread over the expert-parallel group (experts / ep_size
+// each, global ids ep_rank * local + i) and marked is_expert, so the engine reduces them over
+// the expert-data-parallel group. Not modelled: DeepSpeed's default Gumbel noise on the second
+// choice (top2_2nd_expert_sampling: the second choice here is the second-largest probability),
+// the load-balancing loss l_aux (DeepSpeed returns it for the user to add), drop_tokens=False,
+// and top-1 / top-k > 2 gating (random token selection, drop_policy "probs").
 #pragma once
 
+#include "engine/comm.h"
 #include "engine/model.h"
 
 #include <string>
@@ -47,28 +64,38 @@ struct TransformerSpec {
   double eps = 1e-5;
   double rope_base = 10000.0;
   AttentionMemory attention = AttentionMemory::materialised;
+  // Mixture of experts (Note [MoE routing]): 0 = a dense SwiGLU MLP.
+  int experts = 0;
+  int top_k = 2;
+  double capacity_factor = 1.0;  // DeepSpeed MoE's default
+  std::int64_t min_capacity = 4;  // DeepSpeed MoE's default
 
   std::int64_t head_dim() const { return dim / heads; }
   // The number of parameters, from the shapes (tied embeddings counted once).
   std::int64_t param_count() const;
+  // Slots per expert for n local tokens (Note [MoE routing]).
+  std::int64_t capacity(std::int64_t tokens) const;
   // The largest single parameter (DeepSpeed's estimate_zero3 "largest_layer_params").
   std::int64_t largest_param() const;
   // "" when the shape is consistent, else what is wrong (names the field).
   std::string invalid() const;
 };
 
-// Preset names: gpt2-xl, llama-2-7b, llama-2-13b, llama-2-70b, and the small test shapes
-// gpt2-tiny, llama-tiny, llama-gqa-tiny. ConfigError naming the known ones for any other name.
+// Preset names: gpt2-xl, llama-2-7b, llama-2-13b, llama-2-70b, mixtral-8x7b, and the small test
+// shapes gpt2-tiny, llama-tiny, llama-gqa-tiny, mixtral-tiny. ConfigError naming the known ones for any other name.
 TransformerSpec transformer_preset(const std::string& name);
 std::vector<std::string> transformer_presets();
 // A custom shape from JSON: {"vocab":..,"dim":..,"layers":..,"heads":..,"kv_heads":..,"ffn":..,
 // "seq":..,"norm":"rmsnorm|layernorm","mlp":"swiglu|gelu","positions":"rotary|learned",
-// "max_positions":..,"tied_embeddings":..,"bias":..} (strict: unknown keys are a ConfigError).
+// "max_positions":..,"tied_embeddings":..,"bias":..,"experts":..,"top_k":2,"capacity_factor":..,
+// "min_capacity":..} (strict: unknown keys are a ConfigError).
 TransformerSpec transformer_spec_from_json(const nlohmann::json& j);
 
 class Transformer : public Model {
  public:
-  explicit Transformer(TransformerSpec spec, std::string name = "transformer");
+  // ep: the expert-parallel group an MoE model's experts are spread over (null: every expert on
+  // this rank, no all_to_all).
+  explicit Transformer(TransformerSpec spec, std::string name = "transformer", Comm* ep = nullptr);
   Transformer(const Transformer&) = default;
   std::string kind() const override { return "transformer"; }
   nlohmann::json kind_args() const override;
@@ -96,6 +123,11 @@ class Transformer : public Model {
     Tensor o;                    // [N, H*dh] attention output (Wo's input)
     Tensor x2, h2, mean2, rstd2; // [N,d] after the attention residual, mlp norm out, stats
     Tensor u, g, a;              // [N,ffn]: gelu: u pre-activation; swiglu: g gate, u up; a MLP act
+    // MoE (Note [MoE routing]): router probs [N,E], weights and expert ids [N,k]; per slot of the
+    // [E*C] layout its token and choice (n*k + j) or -1, and its weight; the experts' outputs
+    // back in slot layout [E*C, d]; per local expert its input [ep*C, d] and gate, up, act.
+    Tensor probs, weights, index, slot_token, slot_choice, slot_w, y_slots;
+    std::vector<Tensor> ein, eg, eu, ea;
   };
   Module& embed() const { return *children().front(); }
   Module& layer(std::size_t l) const { return *children().at(1 + l); }
@@ -120,8 +152,17 @@ class Transformer : public Model {
                           Tensor& dk, Tensor& dv);
   Tensor mlp_forward(Device& dev, Module& blk, BlockActs& a);
   Tensor mlp_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dm);
+  Tensor moe_forward(Device& dev, Module& blk, BlockActs& a);
+  Tensor moe_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dm);
+  // The slot tables of a routing, uploaded (or allocated, in meta mode).
+  void moe_slot_tables(Device& dev, BlockActs& a, const MoeRoute& r);
+  // [E*C, d] in token-side layout to the experts' ranks and back (identity without a group).
+  Tensor moe_exchange(Device& dev, const Tensor& t, const char* label);
+  int ep_size() const { return ep_ == nullptr ? 1 : ep_->size(); }
+  int local_experts() const { return spec_.experts / ep_size(); }
 
   TransformerSpec spec_;
+  Comm* ep_ = nullptr;
   std::vector<BlockActs> acts_;
   Tensor ids_, labels_, positions_, xf_, hf_, meanf_, rstdf_, dlogits_;
   std::int64_t batch_ = 0;

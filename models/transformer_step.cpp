@@ -116,6 +116,7 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
 }
 
 Tensor Transformer::mlp_forward(Device& dev, Module& blk, BlockActs& a) {
+  if (spec_.experts > 0) return moe_forward(dev, blk, a);  // transformer_moe.cpp
   const std::int64_t N = a.h2.dim(0), f = spec_.ffn;
   if (spec_.mlp == MlpKind::gelu) {
     a.u = linear(dev, blk, "w_fc", "b_fc", a.h2, f, "mlp_u");
@@ -131,6 +132,7 @@ Tensor Transformer::mlp_forward(Device& dev, Module& blk, BlockActs& a) {
 }
 
 Tensor Transformer::mlp_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dm) {
+  if (spec_.experts > 0) return moe_backward(dev, blk, a, dm);
   const std::int64_t N = dm.dim(0), f = spec_.ffn;
   if (spec_.mlp == MlpKind::gelu) {
     Tensor da = linear_backward(dev, blk, "w_proj", "b_proj", dm, a.a, true);

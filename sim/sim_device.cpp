@@ -94,6 +94,23 @@ void SimDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, cons
   guarded("softmax_xent", {&logits, &labels}, {&dlogits, &row_loss},
           [&] { inner_.softmax_xent(dlogits, row_loss, logits, labels); });
 }
+MoeRoute SimDevice::moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
+                             const Tensor& logits, std::int64_t capacity) {
+  return guarded("moe_gate", {&logits}, {&weights, &index, &probs},
+                 [&] { return inner_.moe_gate(weights, index, probs, logits, capacity); });
+}
+void SimDevice::moe_gate_backward(const Tensor& dlogits, const Tensor& dweights,
+                                  const Tensor& probs, const Tensor& weights, const Tensor& index) {
+  guarded("moe_gate_backward", {&dweights, &probs, &weights, &index}, {&dlogits},
+          [&] { inner_.moe_gate_backward(dlogits, dweights, probs, weights, index); });
+}
+void SimDevice::gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
+  guarded("gather_rows", {&x, &index}, {&out}, [&] { inner_.gather_rows(out, x, index); });
+}
+void SimDevice::index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
+  guarded("index_add_rows", {&out, &x, &index}, {&out},
+          [&] { inner_.index_add_rows(out, x, index); });
+}
 std::vector<std::int64_t> SimDevice::argmax_rows(const Tensor& x) {
   return guarded("argmax_rows", {&x}, {}, [&] { return inner_.argmax_rows(x); });
 }

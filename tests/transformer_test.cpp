@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <map>
 
 namespace zc {
 namespace {
@@ -26,7 +27,8 @@ TEST(TransformerPresets, ParameterCountsEqualThePublishedOnes) {
       {"gpt2-xl", 1'557'611'200},
       {"llama-2-7b", 6'738'415'616},
       {"llama-2-13b", 13'015'864'320},
-      {"llama-2-70b", 68'976'648'192}};
+      {"llama-2-70b", 68'976'648'192},
+      {"mixtral-8x7b", 46'702'792'704}};  // Hugging Face's MixtralForCausalLM count
   for (const auto& [name, count] : published) {
     const TransformerSpec s = transformer_preset(name);
     EXPECT_EQ(s.param_count(), count) << name;
@@ -108,6 +110,46 @@ TEST(TransformerBackward, IsTheGradientOfTheLossForEveryLayerKind) {
   expect_gradient(transformer_preset("llama-gqa-tiny"));  // grouped-query attention
 }
 
+TEST(TransformerBackward, IsTheGradientThroughTheMoeRouterAndExperts) {
+  TransformerSpec moe = transformer_preset("mixtral-tiny");  // 16 tokens, 4 experts, top-2
+  ASSERT_EQ(moe.capacity(16), 8);
+  expect_gradient(moe);  // capacity 8 of 32 slots for 32 choices: some choices drop
+  moe.capacity_factor = 0.5;  // capacity 4: half the choices drop
+  expect_gradient(moe);
+  moe.capacity_factor = 4.0;  // nothing drops
+  expect_gradient(moe);
+}
+
+TEST(TransformerMoe, CapacityDropsAreDeepSpeedsOrderAndReachTheOutput) {
+  // Token 0 prefers experts 0 then 1, token 1 experts 1 then 0. With one slot per expert,
+  // DeepSpeed places every first choice (token 0's, then token 1's) before any second choice: both
+  // first choices are kept, both second choices drop, and each token's kept weight is exactly 1.
+  // (Token by token, token 0 would take both slots and token 1 keep nothing.)
+  HostDevice dev;
+  const Tensor logits = tensor_from_f64(dev, DType::f32, {2, 3}, std::vector<double>{2, 1, 0, 1, 2, 0});
+  const Tensor w = dev.alloc(DType::f32, {2, 2}), p = dev.alloc(DType::f32, {2, 3});
+  const Tensor idx = dev.alloc(DType::f32, {2, 2});
+  const MoeRoute r = dev.moe_gate(w, idx, p, logits, 1);
+  EXPECT_EQ(r.expert, (std::vector<std::int64_t>{0, -1, 1, -1}));
+  EXPECT_EQ(r.slot, (std::vector<std::int64_t>{0, -1, 0, -1}));
+  EXPECT_EQ(to_f64(dev, idx), (std::vector<double>{0, -1, 1, -1}));
+  EXPECT_EQ(to_f64(dev, w), (std::vector<double>{1, 0, 1, 0}));
+  // Two slots: nothing drops, and the weights are the two probabilities renormalised.
+  const MoeRoute r2 = dev.moe_gate(w, idx, p, logits, 2);
+  EXPECT_EQ(r2.expert, (std::vector<std::int64_t>{0, 1, 1, 0}));
+  EXPECT_EQ(r2.slot, (std::vector<std::int64_t>{0, 1, 0, 1}));  // second choices after the first
+  const std::vector<double> wv = to_f64(dev, w), pv = to_f64(dev, p);
+  const auto f = [](double x) { return static_cast<float>(x); };
+  EXPECT_EQ(wv[0], static_cast<double>(f(pv[0]) / (f(pv[0]) + f(pv[1]))));
+  EXPECT_EQ(wv[2], static_cast<double>(f(pv[4]) / (f(pv[4]) + f(pv[3]))));
+  TransformerSpec s = transformer_preset("mixtral-tiny");
+  s.top_k = 1;
+  EXPECT_NE(s.invalid().find("top-2"), std::string::npos) << s.invalid();
+  s = transformer_preset("mixtral-tiny");
+  s.capacity_factor = 0;
+  EXPECT_NE(s.invalid().find("drop_tokens=False"), std::string::npos) << s.invalid();
+}
+
 TEST(TransformerBackward, FusedAttentionGivesTheSameBitsWithLessMemory) {
   for (const char* name : {"gpt2-tiny", "llama-gqa-tiny"}) {
     TransformerSpec mat = transformer_preset(name), fused = mat;
@@ -166,6 +208,104 @@ TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesAtEveryStage) {
         EXPECT_EQ(c.difference, "") << preset << " stage " << stage << " offload " << offload;
         EXPECT_GT(c.peak_bytes, 0);
       }
+    }
+  }
+}
+
+props::RunSpec moe_run(int stage, int world, int ep, bool offload) {
+  props::RunSpec spec = transformer_run("mixtral-tiny", stage, world, offload, "bf16");
+  spec.ep_size = ep;
+  spec.ds_config["moe"] = {{"ep_size", ep}};
+  spec.make_moe_model = [](Comm& group) {
+    return std::make_unique<Transformer>(transformer_preset("mixtral-tiny"), "transformer", &group);
+  };
+  return spec;
+}
+
+TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesForMoe) {
+  for (int stage : {1, 2}) {
+    for (int ep : {1, 2}) {
+      for (bool offload : {false, true}) {
+        const props::MemoryComparison c = props::compare_meta_with_host(moe_run(stage, 2, ep, offload));
+        ASSERT_TRUE(c.applies) << c.why_not;
+        EXPECT_EQ(c.difference, "") << "stage " << stage << " ep " << ep << " offload " << offload;
+        EXPECT_GT(c.peak_bytes, 0);
+      }
+    }
+  }
+}
+
+// mixtral-tiny's experts: 4 per layer, each [ffn, dim] x2 and [dim, ffn], all of one size.
+constexpr std::int64_t expert_param_numel = 24 * 16;
+constexpr std::int64_t expert_numel = 2 * 4 * 3 * expert_param_numel;
+
+// Where each expert param's grad sits in full_grads()' expert part at ep_size ep: rank by rank,
+// each rank's params in its module order (layer, local expert, gate / up / down).
+std::map<std::string, std::size_t> expert_offsets(int ep) {
+  std::map<std::string, std::size_t> at;
+  std::size_t off = 0;
+  for (int r = 0; r < ep; ++r) {
+    for (int l = 0; l < 2; ++l) {
+      for (int i = 0; i < 4 / ep; ++i) {
+        for (const char* w : {"w_gate", "w_up", "w_down"}) {
+          at[fmt::format("layers.{}.expert{}_{}", l, r * (4 / ep) + i, w)] = off;
+          off += static_cast<std::size_t>(expert_param_numel);
+        }
+      }
+    }
+  }
+  return at;
+}
+
+TEST(TransformerMoe, ExpertParallelRunsComputeWhatEveryRankHoldingEveryExpertComputes) {
+  // At world 4: ep 1 (every rank holds all 4 experts) against ep 2 and 4 (experts spread, tokens
+  // by all_to_all). The routing and every token's expert math are row by row, so the loss is the
+  // same bits; an expert's weight grad sums its tokens in another association (one matmul over the
+  // tokens of every rank, or a matmul per rank then the reduction), so params after the step agree
+  // to f32 reassociation, far inside what one misrouted token or a wrong scale would move.
+  for (int stage : {1, 2}) {
+    props::RunSpec base = moe_run(stage, 4, 1, false);
+    base.ds_config.erase("bf16");
+    base.steps = 1;
+    const props::RunResult ref = props::run_on_sim(base);
+    ASSERT_TRUE(ref.ranks_agree) << ref.disagreement;
+    for (int ep : {2, 4}) {
+      props::RunSpec spec = moe_run(stage, 4, ep, false);
+      spec.ds_config.erase("bf16");
+      spec.steps = 1;
+      const props::RunResult got = props::run_on_sim(spec);
+      ASSERT_TRUE(got.ranks_agree) << got.disagreement;
+      EXPECT_EQ(got.losses, ref.losses) << "stage " << stage << " ep " << ep;
+      ASSERT_EQ(got.grads.size(), ref.grads.size());
+      ASSERT_EQ(got.grads[0].size(), ref.grads[0].size());
+      // full_grads(): the dense grads, then each expert-parallel rank's experts in turn.
+      const std::size_t experts = static_cast<std::size_t>(expert_numel), dense = ref.grads[0].size() - experts;
+      const std::vector<double> a(ref.grads[0].begin(), ref.grads[0].begin() + static_cast<std::ptrdiff_t>(dense));
+      const std::vector<double> b(got.grads[0].begin(), got.grads[0].begin() + static_cast<std::ptrdiff_t>(dense));
+      EXPECT_EQ(props::first_difference(a, b, DType::f32), "") << "dense grads, stage " << stage << " ep " << ep;
+      const std::map<std::string, std::size_t> at_ref = expert_offsets(1), at_got = expert_offsets(ep);
+      double scale = 0, worst = 0;
+      for (const auto& [name, off] : at_ref) {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(expert_param_numel); ++i) {
+          const double x = ref.grads[0][dense + off + i], y = got.grads[0][dense + at_got.at(name) + i];
+          scale = std::max(scale, std::fabs(x));
+          worst = std::max(worst, std::fabs(x - y));
+        }
+      }
+      EXPECT_GT(scale, 0);
+      EXPECT_LE(worst, 1e-6 * scale) << "stage " << stage << " ep " << ep;
+    }
+  }
+}
+
+TEST(TransformerMoe, StagesZeroAndThreeAreRefusedAsDeepSpeedRefusesThem) {
+  for (int stage : {0, 3}) {
+    try {
+      props::run_on_sim(moe_run(stage, 2, 2, false));
+      ADD_FAILURE() << "stage " << stage << " ran";
+    } catch (const ZcError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("MoE expert params with ZeRO stage {} are not modelled", stage)),
+                std::string::npos) << e.what();
     }
   }
 }

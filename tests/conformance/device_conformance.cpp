@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -40,6 +41,8 @@ double ulp_factor(const DeviceCase& c) {
       c.op == "rope") {
     return 8.0;
   }
+  // The gate's softmax, as softmax_xent's (its backward is plain arithmetic: exact).
+  if (c.op == "moe_gate") return 12.0 + 2.0 * static_cast<double>(c.dims.at(1));
   return 0;
 }
 
@@ -123,6 +126,14 @@ std::vector<DeviceCase> device_table() {
   add_cases(t, "swiglu_backward", all, f32, flat, {0}, ed);
   // rope [rows, heads, dh, seq]; variant 1 is the inverse rotation.
   add_cases(t, "rope", all, f32, {{1, 1, 2, 1}, {8, 2, 4, 4}, {24, 3, 16, 12}}, {0, 1}, ed);
+  // MoE routing. moe_gate [tokens, experts, k, capacity] (capacity 0: no drops; 3 and 5 drop);
+  // moe_gate_backward [tokens, experts, k], variant 1 with dropped choices; gather_rows
+  // [rows out, rows in, width] and index_add_rows [rows out, rows in, width], variant 1 with an
+  // index past the rows (both must refuse).
+  add_cases(t, "moe_gate", all, f32, {{1, 2, 1, 0}, {8, 4, 2, 0}, {16, 8, 2, 3}, {33, 8, 3, 5}}, {0}, ed);
+  add_cases(t, "moe_gate_backward", all, f32, {{1, 2, 1}, {8, 4, 2}, {33, 8, 3}}, {0, 1}, ed);
+  add_cases(t, "gather_rows", all, f32, {{1, 1, 1}, {12, 5, 7}, {40, 33, 16}}, {0, 1}, ed);
+  add_cases(t, "index_add_rows", all, f32, {{1, 1, 1}, {5, 12, 7}, {33, 40, 16}}, {0, 1}, ed);
   return t;
 }
 
@@ -185,6 +196,29 @@ struct Runner {
     for (auto& x : v) x = static_cast<double>(rng.below(static_cast<std::uint64_t>(limit)));
     if (one_bad && !v.empty()) v[v.size() / 2] = static_cast<double>(limit);
     return tensor_from_f64(dev, DType::f32, std::move(shape), v, "ids");
+  }
+  // [rows, k] expert ids as floats: k distinct experts of `experts` per row, some -1 when `drops`.
+  Tensor route(std::int64_t rows, std::int64_t experts, std::int64_t k, bool drops) {
+    std::vector<double> v;
+    Rng rng = Rng(std::hash<std::string>{}(c.name())).split(1001);
+    for (std::int64_t n = 0; n < rows; ++n) {
+      std::vector<double> row;
+      while (static_cast<std::int64_t>(row.size()) < k) {
+        const auto e = static_cast<double>(rng.below(static_cast<std::uint64_t>(experts)));
+        if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
+      }
+      for (double& e : row) e = drops && rng.below(3) == 0 ? -1.0 : e;
+      v.insert(v.end(), row.begin(), row.end());
+    }
+    return tensor_from_f64(dev, DType::f32, {rows, k}, v, "route");
+  }
+  // [n] row ids in [-1, limit) as floats (about one in five -1), one == limit when `one_bad`.
+  Tensor rows_index(std::int64_t n, std::int64_t limit, bool one_bad) {
+    std::vector<double> v(static_cast<std::size_t>(n));
+    Rng rng = Rng(std::hash<std::string>{}(c.name())).split(1002);
+    for (auto& x : v) x = rng.below(5) == 0 ? -1.0 : static_cast<double>(rng.below(static_cast<std::uint64_t>(limit)));
+    if (one_bad && !v.empty()) v[v.size() / 2] = static_cast<double>(limit);
+    return tensor_from_f64(dev, DType::f32, {n}, v, "rows");
   }
   void keep(const std::string& name, const Tensor& t) { r.tensors.push_back({name, t.dtype(), to_bytes(dev, t)}); }
   void value(const std::string& name, double v) { r.values.emplace_back(name, v); }
@@ -393,6 +427,34 @@ void run_op(Runner& k) {
   } else if (op == "rope") {
     const Tensor x = k.input(c.dtype, {d[0], d[1] * d[2]}), out = dev.alloc(c.dtype, {d[0], d[1] * d[2]});
     dev.rope(out, x, d[3], d[1], 10000.0, c.variant == 1);
+    k.keep("out", out);
+  } else if (op == "moe_gate") {
+    const Tensor logits = k.input(c.dtype, {d[0], d[1]});
+    const Tensor w = dev.alloc(c.dtype, {d[0], d[2]}), probs = dev.alloc(c.dtype, {d[0], d[1]});
+    const Tensor index = dev.alloc(DType::f32, {d[0], d[2]});
+    const MoeRoute r = dev.moe_gate(w, index, probs, logits, d[3]);
+    k.keep("weights", w);
+    k.keep("probs", probs);
+    k.keep("index", index);
+    for (std::size_t i = 0; i < r.expert.size(); ++i) {
+      k.value(fmt::format("expert[{}]", i), static_cast<double>(r.expert[i]));
+      k.value(fmt::format("slot[{}]", i), static_cast<double>(r.slot[i]));
+    }
+  } else if (op == "moe_gate_backward") {
+    const Tensor probs = k.input(c.dtype, {d[0], d[1]}, Role::unit_range);
+    const Tensor w = k.input(c.dtype, {d[0], d[2]}, Role::unit_range), dw = k.input(c.dtype, {d[0], d[2]});
+    const Tensor index = k.route(d[0], d[1], d[2], c.variant == 1), dl = dev.alloc(c.dtype, {d[0], d[1]});
+    dev.moe_gate_backward(dl, dw, probs, w, index);
+    k.keep("dlogits", dl);
+  } else if (op == "gather_rows") {
+    const Tensor x = k.input(c.dtype, {d[1], d[2]}), index = k.rows_index(d[0], d[1], c.variant == 1);
+    const Tensor out = k.input(c.dtype, {d[0], d[2]});  // overwritten, dropped rows zeroed
+    dev.gather_rows(out, x, index);
+    k.keep("out", out);
+  } else if (op == "index_add_rows") {
+    const Tensor out = k.input(c.dtype, {d[0], d[2]}), x = k.input(c.dtype, {d[1], d[2]});
+    const Tensor index = k.rows_index(d[1], d[0], c.variant == 1);
+    dev.index_add_rows(out, x, index);
     k.keep("out", out);
   } else {
     throw UsageError(fmt::format("device conformance: no runner for op '{}'", op));

@@ -121,6 +121,26 @@ class PerturbingDevice final : public Device {
     hit("permute_0213", out);
   }
 
+  MoeRoute moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs, const Tensor& logits,
+                    std::int64_t capacity) override {
+    MoeRoute r = inner_.moe_gate(weights, index, probs, logits, capacity);
+    hit("moe_gate", weights);
+    return r;
+  }
+  void moe_gate_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& probs, const Tensor& weights,
+                         const Tensor& index) override {
+    inner_.moe_gate_backward(dlogits, dweights, probs, weights, index);
+    hit("moe_gate_backward", dlogits);
+  }
+  void gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) override {
+    inner_.gather_rows(out, x, index);
+    hit("gather_rows", out);
+  }
+  void index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index) override {
+    inner_.index_add_rows(out, x, index);
+    hit("index_add_rows", out);
+  }
+
  protected:
   Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override {
     return inner_.alloc(dtype, std::move(shape), std::move(label), category);
@@ -130,7 +150,8 @@ class PerturbingDevice final : public Device {
   void hit(const char* op, const Tensor& t) {
     if (op_ != op || t.numel() == 0) return;
     const bool wide = op_ == "softmax_xent" || op_ == "causal_softmax" || op_ == "gelu" || op_ == "gelu_backward" ||
-                      op_ == "swiglu" || op_ == "swiglu_backward" || op_ == "rope";
+                      op_ == "swiglu" || op_ == "swiglu_backward" || op_ == "rope" || op_ == "moe_gate" ||
+                      op_ == "moe_gate_backward";
     const int bit = wide ? dtype_mantissa_bits(t.dtype()) - 5 : 0;
     std::uint64_t bits = 0;
     std::memcpy(&bits, t.raw(), static_cast<std::size_t>(dtype_size(t.dtype())));

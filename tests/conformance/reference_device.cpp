@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -793,6 +794,143 @@ void ReferenceDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq,
           put<T>(out, r * width + h * dh + i + half, x2 * cs + x1 * sn);
         }
       }
+    }
+  });
+}
+
+// ---- MoE routing (device.h), from the comments: softmax, top-k, DeepSpeed's capacity order, the
+// clamped renormalisation; no code shared with engine/moe_ops.cpp. ----
+MoeRoute ReferenceDevice::moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
+                                   const Tensor& logits, std::int64_t capacity) {
+  const std::int64_t N = rows_of("moe_gate", logits), E = logits.dim(1);
+  require(index.ndim() == 2 && index.dim(0) == N && weights.numel() == index.numel() &&
+              probs.numel() == logits.numel() && index.dim(1) >= 1 && index.dim(1) <= E,
+          "moe_gate", "shapes");
+  const std::int64_t k = index.dim(1);
+  MoeRoute route;
+  route.tokens = N, route.k = k, route.experts = E, route.capacity = capacity;
+  in_compute_type({&weights, &probs, &logits}, [&]<class T>(T) {
+    std::vector<std::vector<std::int64_t>> chosen(static_cast<std::size_t>(N));
+    for (std::int64_t n = 0; n < N; ++n) {
+      const auto x = [&](std::int64_t e) { return get<T>(logits, n * E + e); };
+      T largest = -std::numeric_limits<T>::infinity();
+      for (std::int64_t e = 0; e < E; ++e) largest = x(e) > largest ? x(e) : largest;
+      T denom = 0;
+      for (std::int64_t e = 0; e < E; ++e) denom = denom + wide_exp(x(e) - largest);
+      for (std::int64_t e = 0; e < E; ++e) put<T>(probs, n * E + e, wide_exp(x(e) - largest) / denom);
+      // Recomputed, not read back from probs (which may be 16-bit): the choice is on the f32 value.
+      const auto p = [&](std::int64_t e) { return wide_exp(x(e) - largest) / denom; };
+      std::vector<std::int64_t>& c = chosen[static_cast<std::size_t>(n)];
+      while (static_cast<std::int64_t>(c.size()) < k) {
+        std::int64_t pick = -1;
+        for (std::int64_t e = 0; e < E; ++e) {
+          if (std::find(c.begin(), c.end(), e) != c.end()) continue;
+          const bool better = pick < 0 || (!std::isnan(p(e)) && (std::isnan(p(pick)) || p(e) > p(pick)));
+          if (better) pick = e;
+        }
+        c.push_back(pick);
+      }
+    }
+    std::vector<std::int64_t> fill(static_cast<std::size_t>(E), 0);
+    route.expert.assign(static_cast<std::size_t>(N * k), -1);
+    route.slot.assign(static_cast<std::size_t>(N * k), -1);
+    for (std::int64_t j = 0; j < k; ++j) {  // first choices of every token, then second ones, ...
+      for (std::int64_t n = 0; n < N; ++n) {
+        const std::int64_t e = chosen[static_cast<std::size_t>(n)][static_cast<std::size_t>(j)];
+        const std::int64_t at = fill[static_cast<std::size_t>(e)]++;
+        if (capacity > 0 && at >= capacity) continue;
+        route.expert[static_cast<std::size_t>(n * k + j)] = e;
+        route.slot[static_cast<std::size_t>(n * k + j)] = at;
+      }
+    }
+    for (std::int64_t n = 0; n < N; ++n) {
+      const auto& c = chosen[static_cast<std::size_t>(n)];
+      T s = 0;
+      std::vector<T> pj(static_cast<std::size_t>(k), T(0));
+      {
+        const auto x = [&](std::int64_t e) { return get<T>(logits, n * E + e); };
+        T largest = -std::numeric_limits<T>::infinity();
+        for (std::int64_t e = 0; e < E; ++e) largest = x(e) > largest ? x(e) : largest;
+        T denom = 0;
+        for (std::int64_t e = 0; e < E; ++e) denom = denom + wide_exp(x(e) - largest);
+        for (std::int64_t j = 0; j < k; ++j) pj[static_cast<std::size_t>(j)] = wide_exp(x(c[static_cast<std::size_t>(j)]) - largest) / denom;
+      }
+      for (std::int64_t j = 0; j < k; ++j) {
+        if (route.expert[static_cast<std::size_t>(n * k + j)] >= 0) s = s + pj[static_cast<std::size_t>(j)];
+      }
+      if (s < std::numeric_limits<T>::epsilon()) s = std::numeric_limits<T>::epsilon();
+      for (std::int64_t j = 0; j < k; ++j) {
+        const bool kept_j = route.expert[static_cast<std::size_t>(n * k + j)] >= 0;
+        put<T>(weights, n * k + j, kept_j ? pj[static_cast<std::size_t>(j)] / s : T(0));
+        put<float>(index, n * k + j, kept_j ? static_cast<float>(c[static_cast<std::size_t>(j)]) : -1.0f);
+      }
+    }
+  });
+  return route;
+}
+
+void ReferenceDevice::moe_gate_backward(const Tensor& dlogits, const Tensor& dweights,
+                                        const Tensor& probs, const Tensor& weights,
+                                        const Tensor& index) {
+  const std::int64_t N = rows_of("moe_gate_backward", probs), E = probs.dim(1);
+  require(index.ndim() == 2 && index.dim(0) == N && dweights.numel() == index.numel() &&
+              weights.numel() == index.numel() && dlogits.numel() == probs.numel(),
+          "moe_gate_backward", "shapes");
+  const std::int64_t k = index.dim(1);
+  in_compute_type({&dlogits, &dweights, &probs, &weights}, [&]<class T>(T) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      std::vector<T> dp(static_cast<std::size_t>(E), T(0));
+      T s = 0, c = 0;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto e = static_cast<std::int64_t>(get<float>(index, n * k + j));
+        require(e >= -1 && e < E, "moe_gate_backward", "index outside [-1, E)");
+        if (e < 0) continue;
+        s = s + get<T>(probs, n * E + e);
+        c = c + get<T>(dweights, n * k + j) * get<T>(weights, n * k + j);
+      }
+      if (s < std::numeric_limits<T>::epsilon()) {
+        s = std::numeric_limits<T>::epsilon();
+        c = 0;
+      }
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto e = static_cast<std::int64_t>(get<float>(index, n * k + j));
+        if (e >= 0) dp[static_cast<std::size_t>(e)] = (get<T>(dweights, n * k + j) - c) / s;
+      }
+      T t = 0;
+      for (std::int64_t e = 0; e < E; ++e) t = t + get<T>(probs, n * E + e) * dp[static_cast<std::size_t>(e)];
+      for (std::int64_t e = 0; e < E; ++e) {
+        put<T>(dlogits, n * E + e, get<T>(probs, n * E + e) * (dp[static_cast<std::size_t>(e)] - t));
+      }
+    }
+  });
+}
+
+void ReferenceDevice::gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
+  const std::int64_t M = rows_of("gather_rows", out), D = out.dim(1);
+  const std::int64_t N = rows_of("gather_rows", x);
+  require(x.dim(1) == D && index.numel() == M, "gather_rows", "shapes");
+  for (std::int64_t m = 0; m < M; ++m) {
+    const double at = get<double>(index, m);
+    require(at == -1 || (at >= 0 && at < static_cast<double>(N) && at == std::floor(at)), "gather_rows",
+            "index neither -1 nor a row");
+    for (std::int64_t j = 0; j < D; ++j) {
+      put<double>(out, m * D + j, at < 0 ? 0.0 : get<double>(x, static_cast<std::int64_t>(at) * D + j));
+    }
+  }
+}
+
+void ReferenceDevice::index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
+  const std::int64_t N = rows_of("index_add_rows", out), D = out.dim(1);
+  const std::int64_t M = rows_of("index_add_rows", x);
+  require(x.dim(1) == D && index.numel() == M, "index_add_rows", "shapes");
+  in_compute_type({&out, &x}, [&]<class T>(T) {
+    for (std::int64_t m = 0; m < M; ++m) {
+      const double at = get<double>(index, m);
+      require(at == -1 || (at >= 0 && at < static_cast<double>(N) && at == std::floor(at)),
+              "index_add_rows", "index neither -1 nor a row");
+      if (at < 0) continue;
+      const auto r = static_cast<std::int64_t>(at);
+      for (std::int64_t j = 0; j < D; ++j) put<T>(out, r * D + j, get<T>(out, r * D + j) + get<T>(x, m * D + j));
     }
   });
 }

@@ -72,6 +72,12 @@ class ReferenceDevice final : public Device {
                        const Tensor& gate, const Tensor& up) override;
   void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
             bool inverse) override;
+  MoeRoute moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
+                    const Tensor& logits, std::int64_t capacity) override;
+  void moe_gate_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& probs,
+                         const Tensor& weights, const Tensor& index) override;
+  void gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) override;
+  void index_add_rows(const Tensor& out, const Tensor& x, const Tensor& index) override;
 
  protected:
   Tensor do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) override;
