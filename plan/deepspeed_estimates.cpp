@@ -122,6 +122,14 @@ std::string compare_with_deepspeed(const PlanResult& r, const DeepSpeedEstimates
       format_bytes(cat(at, MemCategory::temporaries)),
       format_bytes(row->at("cpu_bytes_per_node").get<std::int64_t>()), format_bytes(r.cpu.peak),
       format_bytes(r.cpu.peak * std::min(r.gpus_per_node, r.options.world)));
+  if (r.experts > 0) {
+    out += fmt::format(
+        "  MoE: the formula counts every param as dense: all of them in 16 bits on every rank "
+        "(the plan: the dense params and this rank's 1/{} of the experts) and their states "
+        "partitioned over all {} ranks (the plan: the experts' over the {} ranks of each "
+        "expert-data-parallel group)\n",
+        r.ep_size, r.options.world, r.options.world / std::max(1, r.ep_size));
+  }
   return out;
 }
 

@@ -73,14 +73,19 @@ PlanResult::RankFigures rank_figures(const props::RunResult& run, std::size_t i,
   f.rank = run.ranks[i];
   f.device = figures(run.memory[i].device);
   f.cpu = figures(run.memory[i].cpu);
+  // The world's collectives and, with MoE, the expert groups' (all_to_all, the experts' reductions).
   const CommStats& end = run.comm[i];
   const CommStats& init = run.comm_after_init[i];
+  const CommStats& gend = run.group_comm[i];
+  const CommStats& ginit = run.group_comm_after_init[i];
   for (int c = 0; c < kCollectiveKinds; ++c) {
     const auto j = static_cast<std::size_t>(c);
-    const std::int64_t calls = end.by_kind[j].calls - init.by_kind[j].calls;
+    const std::int64_t calls = end.by_kind[j].calls - init.by_kind[j].calls +
+                               gend.by_kind[j].calls - ginit.by_kind[j].calls;
     if (calls == 0) continue;
-    f.collectives.push_back({static_cast<CollectiveKind>(c), calls / steps,
-                             (end.by_kind[j].bytes - init.by_kind[j].bytes) / steps});
+    const std::int64_t bytes = end.by_kind[j].bytes - init.by_kind[j].bytes +
+                               gend.by_kind[j].bytes - ginit.by_kind[j].bytes;
+    f.collectives.push_back({static_cast<CollectiveKind>(c), calls / steps, bytes / steps});
   }
   const std::vector<sim::RankTiming>& t = run.timing[i];
   ZC_ASSERT(t.size() == static_cast<std::size_t>(steps) + 1, "{} clock samples for {} steps",
@@ -146,6 +151,8 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.seq = model.seq;
   r.params = model.param_count();
   r.largest_param = model.largest_param();
+  r.experts = model.experts;
+  r.ep_size = model.experts > 0 ? cfg.ep_size : 1;
   r.model_name = model.preset;
   r.gpu_name = gpu.name;
   r.network_name = net.name;
@@ -165,14 +172,28 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   spec.record_values = false;
   spec.adam_simd_width = 16;
   spec.make_model = [model] { return std::make_unique<Transformer>(model); };
+  if (model.experts > 0) {  // Note [MoE routing]: experts over groups of the config's moe.ep_size
+    spec.ep_size = cfg.ep_size;
+    spec.make_moe_model = [model](Comm& ep) {
+      return std::make_unique<Transformer>(model, "transformer", &ep);
+    };
+  }
   spec.sim.meta = true;
   spec.sim.fiber_stack_bytes = 128 * 1024;
   spec.sim.limits.max_trace_events_kept = 0;
   spec.sim.limits.max_scheduler_steps = 2'000'000'000;
   spec.sim.cost = cost_model(gpu, net, r.gpus_per_node, cfg.model_dtype(), hw);
   spec.after_init = [](int, Engine& e) { e.device().memory().enable_timeline(kTimelineSamples); };
+  // Expert-parallel groups need Comm::split, which representative ranks do not model: an MoE
+  // model simulates every rank (up to the simulator's 8,192).
   r.representative = o.ranks == PlanOptions::Ranks::representative ||
-                     (o.ranks == PlanOptions::Ranks::automatic && o.world > kFullSimulationRanks);
+                     (o.ranks == PlanOptions::Ranks::automatic && o.world > kFullSimulationRanks &&
+                      model.experts == 0);
+  if (r.representative && model.experts > 0) {
+    throw ConfigError(fmt::format("{}: an MoE model's expert-parallel groups are not modelled under "
+                                  "representative ranks; use --ranks all (up to 8,192 ranks)",
+                                  model.preset));
+  }
   if (r.representative) spec.sim.simulated_ranks = representative_ranks(o.world);
   const props::RunResult run = props::run_on_sim(spec);
 
@@ -201,8 +222,11 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.mfu = r.step_us > 0 ? static_cast<double>(r.flops_per_step) /
                               (r.step_us * 1e-6 * peak_tflops(gpu, cfg.model_dtype()) * 1e12)
                         : 0;
-  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {}", r.stage,
-                                 r.dtype, r.offload, r.micro_batch, r.seq, r.ga);
+  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {}{}", r.stage,
+                                 r.dtype, r.offload, r.micro_batch, r.seq, r.ga,
+                                 r.experts > 0 ? fmt::format(", {} experts over ep_size {}",
+                                                             r.experts, r.ep_size)
+                                               : std::string());
   return r;
 }
 

@@ -89,6 +89,7 @@ struct PlanResult {
   std::string model_name, config_summary, gpu_name, network_name;
   std::int64_t params = 0, largest_param = 0;
   int stage = 0, gpus_per_node = 8, ga = 1;
+  int experts = 0, ep_size = 1;  // MoE (Note [MoE routing] in models/transformer.h)
   std::int64_t micro_batch = 1, seq = 1;
   std::string dtype, offload;  // "bf16", "none" | "optimizer" | "optimizer+param" | "param"
   bool representative = false;

@@ -186,6 +186,19 @@ void finish(DeviceMemory& m, const Device& dev) {
   if (const AllocatorStats* a = dev.allocator_stats()) m.allocator_steps = *a;
 }
 
+// The MoE groups' collectives, summed (nothing without them).
+CommStats group_stats(const Comm* ep, const Comm* edp) {
+  CommStats s;
+  for (const Comm* c : {ep, edp}) {
+    if (c == nullptr) continue;
+    for (std::size_t k = 0; k < s.by_kind.size(); ++k) {
+      s.by_kind[k].calls += c->stats().by_kind[k].calls;
+      s.by_kind[k].bytes += c->stats().by_kind[k].bytes;
+    }
+  }
+  return s;
+}
+
 RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
                  BatchCache& cache, Device* cpu) {
   const int W = world.size();
@@ -211,6 +224,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
   opts.deepcompile_loader = loader.get();
   Engine engine(cfg, *model, dev, world, opts);
+  rec.group_comm_after_init = group_stats(ep.get(), edp.get());
   if (spec.after_init) spec.after_init(rank, engine);
   if (spec.compile) engine.compile(*spec.compile);
   rec.memory.device = snapshot(dev);
@@ -266,6 +280,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   }
   if (spec.destroy_at_end) engine.destroy();
   rec.comm = world.stats();
+  rec.group_comm = group_stats(ep.get(), edp.get());
   finish(rec.memory.device, dev);
   if (cpu != nullptr) finish(rec.memory.cpu, *cpu);
   rec.step_device_ops = minus(dev.counters(), dev_ops0);
@@ -337,6 +352,8 @@ RunResult run_on_sim(const RunSpec& spec) {
     result.step_cpu_ops.push_back(r.step_cpu_ops);
     result.step_offload.push_back(r.step_offload);
     result.comm.push_back(r.comm);
+    result.group_comm.push_back(r.group_comm);
+    result.group_comm_after_init.push_back(r.group_comm_after_init);
     CommStats engine_only = r.comm;
     for (int k = 0; k < kCollectiveKinds; ++k) {
       engine_only.by_kind[static_cast<std::size_t>(k)].calls -= r.getter_comm.by_kind[static_cast<std::size_t>(k)].calls;

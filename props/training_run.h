@@ -95,6 +95,9 @@ struct RunResult {
   // Per rank: the clock after construction, then after each step (timing[r][s + 1]).
   std::vector<std::vector<sim::RankTiming>> timing;
   std::vector<CommStats> comm_after_init;   // per rank: the collectives of construction
+  // Per rank, MoE: the expert-parallel and expert-data-parallel groups' collectives (not in comm,
+  // which is the world's), at the end and after construction.
+  std::vector<CommStats> group_comm, group_comm_after_init;
   // Per rank: the steps' device ops, CPU-side ops and offload transfers (RankRecord's).
   std::vector<DeviceCounters> step_device_ops, step_cpu_ops;
   std::vector<OffloadStats> step_offload;
@@ -109,6 +112,7 @@ struct RankRecord {
   std::vector<std::int64_t> skipped_steps;
   CommStats comm;
   CommStats getter_comm;  // the collectives of full_grads()/full_params() (part of comm)
+  CommStats group_comm, group_comm_after_init;  // MoE groups' (RunResult::group_comm)
   RankMemory memory;
   // What the steps did (construction excluded): the device's and the CPU side's kernels, FLOPs
   // and bytes; the transfers between them under offload.

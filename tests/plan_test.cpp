@@ -55,6 +55,50 @@ TEST(Plan, SmallModelMemoryMatchesTheArithmeticByHand) {
   EXPECT_GT(off.offload_us, 0) << "CPU Adam and the PCIe transfers take time";
 }
 
+// mixtral-tiny (13,008 params; per layer 2,304 params in each expert-parallel rank's 2 of the 4
+// experts) at world 4, ep_size 2, ZeRO-2: a rank holds the 3,792 dense params and 4,608 expert
+// params in bf16; ZeRO-2 partitions the dense ones over the 4 ranks (948 each) and the experts
+// over the 2 ranks of the expert-data-parallel group (2,304 each). With 8 tokens, 4 experts and
+// top-2, DeepSpeed's capacity is max(ceil(8 / 4 * 2), 4) = 4 slots per expert, so each of the 4
+// all_to_alls per layer (dispatch, combine and their backwards) moves [4 x 4, 16] bf16 = 512 bytes.
+TEST(Plan, MoeMemoryAndAllToAllMatchTheArithmeticByHand) {
+  PlanOptions o = tiny(2, 4);
+  o.model = transformer_preset("mixtral-tiny");
+  o.ds_config["moe"] = {{"ep_size", 2}};
+  const PlanResult r = run_plan(o, hardware());
+  ASSERT_EQ(r.params, 13008);
+  EXPECT_EQ(r.ep_size, 2);
+  const MemBytes& peak = r.device.category_peaks;
+  EXPECT_EQ(peak[k(MemCategory::params)], (3792 + 4608) * 2) << "dense + local experts, bf16";
+  EXPECT_EQ(peak[k(MemCategory::master)], (948 + 2304) * 4);
+  EXPECT_EQ(peak[k(MemCategory::optimizer_states)], (948 + 2304) * 8);
+  bool seen = false;
+  for (const CollectiveFigure& c : r.collectives) {
+    if (c.kind != CollectiveKind::all_to_all) continue;
+    seen = true;
+    EXPECT_EQ(c.calls, 2 * 4);
+    EXPECT_EQ(c.bytes, 2 * 4 * 512);
+  }
+  EXPECT_TRUE(seen) << "the expert group's all_to_alls are in the plan's collectives";
+
+  o.ranks = PlanOptions::Ranks::representative;
+  try {
+    run_plan(o, hardware());
+    ADD_FAILURE() << "representative ranks planned an MoE model";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--ranks all"), std::string::npos) << e.what();
+  }
+  o.ranks = PlanOptions::Ranks::automatic;
+  o.ds_config["zero_optimization"]["stage"] = 3;
+  try {
+    run_plan(o, hardware());
+    ADD_FAILURE() << "ZeRO-3 planned an MoE model";
+  } catch (const ZcError& e) {
+    EXPECT_NE(std::string(e.what()).find("MoE expert params with ZeRO stage 3 are not modelled"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Plan, ZeroThreeShardsWhatZeroTwoReplicates) {
   PlanOptions o = tiny(3, 4, {{"stage3_param_persistence_threshold", 0}});
   const PlanResult z3 = run_plan(o, hardware());
