@@ -2,16 +2,31 @@
 # The README's zerocheck plan table: Llama-2 7B (bf16, AdamW, micro-batch 1 x 4096 tokens) on
 # H100s at ZeRO-1/2/3 with and without optimizer offload, at 8, 64 and 1,024 ranks (every rank
 # simulated). Prints a Markdown table; set ZC_BIN to another zerocheck binary.
+# MODEL=mixtral-8x7b [EP=8]: the MoE preset at ZeRO-1/2 (DeepSpeed refuses MoE at 0 and 3), with
+# moe.ep_size EP added to each config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${ZC_BIN:-build/default/cli/zerocheck}
 attention=${ATTENTION:-materialised}
+model=${MODEL:-llama-2-7b}
+configs="zero1 zero1-offload zero2 zero2-offload zero3 zero3-offload"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for cfg in $configs; do
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); ep=int(sys.argv[2])
+if ep: c['moe']={'ep_size':ep}
+json.dump(c,open(sys.argv[3],'w'))" examples/plan/$cfg.json "${EP:-0}" "$tmp/$cfg.json"
+done
+if [[ $model == mixtral* ]]; then
+  configs="zero1 zero1-offload zero2 zero2-offload"
+  [[ -n ${EP:-} ]] || { echo "MODEL=$model needs EP=<moe.ep_size>" >&2; exit 2; }
+fi
 echo "| ZeRO | offload | ranks | GPU peak | params | grads | master | opt. states | buckets + comm | gathered + prefetch | activations | CPU peak | step | blocked in collectives | offload | tokens/s | wall |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-for cfg in zero1 zero1-offload zero2 zero2-offload zero3 zero3-offload; do
+for cfg in $configs; do
   for w in 8 64 1024; do
     t0=$(date +%s.%N)
-    "$bin" plan --config examples/plan/$cfg.json --model llama-2-7b --world-size "$w" --attention "$attention" \
+    "$bin" plan --config "$tmp/$cfg.json" --model "$model" --world-size "$w" --attention "$attention" \
       --ranks all --no-deepspeed --json > /tmp/zc-plan-$$.json || true
     t1=$(date +%s.%N)
     python3 - "$cfg" "$w" "$t0" "$t1" /tmp/zc-plan-$$.json <<'PY'
