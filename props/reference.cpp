@@ -269,6 +269,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   try {
     RunSpec spec = to_run_spec(s, {}, {});
     spec.adam_simd_width = reference_env().adam_simd_width;  // the build DeepSpeed runs here
+    spec.sim.order = sim::ReductionOrder::gloo;  // DeepSpeed's collectives run on gloo here
     sim = run_on_sim(spec);
     for (std::size_t k = 0; k < sim.grads.size(); ++k) {
       h = hash_values(h, "sim grads", sim.grads[k]);

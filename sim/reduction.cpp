@@ -11,7 +11,12 @@
 namespace zc::sim {
 
 std::string_view reduction_order_name(ReductionOrder o) {
-  return o == ReductionOrder::linear ? "linear" : "ring";
+  switch (o) {
+    case ReductionOrder::linear: return "linear";
+    case ReductionOrder::ring: return "ring";
+    case ReductionOrder::gloo: return "gloo";
+  }
+  return "?";
 }
 
 namespace {
@@ -53,14 +58,14 @@ inline typename F::Compute combine(typename F::Compute a, typename F::Compute x)
 // the op is a template argument, so the element loop has no branch and vectorizes).
 template <class F, ReduceOp Op>
 void reduce_range_op(std::span<const std::byte* const> inputs, std::int64_t offset,
-                     std::int64_t count, int first, std::byte* out) {
+                     std::int64_t count, int first, int step, std::byte* out) {
   using T = typename F::Compute;
   const int n = static_cast<int>(inputs.size());
   const std::unique_ptr<T[]> acc(new T[static_cast<std::size_t>(count)]);  // every element set below
   T* a = acc.get();
   for (std::int64_t i = 0; i < count; ++i) a[i] = F::load(inputs[first], offset + i);
   for (int j = 1; j < n; ++j) {
-    const std::byte* in = inputs[(first + j) % n];
+    const std::byte* in = inputs[((first + step * j) % n + n) % n];
     for (std::int64_t i = 0; i < count; ++i) a[i] = combine<F, Op>(a[i], F::load(in, offset + i));
   }
   for (std::int64_t i = 0; i < count; ++i) F::store(out, i, a[i]);
@@ -68,25 +73,60 @@ void reduce_range_op(std::span<const std::byte* const> inputs, std::int64_t offs
 
 template <class F>
 void reduce_range_as(ReduceOp op, std::span<const std::byte* const> inputs, std::int64_t offset,
-                     std::int64_t count, int first, std::byte* out) {
+                     std::int64_t count, int first, int step, std::byte* out) {
   switch (op) {
-    case ReduceOp::sum: return reduce_range_op<F, ReduceOp::sum>(inputs, offset, count, first, out);
-    case ReduceOp::max: return reduce_range_op<F, ReduceOp::max>(inputs, offset, count, first, out);
-    case ReduceOp::min: return reduce_range_op<F, ReduceOp::min>(inputs, offset, count, first, out);
+    case ReduceOp::sum: return reduce_range_op<F, ReduceOp::sum>(inputs, offset, count, first, step, out);
+    case ReduceOp::max: return reduce_range_op<F, ReduceOp::max>(inputs, offset, count, first, step, out);
+    case ReduceOp::min: return reduce_range_op<F, ReduceOp::min>(inputs, offset, count, first, step, out);
+  }
+}
+
+// gloo's blocks (Note [Reduction orders]): elements per block for `count` elements of `esize`
+// bytes over n ranks. allreduce (gloo/allreduce.cc) fixes the number of segments first, reduce
+// (gloo/reduce.cc) the segment size; both then give each rank's block G / n segments.
+std::int64_t gloo_block_elements(std::int64_t count, std::int64_t esize, int n, bool reduce) {
+  constexpr std::int64_t kMaxSegmentBytes = 1024 * 1024;  // gloo's options' default
+  const auto round_up = [](std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; };
+  const std::int64_t bytes = count * esize;
+  std::int64_t segments = 0, seg_bytes = 0;
+  if (reduce) {
+    const std::int64_t max_seg = esize * (kMaxSegmentBytes / esize);
+    seg_bytes = round_up(std::min((bytes + 2 * n - 1) / (2 * n), max_seg), esize);
+    segments = round_up(std::max<std::int64_t>((bytes + seg_bytes - 1) / seg_bytes, 2 * n), n);
+  } else {
+    const std::int64_t max_seg = esize * std::max<std::int64_t>(1, kMaxSegmentBytes / esize);
+    segments = round_up(std::max<std::int64_t>((bytes + max_seg - 1) / max_seg, 2 * n), n);
+    seg_bytes = round_up((bytes + segments - 1) / segments, esize);
+  }
+  return seg_bytes / esize * (segments / n);
+}
+
+// Elements [lo, hi) of the gloo order's result.
+void gloo_range(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,
+                std::int64_t count, std::int64_t lo, std::int64_t hi, std::byte* out,
+                bool reduce = false) {
+  if (hi <= lo) return;
+  const int n = static_cast<int>(inputs.size());
+  const std::int64_t block = gloo_block_elements(count, dtype_size(dtype), n, reduce);
+  for (std::int64_t b = lo / block; b * block < hi; ++b) {
+    const std::int64_t from = std::max(lo, b * block), to = std::min(hi, (b + 1) * block);
+    reduce_range(dtype, op, inputs, from, to - from, static_cast<int>((b - 1 + n) % n),
+                 out + (from - lo) * dtype_size(dtype), -1);
   }
 }
 
 }  // namespace
 
 void reduce_range(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,
-                  std::int64_t offset, std::int64_t count, int first, std::byte* out) {
+                  std::int64_t offset, std::int64_t count, int first, std::byte* out, int step) {
   const int n = static_cast<int>(inputs.size());
   ZC_ASSERT(n >= 1 && first >= 0 && first < n, "ring start {} of {} ranks", first, n);
+  ZC_ASSERT(step == 1 || step == -1, "ring step {}", step);
   switch (dtype) {
-    case DType::f64: return reduce_range_as<F64>(op, inputs, offset, count, first, out);
-    case DType::f32: return reduce_range_as<F32>(op, inputs, offset, count, first, out);
-    case DType::f16: return reduce_range_as<F16>(op, inputs, offset, count, first, out);
-    case DType::bf16: return reduce_range_as<BF16>(op, inputs, offset, count, first, out);
+    case DType::f64: return reduce_range_as<F64>(op, inputs, offset, count, first, step, out);
+    case DType::f32: return reduce_range_as<F32>(op, inputs, offset, count, first, step, out);
+    case DType::f16: return reduce_range_as<F16>(op, inputs, offset, count, first, step, out);
+    case DType::bf16: return reduce_range_as<BF16>(op, inputs, offset, count, first, step, out);
   }
 }
 
@@ -95,6 +135,10 @@ void all_reduce_into(DType dtype, ReduceOp op, ReductionOrder order,
   const int n = static_cast<int>(inputs.size());
   if (order == ReductionOrder::linear) {
     reduce_range(dtype, op, inputs, 0, count, 0, out);
+    return;
+  }
+  if (order == ReductionOrder::gloo) {
+    gloo_range(dtype, op, inputs, count, 0, count, out);
     return;
   }
   const std::int64_t chunk = (count + n - 1) / n;
@@ -109,6 +153,11 @@ void reduce_scatter_into(DType dtype, ReduceOp op, ReductionOrder order,
                          std::span<const std::byte* const> inputs, std::int64_t out_count,
                          int out_rank, std::byte* out) {
   const int n = static_cast<int>(inputs.size());
+  if (order == ReductionOrder::gloo) {  // the allreduce of the whole input, this rank's chunk
+    gloo_range(dtype, op, inputs, n * out_count, out_rank * out_count, (out_rank + 1) * out_count,
+               out);
+    return;
+  }
   const int first = order == ReductionOrder::linear ? 0 : (out_rank + 1) % n;
   reduce_range(dtype, op, inputs, out_rank * out_count, out_count, first, out);
 }
@@ -117,6 +166,10 @@ void reduce_to_root_into(DType dtype, ReduceOp op, ReductionOrder order,
                          std::span<const std::byte* const> inputs, std::int64_t count, int root,
                          std::byte* out) {
   const int n = static_cast<int>(inputs.size());
+  if (order == ReductionOrder::gloo) {  // gloo's reduce: allreduce's chains, its own blocks
+    gloo_range(dtype, op, inputs, count, 0, count, out, true);
+    return;
+  }
   const int first = order == ReductionOrder::linear ? 0 : (root + 1) % n;
   reduce_range(dtype, op, inputs, 0, count, first, out);
 }

@@ -4,6 +4,8 @@
 #include "props/reference.h"
 #include "tests/optimizer_fixture.h"
 
+#include "tests/gloo_fixture.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -304,6 +306,25 @@ TEST(DeepSpeedReference, OptimizerKernelsMeasuredNowMatchBitForBit) {
   std::int64_t compared = 0;
   for (const testing::OptimizerFixtureCase& c : f.cases) EXPECT_EQ(testing::replay_optimizer_case(c, f.simd_width, &compared), "") << f.header;
   EXPECT_GE(compared, 10000);
+  std::filesystem::remove(out);
+  std::filesystem::remove(out.string() + ".log");
+}
+
+// gloo's reduction order measured afresh (the unit test replays tests/data/gloo_reductions.bin):
+// another seed, world 2 too, and a size past gloo's 1 MiB segments (several segments per block).
+TEST(DeepSpeedReference, GlooReductionsMeasuredNowMatchTheSimulatorsGlooOrder) {
+  const ReferenceEnv env = reference_env();
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zc-gloo-{}.bin", ::getpid());
+  const std::string cmd = fmt::format(
+      "cd {} && OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= {} {} {} --worlds 2,3,4 --sizes 1,7,4096,2100001 "
+      "--seed 20261201 > {}.log 2>&1",
+      std::filesystem::temp_directory_path().string(), env.python.string(),
+      (std::filesystem::path(ZC_SOURCE_DIR) / "reference" / "deepspeed" / "measure_gloo.py").string(),
+      out.string(), out.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed; see " << out.string() << ".log";
+  std::int64_t compared = 0;
+  EXPECT_EQ(testing::replay_gloo_fixture(out.string(), &compared), "");
+  EXPECT_GE(compared, 3 * 2 * 2 * 2100000);  // 8 MiB in f32: 3 to 5 segments per block
   std::filesystem::remove(out);
   std::filesystem::remove(out.string() + ".log");
 }

@@ -22,7 +22,7 @@ rc::Gen<ExactCase> exact_case() {
   return rc::gen::mapcat(
       rc::gen::tuple(rc::gen::inRange(1, 9), rc::gen::inRange<std::int64_t>(0, 200),
                      rc::gen::element(DType::f32, DType::f16, DType::bf16, DType::f64),
-                     rc::gen::element(ReductionOrder::linear, ReductionOrder::ring),
+                     rc::gen::element(ReductionOrder::linear, ReductionOrder::ring, ReductionOrder::gloo),
                      rc::gen::arbitrary<std::uint64_t>()),
       [](const auto& t) {
         const auto [world, count, dtype, order, seed] = t;
