@@ -61,12 +61,19 @@ void DenseOptimizer::allreduce_gradients() {
   if (boundary_) buffered_allreduce();
 }
 
+// Note [Stage 0 post-scaling]
+// DeepSpeed's allreduce_bucket (runtime/engine.py, postscale_gradients, the default) sums first
+// and then multiplies by 1/W (tensor.mul_(1. / W): f32(1/W) for an f32 or 16-bit bucket), which
+// is Device::scale(x, 1/W). Dividing each rank's value by W before the sum gave other bits at
+// W = 3 on random data (the reference's gaussian row: every stage-0 world-3 scenario). In the
+// exact domain nothing changes: where the sum s has s/W representable, s * f32(1/3) is within
+// 2^-25 relative of it, under half an ulp, and W a power of two is exact.
 void DenseOptimizer::buffered_allreduce() {
   if (use_hp_) {
     for (std::int64_t at = 0; at < layout_.padded; at += kMemoryOptAllreduceSize) {
       Tensor chunk = hp_.narrow(at, std::min(kMemoryOptAllreduceSize, layout_.padded - at));
-      dev_.div(chunk, static_cast<double>(world_));
       comm_.all_reduce(chunk);
+      dev_.scale(chunk, 1.0 / static_cast<double>(world_));  // Note [Stage 0 post-scaling]
     }
   } else {
     // Every rank reduces every param: a None grad becomes zeros (DeepSpeed does the same).
@@ -87,8 +94,8 @@ void DenseOptimizer::buffered_allreduce() {
         dev_.copy(flat.narrow(at, p.numel()), p.grad.view({p.numel()}));
         at += p.numel();
       }
-      dev_.div(flat, static_cast<double>(world_));
       comm_.all_reduce(flat);
+      dev_.scale(flat, 1.0 / static_cast<double>(world_));  // Note [Stage 0 post-scaling]
       at = 0;
       for (std::size_t k = i; k < j; ++k) {
         dev_.copy(params_[k]->grad.view({params_[k]->numel()}), flat.narrow(at, params_[k]->numel()));

@@ -228,8 +228,37 @@ Verdict check_i3(const Scenario& s, const CheckContext& ctx) {
   return v;
 }
 
+// Note [Stage 0 post-scaling] (engine/dense_optimizer.cpp): the DenseOptimizer paths (stage 0,
+// and BF16_Optimizer at ZeRO-1 + bf16 + fp32 accumulation) sum and then multiply by f32(1/W),
+// which rounds where 1/W is not a power of two. The dtype of the reduced bucket, when they apply.
+std::optional<DType> post_scaled_bucket(const Scenario& s) {
+  if (s.world <= 1 || (s.world & (s.world - 1)) == 0) return std::nullopt;
+  if (s.stage == 0) return dtype_of(s);
+  if (s.stage == 1 && s.dtype == "bf16" && !s.grad_accum_dtype.empty() && s.offload == "none") {
+    return DType::f32;
+  }
+  return std::nullopt;
+}
+
+// One rank's exact mean m as W ranks produce it there: W * m summed exactly, then times f32(1/W),
+// both in the bucket's dtype (the multiply in f32).
+std::vector<double> as_post_scaled(std::vector<double> g, int world, DType bucket) {
+  const auto round_to = [bucket](double v) {
+    alignas(8) std::byte cell[8];
+    store_from_f64(cell, bucket, 0, v);
+    return load_as_f64(cell, bucket, 0);
+  };
+  const float inv = static_cast<float>(1.0 / world);
+  for (double& x : g) x = round_to(static_cast<double>(static_cast<float>(round_to(x * world)) * inv));
+  return g;
+}
+
 Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   if (!exact_infeasible(s).empty()) return not_applicable();
+  const std::optional<DType> post = post_scaled_bucket(s);
+  // The implicit form re-reduces an already post-scaled average at every boundary backward: no
+  // expression of one rank's values states those bits.
+  if (post && s.boundary == "implicit" && s.n > 1) return not_applicable();
   const RunSpec spec = to_run_spec(s, ctx.bugs, ctx.hooks);
   const Outcome sh = run(spec);
   const Outcome one = run(single_rank_reference(spec));
@@ -241,15 +270,26 @@ Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   // (norm/W, then a SUM all_reduce), so its clip coefficient, and the params after the step, may
   // differ from one rank's in the last bit: there only the first step's gradients must match.
   const bool clip_averaged = s.stage == 0 && s.dtype == "f32" && s.clip > 0.0 && s.world > 1;
-  v.failure = clip_averaged ? first_divergence(s, 0, 0, "averaged grads (sharded vs one rank)", sh.result.grads.at(0),
-                                               one.result.grads.at(0))
-                            : compare(s, sh.result, one.result, exact_steps(s), false, "sharded", "one rank");
+  // Post-scaled (Note [Stage 0 post-scaling]): the first step's grads are one rank's as W ranks
+  // express them, and the params after it follow those grads, so only that step is compared.
+  const auto expected = [&](const std::vector<double>& g) {
+    return post ? as_post_scaled(g, s.world, *post) : g;
+  };
+  if (post) {
+    v.failure = first_divergence(s, 0, 0, "averaged grads (sharded vs one rank's, post-scaled by f32(1/W))",
+                                 sh.result.grads.at(0), expected(one.result.grads.at(0)));
+  } else if (clip_averaged) {
+    v.failure = first_divergence(s, 0, 0, "averaged grads (sharded vs one rank)", sh.result.grads.at(0),
+                                 one.result.grads.at(0));
+  } else {
+    v.failure = compare(s, sh.result, one.result, exact_steps(s), false, "sharded", "one rank");
+  }
   // And the analytic gradient, which a bug shared by both runs cannot match.
   if (v.failure.empty() && s.model != "mlp") {  // prescribed gradients: Synthetic, module trees
-    for (int k = 0; k < s.steps && v.failure.empty(); ++k) {
+    for (int k = 0; k < (post ? 1 : s.steps) && v.failure.empty(); ++k) {
       const GradOracle o = prescribed_grad_oracle(spec, s.ga, sh.result.loss_scales.at(static_cast<std::size_t>(k)), k);
       v.failure = first_divergence(s, 0, k, "averaged grads (sharded vs analytic oracle)", sh.result.grads.at(static_cast<std::size_t>(k)),
-                                   o.value);
+                                   expected(o.value));
     }
   }
   v.holds = v.failure.empty();
@@ -457,7 +497,10 @@ const char* kParity =
     "Synthetic and module-tree models the gradients also equal the analytic f64 gradient, which catches a bug the single-rank "
     "reference shares. Adam runs position-independent here (DeepSpeed's CPU kernel rounds its vector tail differently, "
     "so its bits move with partition boundaries), and at stage 0 with fp32 clipping only the first step's gradients "
-    "must match (DeepSpeed's clip_grad_norm_ averages each rank's norm over the world, which rounds).";
+    "must match (DeepSpeed's clip_grad_norm_ averages each rank's norm over the world, which rounds). Where DeepSpeed "
+    "sums and then multiplies by f32(1/W) (stage 0, and BF16_Optimizer at ZeRO-1 + bf16 + fp32 accumulation) and W is "
+    "not a power of two, the first step's gradients must be one rank's exact mean m as that arithmetic gives it, "
+    "round(round(W m) f32(1/W)), and the implicit multi-backward form is not stated.";
 const char* kCrossRank =
     "After every step every rank holds the same full params and the same full averaged gradients, in any data domain. "
     "A rank that steps on its own unreduced gradient (for example when the allreduce gate skips a parallelization-only "
