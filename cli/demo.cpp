@@ -47,7 +47,9 @@ void round_trip(sim::RankContext& ctx, std::int64_t shard_numel, bool racy) {
 
 int run_demo(const DemoOptions& opts) {
   sim::SimOptions so;
-  so.order = opts.ring ? sim::ReductionOrder::ring : sim::ReductionOrder::linear;
+  so.order = opts.order == "ring"   ? sim::ReductionOrder::ring
+             : opts.order == "gloo" ? sim::ReductionOrder::gloo
+                                    : sim::ReductionOrder::linear;
   const sim::SimCluster cluster(opts.world_size, opts.seed, so);
   auto body = [&](sim::RankContext& ctx) { round_trip(ctx, opts.shard_numel, false); };
   const sim::SimResult a = cluster.run(body);

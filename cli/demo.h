@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace zc::cli {
 
@@ -9,7 +10,7 @@ struct DemoOptions {
   int world_size = 8;
   std::uint64_t seed = 1;
   std::int64_t shard_numel = 1024;
-  bool ring = false;
+  std::string order = "linear";  // linear | ring | gloo (sim/reduction.h)
 };
 
 int run_demo(const DemoOptions& opts);

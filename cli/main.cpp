@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--shard-numel", demo.shard_numel, "Elements per rank's shard")
       ->check(CLI::Range(1, 1 << 24));
   demo_cmd->add_option("--order", order, "Reduction order")
-      ->check(CLI::IsMember({"linear", "ring"}));
+      ->check(CLI::IsMember({"linear", "ring", "gloo"}));
 
   zc::cli::RunOptions run;
   CLI::App* run_cmd = app.add_subcommand("run", "Train a model on the simulated cluster with a ds_config.json");
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
-      demo.ring = order == "ring";
+      demo.order = order;
       return zc::cli::run_demo(demo);
     }
     if (run_cmd->parsed()) return zc::cli::run_training(run);
