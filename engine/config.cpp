@@ -387,6 +387,38 @@ void derive_batch_sizes(Config& c, Reader& top, int world) {
   }
 }
 
+// prescale_gradients / gradient_predivide_factor where DeepSpeed reads them (Note [Stage 0
+// post-scaling]): engine.allreduce_bucket (stage 0, BF16_Optimizer) applies them; ZeRO-2 and 3
+// with reduce_scatter assert (stage_1_and_2.py:350-351, stage3.py:395-396, their messages);
+// ZeRO-1's average_tensor with reduce_scatter does not read them.
+void check_gradient_scaling(Config& c) {
+  const double f = c.gradient_predivide_factor;
+  if (!(f > 0) || !std::isfinite(f)) {
+    throw ConfigError(fmt::format("'gradient_predivide_factor' {} must be a positive number", f));
+  }
+  if (f == 1.0 && !c.prescale_gradients) return;
+  const int stage = c.zero.stage;
+  const bool bf16_optimizer = stage == 1 && c.model_dtype() == DType::bf16 &&
+                              c.accumulation_dtype() == DType::f32 &&
+                              c.zero.offload_optimizer != OffloadDevice::cpu;
+  if (stage == 0 || bf16_optimizer) return;
+  const std::string where = stage == 3 ? "ZeRO-3" : fmt::format("ZeRO-{}", stage);
+  if (stage >= 2 && c.zero.reduce_scatter) {
+    if (f != 1.0) {
+      throw ConfigError(fmt::format("'gradient_predivide_factor' {}: gradient_predivide_factor != 1.0 is not yet "
+                                    "supported with {} with reduce scatter enabled (DeepSpeed's assertion)", f, where));
+    }
+    throw ConfigError(fmt::format("'prescale_gradients': pre-scale gradients is not yet supported with {} with "
+                                  "reduce scatter enabled (DeepSpeed's assertion)", where));
+  }
+  if (!c.zero.reduce_scatter) {
+    throw NotImplementedError(fmt::format("'prescale_gradients' / 'gradient_predivide_factor' with {} and "
+                                          "'zero_optimization.reduce_scatter': false are not modelled", where));
+  }
+  c.warnings.push_back("'prescale_gradients' / 'gradient_predivide_factor' accepted and ignored at ZeRO-1: "
+                       "DeepSpeed's average_tensor with reduce_scatter does not read them");
+}
+
 void check_combinations(const Config& c) {
   if (c.fp16.enabled && c.bf16.enabled) {
     throw ConfigError("'fp16.enabled' and 'bf16.enabled' are both true: choose one precision");
@@ -418,6 +450,8 @@ Config Config::from_json(const json& j, int world_size) {
   Reader top(j, "", c.warnings);
   derive_batch_sizes(c, top, world_size);
   c.gradient_clipping = top.number("gradient_clipping", 0.0);
+  c.prescale_gradients = top.boolean("prescale_gradients", false);
+  c.gradient_predivide_factor = top.number("gradient_predivide_factor", 1.0);
   c.managed_gradient_accumulation = top.boolean("managed_gradient_accumulation", true);
   c.steps_per_print = top.small_integer("steps_per_print", 10);
   read_optimizer(c, top);
@@ -425,12 +459,12 @@ Config Config::from_json(const json& j, int world_size) {
   read_precision(c, top);
   read_zero(c, top);
   read_parallel(c, top);
-  for (const char* k : {"wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor",
-                        "zero_allow_untested_optimizer", "activation_checkpointing",
+  for (const char* k : {"wall_clock_breakdown", "zero_allow_untested_optimizer", "activation_checkpointing",
                         "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
     if (top.has(k)) c.warnings.push_back(fmt::format("'{}' accepted and ignored: not modelled", k));
   }
   top.warn_unknown();
+  check_gradient_scaling(c);
   check_combinations(c);
   return c;
 }

@@ -90,6 +90,10 @@ struct Config {
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;
+  // Note [Stage 0 post-scaling]: the DenseOptimizer paths (stage 0, BF16_Optimizer) apply them as
+  // DeepSpeed's allreduce_bucket does; ZeRO-2/3 with reduce_scatter refuse them as DeepSpeed does.
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
   bool managed_gradient_accumulation = true;
   OptimizerConfig optimizer;
   Fp16Config fp16;

@@ -67,13 +67,25 @@ void DenseOptimizer::allreduce_gradients() {
 // is Device::scale(x, 1/W). Dividing each rank's value by W before the sum gave other bits at
 // W = 3 on random data (the reference's gaussian row: every stage-0 world-3 scenario). In the
 // exact domain nothing changes: where the sum s has s/W representable, s * f32(1/3) is within
-// 2^-25 relative of it, under half an ulp, and W a power of two is exact.
+// 2^-25 relative of it, under half an ulp, and W a power of two is exact. prescale_gradients
+// multiplies by f32(1/W) before the sum instead; gradient_predivide_factor f multiplies by
+// f32(1/f) before and by f32(f/W) after (not when f == W), as allreduce_bucket does.
+void DenseOptimizer::allreduce_bucket(const Tensor& t) {
+  const double w = static_cast<double>(world_), f = cfg_.gradient_predivide_factor;
+  if (cfg_.prescale_gradients) {
+    dev_.scale(t, 1.0 / w);
+    comm_.all_reduce(t);
+    return;
+  }
+  if (f != 1.0) dev_.scale(t, 1.0 / f);
+  comm_.all_reduce(t);
+  if (f != w) dev_.scale(t, f / w);
+}
+
 void DenseOptimizer::buffered_allreduce() {
   if (use_hp_) {
     for (std::int64_t at = 0; at < layout_.padded; at += kMemoryOptAllreduceSize) {
-      Tensor chunk = hp_.narrow(at, std::min(kMemoryOptAllreduceSize, layout_.padded - at));
-      comm_.all_reduce(chunk);
-      dev_.scale(chunk, 1.0 / static_cast<double>(world_));  // Note [Stage 0 post-scaling]
+      allreduce_bucket(hp_.narrow(at, std::min(kMemoryOptAllreduceSize, layout_.padded - at)));
     }
   } else {
     // Every rank reduces every param: a None grad becomes zeros (DeepSpeed does the same).
@@ -94,8 +106,7 @@ void DenseOptimizer::buffered_allreduce() {
         dev_.copy(flat.narrow(at, p.numel()), p.grad.view({p.numel()}));
         at += p.numel();
       }
-      comm_.all_reduce(flat);
-      dev_.scale(flat, 1.0 / static_cast<double>(world_));  // Note [Stage 0 post-scaling]
+      allreduce_bucket(flat);
       at = 0;
       for (std::size_t k = i; k < j; ++k) {
         dev_.copy(params_[k]->grad.view({params_[k]->numel()}), flat.narrow(at, params_[k]->numel()));

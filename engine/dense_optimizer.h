@@ -38,6 +38,8 @@ class DenseOptimizer final : public ZeroOptimizer {
   Tensor grads_flat();  // [padded] accumulation dtype: the reduced grads, flattened
   float clip_grad_norm_coef(const Tensor& grad32);  // DeepSpeed's clip_grad_norm_ (fp32, no ZeRO)
   void buffered_allreduce();
+  // engine.allreduce_bucket: the sum and its scaling (Note [Stage 0 post-scaling]).
+  void allreduce_bucket(const Tensor& t);
 
   bool partitioned_;
   bool use_hp_;  // the ZeRO-1 BF16_Optimizer wrapper: fp32 "hp" grads accumulated by hooks

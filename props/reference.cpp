@@ -104,7 +104,9 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir) 
   }
   const RunSpec spec = to_run_spec(s, {}, {});
   const nlohmann::json config = effective_config(spec);
-  const DType dtype = Config::from_json(config, s.world).model_dtype();
+  // The scenario's model dtype, not a parsed Config: a config the engine refuses (as DeepSpeed
+  // may too) must still reach DeepSpeed, whose refusal is what the comparison records.
+  const DType dtype = dtype_of(s);
   HostDevice dev;
   const std::unique_ptr<Model> model = initial_model(spec, dev, dtype);
   nlohmann::json params = nlohmann::json::array();

@@ -15,7 +15,7 @@
 namespace zc::props {
 
 nlohmann::json to_json(const Scenario& s) {
-  return {{"world", s.world},
+  nlohmann::json j = {{"world", s.world},
           {"stage", s.stage},
           {"contiguous_gradients", s.contiguous},
           {"overlap_comm", s.overlap},
@@ -46,6 +46,9 @@ nlohmann::json to_json(const Scenario& s) {
           {"momentum", s.momentum},
           {"torch_adam", s.torch_adam},
           {"adam_w_mode", s.adam_w_mode}};
+  if (s.prescale) j["prescale_gradients"] = true;
+  if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
+  return j;
 }
 
 namespace {
@@ -152,7 +155,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "world", "stage", "contiguous_gradients", "overlap_comm", "reduce_bucket_size", "dtype",
       "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
-      "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode"};
+      "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
+      "prescale_gradients", "gradient_predivide_factor"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -196,6 +200,11 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "momentum", s.momentum);
   read(j, "torch_adam", s.torch_adam);
   read(j, "adam_w_mode", s.adam_w_mode);
+  read(j, "prescale_gradients", s.prescale);
+  read(j, "gradient_predivide_factor", s.predivide);
+  if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
+    throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
+  }
   check_one_of("boundary", s.boundary, {"explicit", "implicit"});
   check_one_of("optimizer", s.optimizer, {"", "Adam", "AdamW", "SGD"});
   check_one_of("fault", s.fault, {"", "crash", "mismatch", "deadlock", "step-in-coalesce", "coalesce-in-no-sync", "stale-backward",
@@ -242,6 +251,8 @@ std::string describe(const Scenario& s) {
     if (s.torch_adam) out += " torch_adam";
     if (s.optimizer == "Adam" && !s.adam_w_mode) out += " adam_w_mode false";
   }
+  if (s.prescale) out += " prescale_gradients";
+  if (s.predivide != 1.0) out += fmt::format(" predivide {}", s.predivide);
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -260,6 +271,8 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.offload == "param" || s.offload == "both") j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   if (!s.passes.empty()) j["tensor_parallel"] = {{"autotp_size", 2}};
   if (s.dtype == "bf16") j["bf16"]["check_grad_overflow"] = false;  // explicit: DeepSpeed's default is true
+  if (s.prescale) j["prescale_gradients"] = true;
+  if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.optimizer.empty()) {
     nlohmann::json params = {{"lr", s.lr}, {"weight_decay", s.weight_decay}};
     if (s.optimizer == "SGD") {

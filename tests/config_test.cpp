@@ -56,6 +56,18 @@ TEST(Config, AcceptsARealUsersFile) {
 
 // As DeepSpeed 0.19.8: offload_param below stage 3 and offload_optimizer at stage 0 are accepted
 // and ignored, with a warning that names the key (zerocheck used to refuse them).
+TEST(Config, GradientScalingIsReadAtStageZeroAndIgnoredWithAWarningAtZeroOne) {
+  const Config z0 = Config::from_json_text(
+      R"({"train_micro_batch_size_per_gpu": 1, "prescale_gradients": true, "gradient_predivide_factor": 2.5})", 4);
+  EXPECT_TRUE(z0.prescale_gradients);
+  EXPECT_EQ(z0.gradient_predivide_factor, 2.5);
+  EXPECT_TRUE(z0.warnings.empty()) << z0.warnings.front();
+  const Config z1 = Config::from_json_text(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 1}})", 4);
+  ASSERT_EQ(z1.warnings.size(), 1u);
+  EXPECT_NE(z1.warnings[0].find("average_tensor"), std::string::npos) << z1.warnings[0];
+}
+
 TEST(Config, OffloadWhereNothingIsPartitionedIsIgnoredWithAWarning) {
   const Config p = Config::from_json_text(
       R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", 2);
@@ -117,6 +129,11 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   Bad{"unknown_pass", R"({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": true, "passes": ["z2"]}})", "'compile.passes': unknown pass z2: use z1, z3, autosp or autotp"},
   Bad{"autotp_zero", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 0}})", "'tensor_parallel.autotp_size': must be >= 1"},
   Bad{"unmanaged", R"({"train_micro_batch_size_per_gpu": 1, "managed_gradient_accumulation": false})", "'managed_gradient_accumulation': false", true},
+  // DeepSpeed's assertions at ZeRO-2/3 with reduce_scatter (stage_1_and_2.py:350-351, stage3.py:395-396).
+  Bad{"predivide_zero2", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 2}})", "gradient_predivide_factor != 1.0 is not yet supported with ZeRO-2 with reduce scatter enabled"},
+  Bad{"prescale_zero3", R"({"train_micro_batch_size_per_gpu": 1, "prescale_gradients": true, "zero_optimization": {"stage": 3}})", "pre-scale gradients is not yet supported with ZeRO-3 with reduce scatter enabled"},
+  Bad{"predivide_no_rs", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 1, "reduce_scatter": false}})", "'zero_optimization.reduce_scatter': false are not modelled", true},
+  Bad{"predivide_zero", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 0})", "'gradient_predivide_factor' 0 must be a positive number"},
   Bad{"bool_type", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "overlap_comm": "yes"}})", "'zero_optimization.overlap_comm' must be true or false"},
   Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"},
   // Found by fuzz/config_fuzz.cpp: nlohmann throws out_of_range (not parse_error) for 1e400.

@@ -169,6 +169,33 @@ TEST(DeepSpeedReference, AHungWorkerEndsWithinItsTimeout) {
   EXPECT_LT(s, 10.0);
 }
 
+// prescale_gradients and gradient_predivide_factor (Note [Stage 0 post-scaling]): at stage 0 on
+// gaussian data at world 3, where every multiply by a non-power-of-two rounds, the engine gives
+// DeepSpeed's gradients and params bit for bit; at ZeRO-2 both sides refuse the predivide factor.
+TEST(DeepSpeedReference, GradientScalingAtStageZeroIsDeepSpeedsBitForBit) {
+  for (const auto& [prescale, predivide] : std::vector<std::pair<bool, double>>{{false, 1.0}, {true, 1.0}, {false, 2.0}, {false, 3.0}}) {
+    Scenario s = sgd(0, 3);
+    s.domain = "gaussian";
+    s.n = 1;
+    s.lr = 0.01;
+    s.prescale = prescale;
+    s.predivide = predivide;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    for (const FieldDiff& d : c.diffs) {
+      EXPECT_NE(d.field, "grads") << d.detail;
+      EXPECT_NE(d.field, "params") << d.detail;
+    }
+  }
+  Scenario z2 = sgd(2, 2);
+  z2.predivide = 2.0;
+  const ReferenceComparison c = compare_with_deepspeed(z2, pools());
+  EXPECT_NE(c.ds_error.find("gradient_predivide_factor != 1.0 is not yet supported"), std::string::npos) << c.ds_error;
+  EXPECT_NE(c.sim_error.find("gradient_predivide_factor != 1.0 is not yet supported"), std::string::npos) << c.sim_error;
+  EXPECT_TRUE(c.matched()) << diffs_of(c);
+}
+
 TEST(DeepSpeedReference, ARefusalByDeepSpeedIsNamed) {
   // coalesce_grad_reduction on the BF16_Optimizer wrapper: both sides refuse with NotImplementedError.
   Scenario s = sgd(1, 2);
