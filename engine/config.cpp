@@ -412,8 +412,11 @@ void check_gradient_scaling(Config& c) {
                                   "reduce scatter enabled (DeepSpeed's assertion)", where));
   }
   if (!c.zero.reduce_scatter) {
-    throw NotImplementedError(fmt::format("'prescale_gradients' / 'gradient_predivide_factor' with {} and "
-                                          "'zero_optimization.reduce_scatter': false are not modelled", where));
+    if (stage == 3) {
+      throw NotImplementedError("'prescale_gradients' / 'gradient_predivide_factor' with ZeRO-3 and "
+                                "'zero_optimization.reduce_scatter': false are not modelled");
+    }
+    return;  // ZeRO-1/2: gradient_reduction_w_predivide applies them
   }
   c.warnings.push_back("'prescale_gradients' / 'gradient_predivide_factor' accepted and ignored at ZeRO-1: "
                        "DeepSpeed's average_tensor with reduce_scatter does not read them");

@@ -226,8 +226,20 @@ std::vector<Zero12Optimizer::Slice> Zero12Optimizer::bucket_slices(const std::ve
 Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params, bool fallback) {
   Pending pend;
   pend.params = std::move(params);
-  dev_.div(flat, static_cast<double>(averaging_world_));  // gradient_average: pre-divide by the dp world
-  if (fallback || !cfg_.zero.reduce_scatter) {
+  const double w = static_cast<double>(averaging_world_);
+  if (!fallback && !cfg_.zero.reduce_scatter) {  // gradient_reduction_w_predivide
+    const double f = cfg_.gradient_predivide_factor;
+    if (cfg_.prescale_gradients) {
+      dev_.div(flat, w);
+    } else if (f != 1.0) {
+      dev_.scale(flat, 1.0 / f);
+    }
+    pend.works.push_back(comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_}));
+    if (!cfg_.prescale_gradients && f != w) pend.post_scale = flat;
+    return pend;
+  }
+  dev_.div(flat, w);  // gradient_average: pre-divide by the dp world
+  if (fallback) {
     pend.works.push_back(comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_}));
     return pend;
   }
@@ -289,6 +301,10 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
 void Zero12Optimizer::finish(Pending& pend) {
   for (const WorkPtr& w : pend.works) {
     if (w) w->wait();
+  }
+  if (pend.post_scale.defined()) {
+    dev_.scale(pend.post_scale, cfg_.gradient_predivide_factor / static_cast<double>(averaging_world_));
+    pend.post_scale = Tensor();
   }
   for (auto& [dst, src] : pend.copy_back) dev_.copy(dst, src);
   for (int i : pend.params) {

@@ -51,13 +51,16 @@ class Zero12Optimizer final : public ZeroOptimizer {
     std::vector<int> params;
     int buffer = -1;  // ipg buffer index, -1 when not a bucket buffer
     std::vector<std::pair<Tensor, Tensor>> copy_back;  // (destination, source) after wait
+    Tensor post_scale;  // reduce_scatter false: scaled after the sum (Note [Stage 0 post-scaling])
   };
 
   void reduce_gradients();  // stage 1 at the boundary
   void reduce_independent_p_g_buckets_and_remove_grads(int i);
   void reduce_ipg_grads();
-  // Pre-divide by the world, then reduce as DeepSpeed's path does: `fallback` (buffered_reduce_fallback,
-  // the non-contiguous path) or reduce_scatter false: one all_reduce; else average_tensor's slices
+  // Reduce as DeepSpeed's path does: `fallback` (buffered_reduce_fallback, the non-contiguous
+  // path): pre-divide by the world, one all_reduce; reduce_scatter false
+  // (gradient_reduction_w_predivide): one all_reduce, then the post-scaling of Note [Stage 0
+  // post-scaling] once it completes; else pre-divide and average_tensor's slices
   // per owning partition, all-reduced in chunks that close once past reduce_bucket_size
   // (allreduce_and_scatter), or reduced to each owner (use_multi_rank_bucket_allreduce false).
   Pending average_tensor(const Tensor& flat, std::vector<int> params, bool fallback = false);

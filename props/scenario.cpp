@@ -48,6 +48,7 @@ nlohmann::json to_json(const Scenario& s) {
           {"adam_w_mode", s.adam_w_mode}};
   if (s.prescale) j["prescale_gradients"] = true;
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
+  if (!s.reduce_scatter) j["reduce_scatter"] = false;
   return j;
 }
 
@@ -156,7 +157,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
       "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
-      "prescale_gradients", "gradient_predivide_factor"};
+      "prescale_gradients", "gradient_predivide_factor", "reduce_scatter"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -202,6 +203,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "adam_w_mode", s.adam_w_mode);
   read(j, "prescale_gradients", s.prescale);
   read(j, "gradient_predivide_factor", s.predivide);
+  read(j, "reduce_scatter", s.reduce_scatter);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -253,6 +255,7 @@ std::string describe(const Scenario& s) {
   }
   if (s.prescale) out += " prescale_gradients";
   if (s.predivide != 1.0) out += fmt::format(" predivide {}", s.predivide);
+  if (!s.reduce_scatter) out += " reduce_scatter false";
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -273,6 +276,7 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.dtype == "bf16") j["bf16"]["check_grad_overflow"] = false;  // explicit: DeepSpeed's default is true
   if (s.prescale) j["prescale_gradients"] = true;
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
+  if (!s.reduce_scatter) j["zero_optimization"]["reduce_scatter"] = false;
   if (!s.optimizer.empty()) {
     nlohmann::json params = {{"lr", s.lr}, {"weight_decay", s.weight_decay}};
     if (s.optimizer == "SGD") {

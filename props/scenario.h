@@ -69,6 +69,7 @@ struct Scenario {
   // ds_config and the JSON only when set. Not drawn by the generators.
   bool prescale = false;
   double predivide = 1.0;
+  bool reduce_scatter = true;  // zero_optimization.reduce_scatter; written only when false
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).
   std::vector<std::string> commands;
 

@@ -132,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   // DeepSpeed's assertions at ZeRO-2/3 with reduce_scatter (stage_1_and_2.py:350-351, stage3.py:395-396).
   Bad{"predivide_zero2", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 2}})", "gradient_predivide_factor != 1.0 is not yet supported with ZeRO-2 with reduce scatter enabled"},
   Bad{"prescale_zero3", R"({"train_micro_batch_size_per_gpu": 1, "prescale_gradients": true, "zero_optimization": {"stage": 3}})", "pre-scale gradients is not yet supported with ZeRO-3 with reduce scatter enabled"},
-  Bad{"predivide_no_rs", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 1, "reduce_scatter": false}})", "'zero_optimization.reduce_scatter': false are not modelled", true},
+  Bad{"predivide_no_rs_zero3", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 3, "reduce_scatter": false}})", "with ZeRO-3 and 'zero_optimization.reduce_scatter': false are not modelled", true},
   Bad{"predivide_zero", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 0})", "'gradient_predivide_factor' 0 must be a positive number"},
   Bad{"bool_type", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "overlap_comm": "yes"}})", "'zero_optimization.overlap_comm' must be true or false"},
   Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"},

@@ -188,6 +188,25 @@ TEST(DeepSpeedReference, GradientScalingAtStageZeroIsDeepSpeedsBitForBit) {
       EXPECT_NE(d.field, "params") << d.detail;
     }
   }
+  // ZeRO-1/2 with reduce_scatter false: gradient_reduction_w_predivide, which post-scales too.
+  for (int stage : {1, 2}) {
+    for (const auto& [prescale, predivide] : std::vector<std::pair<bool, double>>{{false, 1.0}, {true, 1.0}, {false, 2.0}}) {
+      Scenario s = sgd(stage, 3);
+      s.domain = "gaussian";
+      s.n = 1;
+      s.lr = 0.01;
+      s.reduce_scatter = false;
+      s.prescale = prescale;
+      s.predivide = predivide;
+      SCOPED_TRACE(describe(s));
+      const ReferenceComparison c = compare_with_deepspeed(s, pools());
+      EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+      for (const FieldDiff& d : c.diffs) {
+        EXPECT_NE(d.field, "grads") << d.detail;
+        EXPECT_NE(d.field, "params") << d.detail;
+      }
+    }
+  }
   Scenario z2 = sgd(2, 2);
   z2.predivide = 2.0;
   const ReferenceComparison c = compare_with_deepspeed(z2, pools());
