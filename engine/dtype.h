@@ -141,5 +141,11 @@ inline void store_from_f64(void* base, DType t, std::int64_t i, double v) {
     store_from_f32(base, t, i, static_cast<float>(v));
   }
 }
+// v as a store into a tensor of dtype t rounds it (store_from_f64), read back exactly.
+inline double round_to(DType t, double v) {
+  alignas(8) unsigned char cell[8];
+  store_from_f64(cell, t, 0, v);
+  return load_as_f64(cell, t, 0);
+}
 
 }  // namespace zc

@@ -23,13 +23,6 @@ bool any_f64(std::initializer_list<const Tensor*> ts) {
   return false;
 }
 
-// v rounded once to dtype, as a store rounds it.
-double round_to_dtype(double v, DType t) {
-  alignas(8) std::byte cell[8];
-  store_from_f64(cell, t, 0, v);
-  return load_as_f64(cell, t, 0);
-}
-
 // [rows, cols] of a 2-D tensor, or a UsageError naming the op.
 std::pair<std::int64_t, std::int64_t> rows_cols(const char* op, const Tensor& t) {
   if (t.ndim() != 2) throw UsageError(fmt::format("{}: {} must be 2-D", op, t.describe()));
@@ -238,7 +231,7 @@ void Device::index_add_rows(const Tensor& out, const Tensor& x, const Tensor& in
       double& acc = o[static_cast<std::size_t>(r * D + d)];
       const double s = f64 ? acc + v[static_cast<std::size_t>(m * D + d)]
                            : static_cast<double>(static_cast<float>(acc) + static_cast<float>(v[static_cast<std::size_t>(m * D + d)]));
-      acc = round_to_dtype(s, out.dtype());
+      acc = round_to(out.dtype(), s);
     }
   }
   write_f64(*this, out, o);

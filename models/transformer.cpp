@@ -5,6 +5,7 @@
 #include "models/transformer.h"
 
 #include "engine/errors.h"
+#include "engine/trace.h"
 #include "models/params.h"
 
 #include <nlohmann/json.hpp>
@@ -288,9 +289,7 @@ void Transformer::init_params(Device& dev, DType dtype, DataDomain domain, const
   // ep_size and the dense params the same draws with or without them.
   for (Parameter* p : named_parameters()) {
     if (!p->is_expert) continue;
-    std::uint64_t h = 14695981039346656037ull;  // FNV-1a of the name
-    for (const char c : p->name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    Rng own = rng.split(h);
+    Rng own = rng.split(fnv1a(p->name));
     init_param(dev, *p, dtype, domain, ex, own, 0.02);
   }
   for (Parameter* p : named_parameters()) {

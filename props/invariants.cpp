@@ -243,13 +243,10 @@ std::optional<DType> post_scaled_bucket(const Scenario& s) {
 // One rank's exact mean m as W ranks produce it there: W * m summed exactly, then times f32(1/W),
 // both in the bucket's dtype (the multiply in f32).
 std::vector<double> as_post_scaled(std::vector<double> g, int world, DType bucket) {
-  const auto round_to = [bucket](double v) {
-    alignas(8) std::byte cell[8];
-    store_from_f64(cell, bucket, 0, v);
-    return load_as_f64(cell, bucket, 0);
-  };
   const float inv = static_cast<float>(1.0 / world);
-  for (double& x : g) x = round_to(static_cast<double>(static_cast<float>(round_to(x * world)) * inv));
+  for (double& x : g) {
+    x = round_to(bucket, static_cast<double>(static_cast<float>(round_to(bucket, x * world)) * inv));
+  }
   return g;
 }
 

@@ -169,42 +169,30 @@ TEST(DeepSpeedReference, AHungWorkerEndsWithinItsTimeout) {
   EXPECT_LT(s, 10.0);
 }
 
-// prescale_gradients and gradient_predivide_factor (Note [Stage 0 post-scaling]): at stage 0 on
-// gaussian data at world 3, where every multiply by a non-power-of-two rounds, the engine gives
-// DeepSpeed's gradients and params bit for bit; at ZeRO-2 both sides refuse the predivide factor.
+// prescale_gradients and gradient_predivide_factor (Note [Stage 0 post-scaling]) on gaussian data
+// at world 3, where every multiply by a non-power-of-two rounds: stage 0 (allreduce_bucket) and
+// ZeRO-1/2 with reduce_scatter false (gradient_reduction_w_predivide) give DeepSpeed's gradients
+// and params bit for bit; at ZeRO-2 with reduce_scatter both sides refuse the predivide factor.
 TEST(DeepSpeedReference, GradientScalingAtStageZeroIsDeepSpeedsBitForBit) {
-  for (const auto& [prescale, predivide] : std::vector<std::pair<bool, double>>{{false, 1.0}, {true, 1.0}, {false, 2.0}, {false, 3.0}}) {
-    Scenario s = sgd(0, 3);
+  struct Case { int stage; bool prescale; double predivide; };
+  std::vector<Case> cases = {{0, false, 1.0}, {0, true, 1.0}, {0, false, 2.0}, {0, false, 3.0}};
+  for (int stage : {1, 2}) {
+    for (const Case& c : {Case{stage, false, 1.0}, Case{stage, true, 1.0}, Case{stage, false, 2.0}}) cases.push_back(c);
+  }
+  for (const Case& k : cases) {
+    Scenario s = sgd(k.stage, 3);
     s.domain = "gaussian";
     s.n = 1;
     s.lr = 0.01;
-    s.prescale = prescale;
-    s.predivide = predivide;
+    s.reduce_scatter = k.stage == 0;  // stage 0 has none; ZeRO-1/2: the all_reduce path
+    s.prescale = k.prescale;
+    s.predivide = k.predivide;
     SCOPED_TRACE(describe(s));
     const ReferenceComparison c = compare_with_deepspeed(s, pools());
     EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
     for (const FieldDiff& d : c.diffs) {
       EXPECT_NE(d.field, "grads") << d.detail;
       EXPECT_NE(d.field, "params") << d.detail;
-    }
-  }
-  // ZeRO-1/2 with reduce_scatter false: gradient_reduction_w_predivide, which post-scales too.
-  for (int stage : {1, 2}) {
-    for (const auto& [prescale, predivide] : std::vector<std::pair<bool, double>>{{false, 1.0}, {true, 1.0}, {false, 2.0}}) {
-      Scenario s = sgd(stage, 3);
-      s.domain = "gaussian";
-      s.n = 1;
-      s.lr = 0.01;
-      s.reduce_scatter = false;
-      s.prescale = prescale;
-      s.predivide = predivide;
-      SCOPED_TRACE(describe(s));
-      const ReferenceComparison c = compare_with_deepspeed(s, pools());
-      EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
-      for (const FieldDiff& d : c.diffs) {
-        EXPECT_NE(d.field, "grads") << d.detail;
-        EXPECT_NE(d.field, "params") << d.detail;
-      }
     }
   }
   Scenario z2 = sgd(2, 2);
