@@ -3,12 +3,17 @@
 
 #include "engine/errors.h"
 
+#include <cmath>
+
 namespace zc {
 
 DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
                                const Options& opts, bool zero1_bf16_wrapper)
     : ZeroOptimizer(cfg, model, dev, comm, opts), partitioned_(zero1_bf16_wrapper),
-      use_hp_(zero1_bf16_wrapper), world_(comm.size()), rank_(comm.rank()) {
+      use_hp_(zero1_bf16_wrapper),
+      unfused_(!zero1_bf16_wrapper && dtype_ != DType::f32 &&
+               (cfg.optimizer.type == OptimizerType::sgd || cfg.optimizer.torch_adam)),
+      world_(comm.size()), rank_(comm.rank()) {
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
   layout_ = FlatLayout::build(numels, partitioned_ ? world_ : 1, partitioned_);
@@ -26,15 +31,17 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
   master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition", MemCategory::master);
   dev_.cast(master_, flat_.narrow(layout_.partition_start(part), pn));
   // DeepSpeed steps a stage-0 fp32 model's params one tensor at a time (the torch optimizer over
-  // model.parameters()); FP16_Optimizer and BF16_Optimizer step one flat fp32 tensor.
+  // model.parameters()), and FP16_UnfusedOptimizer its fp32 copies of them; FP16_Optimizer and
+  // BF16_Optimizer step one flat fp32 tensor.
   BaseOptimizer::Segments segments;
-  if (!partitioned_ && dtype_ == DType::f32) {
+  if (!partitioned_ && (dtype_ == DType::f32 || unfused_)) {
     for (std::size_t i = 0; i < params_.size(); ++i) segments.emplace_back(layout_.offsets[i], params_[i]->numel());
   }
   base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width, std::move(segments));
   if (!partitioned_ && dtype_ != DType::f32) {
-    // FP16_Optimizer (fp16, and bf16 as DeepSpeed's DDP_BFLOAT16) steps once with zero gradients at
-    // construction (fused_optimizer.py initialize_optimizer_states): the step count becomes 1 and
+    // FP16_Optimizer (fp16, and bf16 as DeepSpeed's DDP_BFLOAT16) and FP16_UnfusedOptimizer step
+    // once with zero gradients at construction (initialize_optimizer_states in fused_optimizer.py
+    // and unfused_optimizer.py): the step count becomes 1 and
     // weight decay acts once on the fp32 master, which is not copied back to the 16-bit params.
     base_->step(master_, dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad",
                                     MemCategory::temporaries), /*engine_step=*/false);
@@ -44,7 +51,34 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
 
 std::string_view DenseOptimizer::name() const {
   if (use_hp_) return "BF16_Optimizer";
-  return dtype_ == DType::f32 ? "TorchOptimizer" : "FP16_Optimizer";
+  if (dtype_ == DType::f32) return "TorchOptimizer";
+  return unfused_ ? "FP16_UnfusedOptimizer" : "FP16_Optimizer";
+}
+
+// Note [FP16_Optimizer's norm]: stage 0's 16-bit wrappers take the norm in torch and Python
+// arithmetic, and hand get_global_norm a total that is then rooted in f64 (utils.py
+// get_global_norm: sqrt(x ** 2) leaves x as it is). FP16_Optimizer (fused_optimizer.py step,
+// utils.py get_flattened_grad_norm): torch's f32 norm of the flat fp32 grads, its .item() squared
+// in Python floats, rounded into an f32 FloatTensor. FP16_UnfusedOptimizer (unfused_optimizer.py
+// step, utils.py get_weight_norm): each param's f32 norm squared and summed as f32 tensors, in
+// param order. The roundings move the norm off sqrt(sum of squares) by about an f32 ulp, which
+// moves the clipped gradient f32(1 / combined) x g by an ulp: the optimizer-state comparison
+// found it (the params, through Adam's first step, did not show it). An f32 norm here is the f32
+// root of an exact sum, torch's norm on exact data; torch's own reduction order on gaussian data
+// is not modelled. Returns the total; global_norm roots it in f64.
+double DenseOptimizer::norm_sum_sq(const StepPrep& prep) {
+  if (partitioned_ || dtype_ == DType::f32) return ZeroOptimizer::norm_sum_sq(prep);
+  if (!unfused_) {
+    const float norm = std::sqrt(static_cast<float>(prep.where->sum_sq(prep.grads)));
+    return static_cast<float>(static_cast<double>(norm) * norm);
+  }
+  float total = 0.0f;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = prep.grads.narrow(layout_.offsets[i], params_[i]->numel());
+    const float norm = std::sqrt(static_cast<float>(prep.where->sum_sq(g)));
+    total = total + norm * norm;
+  }
+  return total;
 }
 
 void DenseOptimizer::on_grad_ready(Parameter& p) {

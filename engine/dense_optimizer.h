@@ -30,6 +30,11 @@ class DenseOptimizer final : public ZeroOptimizer {
   StepPlan step_plan() const override;
   StepPrep prepare_step() override;
   void update(const Tensor& grads32, double norm, double combined) override;
+  double norm_sum_sq(const StepPrep& prep) override;
+  const BaseOptimizer& base_optimizer() const override { return *base_; }
+  std::vector<double> gather_f32_partition(const Tensor& src) override {
+    return gather_flat_partition(layout_, partitioned_ ? rank_ : 0, partitioned_, src);
+  }
 
  private:
   // The base optimizer's step on grads32 ([partition_numel] f32, unscaled and clipped), the
@@ -43,6 +48,10 @@ class DenseOptimizer final : public ZeroOptimizer {
 
   bool partitioned_;
   bool use_hp_;  // the ZeRO-1 BF16_Optimizer wrapper: fp32 "hp" grads accumulated by hooks
+  // A 16-bit stage-0 model whose base optimizer is not DeepSpeed's FusedAdam (SGD, torch_adam):
+  // FP16_UnfusedOptimizer (engine.py _configure_fp16_optimizer), which steps fp32 copies of the
+  // params one by one and takes the norm per param. Else FP16_Optimizer, over one flat tensor.
+  bool unfused_;
   int world_, rank_;
   FlatLayout layout_;
   Tensor flat_;    // [padded] model dtype; params are views

@@ -335,6 +335,12 @@ std::vector<double> Engine::full_grads() {
   return out;
 }
 
+std::vector<double> Engine::full_optimizer_state(OptimizerState what) {
+  std::vector<double> dense = optimizers_[0]->gathered_state(what);
+  if (optimizers_.size() == 1 || dense.empty()) return dense;
+  return append_experts(std::move(dense), optimizers_[1]->gathered_state(what));
+}
+
 std::optional<bool> Engine::enter_coalesce() {
   if (cfg_.zero.stage < 1 || cfg_.zero.stage > 3) {
     throw NotImplementedError(fmt::format("coalesce_grad_reduction requires ZeRO stage 1/2/3, got stage {}", cfg_.zero.stage));

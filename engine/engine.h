@@ -100,6 +100,10 @@ class Engine {
   // The full averaged gradient after the boundary. A collective: every rank must call it.
   // Inside coalesce_grad_reduction it is this rank's unreduced local grad, and local.
   std::vector<double> full_grads();
+  // Every param's full f32 master or optimizer state (DeepSpeed's safe_get_full_fp32_param and
+  // safe_get_full_optimizer_state), ordered as full_params(); empty where the optimizer keeps no
+  // such state. A collective: every rank must call it.
+  std::vector<double> full_optimizer_state(OptimizerState what);
   const CommStats& comm_stats() const { return comm_.stats(); }
   Comm& comm() { return comm_; }  // the data-parallel (world) group
   ZeroOptimizer& optimizer() { return *optimizers_[0]; }  // the dense (or only) param group

@@ -61,6 +61,14 @@ BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64
   }
 }
 
+Tensor BaseOptimizer::state(OptimizerState what) const {
+  ZC_ASSERT(what != OptimizerState::fp32_master, "the master is the wrapper's, not the base optimizer's");
+  if (cfg_.type == OptimizerType::sgd) {
+    return what == OptimizerState::exp_avg && cfg_.momentum != 0 ? state_a_ : Tensor();
+  }
+  return what == OptimizerState::exp_avg ? state_a_ : state_b_;
+}
+
 double scheduled_lr(const OptimizerConfig& cfg, std::int64_t engine_step) {
   const LrSchedule& s = cfg.schedule;
   if (s.type == LrScheduleType::none) return cfg.lr;

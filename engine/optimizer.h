@@ -35,6 +35,10 @@ class LossScaler {
   std::int64_t last_overflow_iter_ = -1;
 };
 
+// A flat f32 state an optimizer keeps per element, as DeepSpeed's safe_get_full_fp32_param and
+// safe_get_full_optimizer_state name them. SGD's momentum buffer is its exp_avg slot.
+enum class OptimizerState { fp32_master, exp_avg, exp_avg_sq };
+
 // The base optimizer on one f32 flat tensor (a partition of the master params). `segments`
 // ({offset, length}) are the tensors DeepSpeed's optimizer steps one by one (each param at stage 0
 // in fp32, else the whole flat partition); a kernel's vector tail is per tensor.
@@ -50,6 +54,9 @@ class BaseOptimizer {
   std::int64_t steps() const { return steps_; }
   const Tensor& exp_avg() const { return state_a_; }
   const Tensor& exp_avg_sq() const { return state_b_; }
+  // exp_avg or exp_avg_sq as DeepSpeed's optimizer keeps it: undefined where it keeps none (SGD
+  // has no exp_avg_sq, and no momentum buffer at momentum 0, though zerocheck allocates one).
+  Tensor state(OptimizerState what) const;
 
  private:
   OptimizerConfig cfg_;

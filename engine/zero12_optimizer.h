@@ -37,6 +37,10 @@ class Zero12Optimizer final : public ZeroOptimizer {
   StepPlan step_plan() const override;
   StepPrep prepare_step() override;
   void update(const Tensor& grads32, double norm, double combined) override;
+  const BaseOptimizer& base_optimizer() const override { return *base_; }
+  std::vector<double> gather_f32_partition(const Tensor& src) override {
+    return gather_flat_partition(layout_, rank_, true, src);
+  }
 
  private:
   // DeepSpeed's names for the steps of the coalesce flush (SPEC 6).

@@ -278,6 +278,12 @@ std::vector<double> Zero3Optimizer::gather_partitions(const Tensor& mine) {
   return out;
 }
 
+std::vector<double> Zero3Optimizer::gather_f32_partition(const Tensor& src) {
+  Tensor mine = dev_.alloc(DType::f32, {src.numel()}, "state_partition_copy", MemCategory::temporaries);
+  dev_.cast(mine, src);  // from the CPU side too under offload_optimizer: a read-back
+  return gather_partitions(mine);
+}
+
 std::optional<std::vector<double>> Zero3Optimizer::gathered_params() {
   if (cfg_.zero.offload_param != OffloadDevice::cpu) return gather_partitions(fp16_partition_);
   Tensor src = dev_.alloc(dtype_, {fp16_partition_.numel()}, "partition_on_device",

@@ -53,7 +53,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     ZC_ASSERT(prep.grads.defined() && prep.where != nullptr, "{} prepared no grads", g->name());
     const bool mine = check && prep.where->has_inf_nan(prep.grads);  // every group tests its own
     local_overflow = local_overflow || mine;
-    if (plan.sum_sq_before_overflow) prep.local_sum_sq = prep.where->sum_sq(prep.grads);
+    if (plan.sum_sq_before_overflow) prep.local_sum_sq = g->norm_sum_sq(prep);
   }
   const bool overflow = check && lead.any_rank_overflow(local_overflow);
   const double prev_scale = lead.scaler_.cur_scale();
@@ -77,7 +77,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
   for (std::size_t i = 0; i < groups.size(); ++i) {
     StepPrep& prep = preps[i];
     if (plan.fp32_grads_before_norm) make_fp32(prep);
-    if (!plan.sum_sq_before_overflow) prep.local_sum_sq = prep.where->sum_sq(prep.grads);
+    if (!plan.sum_sq_before_overflow) prep.local_sum_sq = groups[i]->norm_sum_sq(prep);
     sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
   const double norm = lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype);
@@ -102,6 +102,24 @@ void ZeroOptimizer::flush_coalesced_reduction() {
 }
 
 void ZeroOptimizer::register_external_parameter(Module&, Parameter&) {}
+
+std::vector<double> ZeroOptimizer::gathered_state(OptimizerState what) {
+  const Tensor src = what == OptimizerState::fp32_master ? master_partitions().at(0)
+                                                         : base_optimizer().state(what);
+  if (!src.defined()) return {};
+  return gather_f32_partition(src);
+}
+
+std::vector<double> ZeroOptimizer::gather_flat_partition(const FlatLayout& layout, int part,
+                                                         bool partitioned, const Tensor& src) {
+  Tensor full = dev_.alloc(DType::f32, {layout.padded}, "gathered_state", MemCategory::temporaries);
+  Tensor mine = full.narrow(layout.partition_start(part), layout.partition_numel);
+  dev_.cast(mine, src);  // from the CPU side too: a read-back, not an offload transfer
+  if (partitioned && comm_.size() > 1) comm_.all_gather(full, mine);
+  std::vector<double> v = to_f64(dev_, full);
+  v.resize(static_cast<std::size_t>(layout.numel));
+  return v;
+}
 
 bool ZeroOptimizer::any_rank_overflow(bool local) {
   Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag", MemCategory::temporaries);  // [1] f32

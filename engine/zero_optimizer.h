@@ -8,6 +8,7 @@
 #include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/deepcompile.h"
+#include "engine/flat_layout.h"
 #include "engine/known_bugs.h"
 #include "engine/module.h"
 #include "engine/offload.h"
@@ -136,6 +137,10 @@ class ZeroOptimizer {
   // params (ZeRO-3: a collective, every rank calls it); std::nullopt when each rank holds them
   // whole (stages 0-2: read them from the params).
   virtual std::optional<std::vector<double>> gathered_params() { return std::nullopt; }
+  // Every param's full f32 `what` in param order, as f64 values: DeepSpeed's
+  // safe_get_full_fp32_param / safe_get_full_optimizer_state, concatenated. Empty where the
+  // optimizer keeps no such state (BaseOptimizer::state). A collective: every rank calls it.
+  std::vector<double> gathered_state(OptimizerState what);
   int micro_step_id() const { return micro_step_id_; }
   double loss_scale() const { return scaler_.cur_scale(); }
   // The transfers between the device and the CPU side of offload so far; null without offload.
@@ -151,6 +156,17 @@ class ZeroOptimizer {
   // The base optimizer's step on `grads32` (already divided by the combined scale), the refresh
   // of the 16-bit params from the master, and the step's trace record.
   virtual void update(const Tensor& grads32, double norm, double combined) = 0;
+
+  // This rank's sum of squares of `prep.grads` as the norm sees it before the root.
+  virtual double norm_sum_sq(const StepPrep& prep) { return prep.where->sum_sq(prep.grads); }
+  virtual const BaseOptimizer& base_optimizer() const = 0;
+  // `src`, this rank's f32 partition (on the device, or on the CPU side under offload), gathered
+  // from every rank into param order.
+  virtual std::vector<double> gather_f32_partition(const Tensor& src) = 0;
+  // gather_f32_partition for a flat layout (stages 0-2): this rank's slice `part` of it, gathered
+  // when the layout is partitioned over the group.
+  std::vector<double> gather_flat_partition(const FlatLayout& layout, int part, bool partitioned,
+                                            const Tensor& src);
 
   // True on every rank of this optimizer's group if any rank's `local` is true (all-reduce MAX).
   bool any_rank_overflow(bool local);

@@ -83,6 +83,12 @@ std::uint64_t hash_values(std::uint64_t h, std::string_view name, const std::vec
   return fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)), h);
 }
 
+std::vector<std::string> optimizer_state_keys(const Scenario& s) {
+  if (s.optimizer != "SGD") return {"exp_avg", "exp_avg_sq"};
+  if (s.momentum != 0) return {"momentum_buffer"};
+  return {};
+}
+
 std::string reference_unexpressible(const Scenario& s) {
   if (s.world > 4) return fmt::format("world {}: the reference pools hold 1-4 ranks", s.world);
   if (s.model != "synthetic" && s.model != "mlp") return fmt::format("model '{}': the twin has Synthetic and MLP only", s.model);
@@ -143,8 +149,7 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir) 
       {"ds_config", config}, {"dtype", s.dtype}, {"model", model_j}, {"params", params}, {"batch_arrays", arrays},
       {"world", s.world}, {"micro_batch", spec.micro_batch}, {"steps", s.steps}, {"ga", s.ga}, {"n", s.n},
       {"coalesce", s.coalesce}, {"explicit_boundary", s.boundary == "explicit"},
-      {"optimizer_state_keys", s.optimizer != "SGD" ? nlohmann::json::array({"exp_avg", "exp_avg_sq"})
-                               : s.momentum != 0 ? nlohmann::json::array({"momentum_buffer"}) : nlohmann::json::array()}};
+      {"optimizer_state_keys", optimizer_state_keys(s)}};
   std::ofstream(dir / "input.json") << input.dump(1) << "\n";
   write_f64(dir / "init.f64", init);
   write_f64(dir / "batches.f64", batches);
@@ -216,16 +221,27 @@ void compare_records(const Scenario& s, const RunResult& sim, const std::vector<
     out.diffs.push_back({field, detail, ulps});
   };
   const DType accum = s.grad_accum_dtype.empty() ? dtype_of(s) : DType::f32;
-  auto value = [&](const char* field, int step, const std::vector<double>& z, const char* key, DType dtype) {
-    const std::vector<double>& d = entry(d0, fmt::format("{}/{}", key, step));
+  // `field` at `step`: zerocheck's z against DeepSpeed's "<field>/<step>" (opt:<key>: "opt/<key>/<step>").
+  auto value = [&](const std::string& field, int step, const std::vector<double>& z, DType dtype) {
+    std::string name = fmt::format("{}/{}", field, step);
+    if (name.rfind("opt:", 0) == 0) name[3] = '/';
+    const std::vector<double>& d = entry(d0, name);
     if (std::string diff = first_element_diff(s, step, z, d); !diff.empty()) note(field, diff, max_ulps_apart(z, d, dtype));
   };
   for (int step = 0; step < s.steps; ++step) {
     const auto at = static_cast<std::size_t>(step);
-    value("grads", step, sim.grads.at(at), "grads", s.offload != "none" ? DType::f32 : accum);
-    value("params", step, sim.params.at(at), "params", dtype_of(s));
-    if (s.dtype == "f32") {  // fp32 training: the master is the param (bf16: see Note in the README's reference section)
-      value("masters", step, sim.params.at(at), "masters", DType::f32);
+    value("grads", step, sim.grads.at(at), s.offload != "none" ? DType::f32 : accum);
+    value("params", step, sim.params.at(at), dtype_of(s));
+    value("masters", step, sim.state.at("fp32").at(at), DType::f32);
+    for (const std::string& key : optimizer_state_keys(s)) {
+      const std::string ds_key = fmt::format("opt/{}/{}", key, step);
+      const auto z = sim.state.find(key);
+      const bool on_sim = z != sim.state.end(), on_ds = d0.contains(ds_key);
+      if (on_sim && on_ds) {
+        value("opt:" + key, step, z->second.at(at), DType::f32);
+      } else if (on_sim != on_ds) {
+        note("opt:" + key, fmt::format("step {}: only {} keeps it", step, on_sim ? "zerocheck" : "DeepSpeed"));
+      }
     }
     const double ds_scale = entry(d0, fmt::format("loss_scale/{}", step)).at(0);
     if (sim.loss_scales.at(at) != ds_scale) note("loss_scale", fmt::format("step {}: zerocheck {} vs DeepSpeed {}", step, sim.loss_scales.at(at), ds_scale));
@@ -272,10 +288,14 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     RunSpec spec = to_run_spec(s, {}, {});
     spec.adam_simd_width = reference_env().adam_simd_width;  // the build DeepSpeed runs here
     spec.sim.order = sim::ReductionOrder::gloo;  // DeepSpeed's collectives run on gloo here
+    spec.collect_optimizer_state = true;
     sim = run_on_sim(spec);
     for (std::size_t k = 0; k < sim.grads.size(); ++k) {
       h = hash_values(h, "sim grads", sim.grads[k]);
       h = hash_values(h, "sim params", sim.params[k]);
+    }
+    for (const auto& [key, steps] : sim.state) {
+      for (const std::vector<double>& v : steps) h = hash_values(h, "sim " + key, v);
     }
     h = hash_values(h, "sim scales", sim.loss_scales);
     h = fnv1a(sim.engine_comm.at(0).to_string(), h);

@@ -25,6 +25,10 @@ namespace zc::props {
 // config, no compile passes, no injected faults or command sequences.
 std::string reference_unexpressible(const Scenario& s);
 
+// The optimizer states the comparison reads, by DeepSpeed's names (exp_avg and exp_avg_sq for
+// Adam/AdamW, momentum_buffer for SGD with momentum).
+std::vector<std::string> optimizer_state_keys(const Scenario& s);
+
 // Writes input.json, init.f64 and batches.f64 for the twin into `dir`.
 void write_reference_input(const Scenario& s, const std::filesystem::path& dir);
 
@@ -35,7 +39,7 @@ ReferenceRecord read_reference_record(const std::filesystem::path& file);
 // uses for its records (so a replay that reproduces the numbers reproduces the hash).
 std::uint64_t hash_values(std::uint64_t h, std::string_view name, const std::vector<double>& v);
 
-// One field on which the two sides differ: grads, params, masters, loss_scale, skipped, msid,
+// One field on which the two sides differ: grads, params, masters, opt:<key>, loss_scale, skipped, msid,
 // comm:<kind>:calls, comm:<kind>:bytes, ranks (DeepSpeed's ranks disagree), refusal (one side raised, the other did not).
 struct FieldDiff {
   std::string field;
@@ -96,7 +100,8 @@ struct ReferenceOptions {
   std::uint64_t seed = 1;
   std::filesystem::path out;  // counterexamples/ are written here
 };
-// The report's `reference` object (README: results.json schema).
+// The report's `reference` object (README: results.json schema), with `saved_cases`: the
+// counterexamples and witnesses ({saved_file, saved_case}) for the caller to write.
 nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePools& pools);
 
 // The invariants on DeepSpeed itself and the comparison, as Invariants whose check needs the pool

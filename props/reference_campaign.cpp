@@ -75,7 +75,7 @@ bool condition_holds(const nlohmann::json& value, const nlohmann::json& cond) {
 
 bool field_affected(const DivergenceClass& c, const std::string& field) {
   for (const std::string& a : c.affects) {
-    if (a == field || (a == "comm:" && field.rfind("comm:", 0) == 0)) return true;
+    if (a == field || (a.ends_with(':') && field.starts_with(a))) return true;  // "comm:", "opt:": every kind
   }
   return false;
 }
@@ -416,8 +416,19 @@ nlohmann::json conformance_table(const Tally& tally) {
 
 // Each class's witness must still diverge in a field the class affects; a witness that matches
 // means DeepSpeed or the engine changed and the entry must go.
+// The campaign runs in a work item's child: its counterexamples travel in the result, as every
+// item's do, and the merging process writes them (Note [Work items] in verify.cpp). Returns the
+// file's path as the report names it.
+std::string keep_case(nlohmann::json& saved_cases, const std::filesystem::path& out, const SavedCase& c,
+                      const std::string& name) {
+  const std::string rel = fmt::format("counterexamples/{}.json", name);
+  saved_cases.push_back({{"saved_file", rel}, {"saved_case", to_json(c)}});
+  return (out / rel).string();
+}
+
 nlohmann::json check_witnesses(const std::vector<DivergenceClass>& classes, ReferencePools& pools,
-                               const std::filesystem::path& out, const std::map<std::string, int>& seen) {
+                               const std::filesystem::path& out, const std::map<std::string, int>& seen,
+                               nlohmann::json& saved_cases) {
   nlohmann::json list = nlohmann::json::array();
   for (const DivergenceClass& c : classes) {
     nlohmann::json r = {{"id", c.id}, {"summary", c.summary}, {"deepspeed", c.deepspeed}, {"affects", c.affects},
@@ -432,9 +443,7 @@ nlohmann::json check_witnesses(const std::vector<DivergenceClass>& classes, Refe
       r["witness_detail"] = detail.empty() ? "the witness matches DeepSpeed: remove this entry" : detail;
       const ReferenceVerdict v = classify(c.witness, cmp, classes);
       SavedCase saved{c.witness, "deepspeed-matches-or-listed", {}, v.verdict.holds, cmp.hash, detail, "", 0};
-      const std::filesystem::path file = out / "counterexamples" / fmt::format("deepspeed-{}.json", c.id);
-      save_case(saved, file);
-      r["witness_file"] = file.string();
+      r["witness_file"] = keep_case(saved_cases, out, saved, "deepspeed-" + c.id);
       r["witness_hash"] = fmt::format("0x{:016x}", cmp.hash);
     } catch (const ZcError& e) {
       r["witness_diverges"] = false;
@@ -471,16 +480,15 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
                       {"holds", !c.failed && c.error.empty()}, {"conformance", conformance_table(*tally)},
                       {"deepspeed_seconds", tally->ds_seconds}};
   if (!c.error.empty()) j["error"] = c.error;
+  nlohmann::json saved_cases = nlohmann::json::array();
   if (c.failed) {
     j["failure"] = c.verdict.failure;
     j["counterexample"] = to_json(c.counterexample);
     j["reproduce"] = c.reproduce;
     SavedCase saved{c.counterexample, inv.name, {}, false, c.verdict.trace_hash, c.verdict.failure, c.reproduce, opts.seed};
-    const std::filesystem::path file = opts.out / "counterexamples" / "deepspeed-matches-or-listed.json";
-    save_case(saved, file);
-    j["scenario_file"] = file.string();
+    j["scenario_file"] = keep_case(saved_cases, opts.out, saved, inv.name);
   }
-  j["classes"] = check_witnesses(classes, pools, opts.out, seen);
+  j["classes"] = check_witnesses(classes, pools, opts.out, seen, saved_cases);
   for (nlohmann::json& k : j["classes"]) {
     const std::string id = k.value("id", "");
     k["max_ulps_seen"] = ulps_seen.contains(id) ? ulps_seen.at(id) : -1;
@@ -499,9 +507,7 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
     if (ic.failed) {
       r["failure"] = ic.verdict.failure;
       SavedCase saved{ic.counterexample, i.name, {}, false, ic.verdict.trace_hash, ic.verdict.failure, ic.reproduce, opts.seed};
-      const std::filesystem::path file = opts.out / "counterexamples" / fmt::format("{}.json", i.name);
-      save_case(saved, file);
-      r["scenario_file"] = file.string();
+      r["scenario_file"] = keep_case(saved_cases, opts.out, saved, i.name);
       j["holds"] = false;
     }
     j["invariants_on_deepspeed"].push_back(r);
@@ -528,6 +534,7 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   for (const nlohmann::json& k : j["classes"]) {
     if (!k.value("witness_diverges", false)) j["holds"] = false;
   }
+  j["saved_cases"] = saved_cases;
   j["seconds"] = watch.seconds();
   return j;
 }

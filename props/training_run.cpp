@@ -199,6 +199,19 @@ CommStats group_stats(const Comm* ep, const Comm* edp) {
   return s;
 }
 
+// Every param's fp32 master and optimizer state, by DeepSpeed's names, counted apart.
+void record_state(const Config& cfg, Engine& engine, Comm& world, RankRecord& rec) {
+  const bool sgd = cfg.optimizer.type == OptimizerType::sgd;
+  const std::pair<const char*, OptimizerState> kinds[] = {
+      {"fp32", OptimizerState::fp32_master},
+      {sgd ? "momentum_buffer" : "exp_avg", OptimizerState::exp_avg},
+      {"exp_avg_sq", OptimizerState::exp_avg_sq}};
+  for (const auto& [name, what] : kinds) {
+    std::vector<double> v = counted_apart(world, rec.getter_comm, [&] { return engine.full_optimizer_state(what); });
+    if (!v.empty()) rec.state[name].push_back(std::move(v));
+  }
+}
+
 RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
                  BatchCache& cache, Device* cpu) {
   const int W = world.size();
@@ -273,6 +286,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     if (read_back) {  // a meta run has no values to read back
       rec.params.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_params(); }));
       rec.masters.push_back(to_f64(dev, engine.master_partitions().at(0)));
+      if (spec.collect_optimizer_state) record_state(cfg, engine, world, rec);
     }
     const double mean_loss = loss_sum / static_cast<double>(ga * spec.n_backward);
     rec.losses.push_back(mean_loss);
@@ -346,6 +360,7 @@ RunResult run_on_sim(const RunSpec& spec) {
   result.loss_scales = r0.loss_scales;
   result.flush_micro_step_ids = r0.flush_micro_step_ids;
   result.skipped_steps = r0.skipped_steps;
+  result.state = r0.state;
   for (RankRecord& r : recs) {
     result.memory.push_back(std::move(r.memory));
     result.step_device_ops.push_back(r.step_device_ops);

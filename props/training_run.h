@@ -11,8 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
-#include <optional>
+#include <map>
 #include <memory>
+#include <optional>
 
 namespace zc::props {
 
@@ -46,6 +47,10 @@ struct RunSpec {
   // record has no values and the run's memory and collectives are the engine's alone. A meta
   // run (sim.meta) never reads back.
   bool record_values = true;
+  // With record_values: gather every param's fp32 master and optimizer state after each step
+  // (RunResult::state; collectives, counted apart as the getters' are). The DeepSpeed comparison
+  // sets it.
+  bool collect_optimizer_state = false;
   BugSet bugs;
   // Options::adam_simd_width. 1 here, a position-independent Adam (every element in the vector
   // body's order), so that I1 compares partitionings, not where each rank's vector tail falls:
@@ -84,6 +89,9 @@ struct RunResult {
   std::vector<double> loss_scales;          // [step] the loss scale the step's grads carry
   std::vector<int> flush_micro_step_ids;    // [step] rank 0's micro_step_id at the coalesce flush
   std::vector<std::int64_t> skipped_steps;  // [step] rank 0's engine.skipped_steps() after it
+  // RunSpec::collect_optimizer_state: by DeepSpeed's name ("fp32", "exp_avg", "exp_avg_sq",
+  // "momentum_buffer"; only what the optimizer keeps), [step] every param's full state after it.
+  std::map<std::string, std::vector<std::vector<double>>> state;
   bool ranks_agree = true;                  // every rank held rank 0's params and grads
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
@@ -110,6 +118,7 @@ struct RankRecord {
   std::vector<double> losses, loss_scales;
   std::vector<int> flush_micro_step_ids;
   std::vector<std::int64_t> skipped_steps;
+  std::map<std::string, std::vector<std::vector<double>>> state;
   CommStats comm;
   CommStats getter_comm;  // the collectives of full_grads()/full_params() (part of comm)
   CommStats group_comm, group_comm_after_init;  // MoE groups' (RunResult::group_comm)

@@ -358,6 +358,9 @@ VerifyReport VerifyJob::merge(const std::vector<nlohmann::json>& results, double
     const nlohmann::json& res = r["result"];
     if (name == "deepspeed") {
       report.reference = res;
+      report.reference.erase("saved_cases");
+      std::string file;
+      for (const nlohmann::json& saved : res.value("saved_cases", nlohmann::json::array())) write_saved(saved, opts_.out, file);
     } else if (name.rfind("proof ", 0) == 0) {
       report.proofs.push_back(report_from_json({{"proofs", {res}}}).proofs.at(0));
     } else if (name == "collectives") {

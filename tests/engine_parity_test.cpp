@@ -94,9 +94,12 @@ std::string exact_infeasible(const RunSpec& spec, DType dtype) {
                      dtype_mantissa_bits(dtype));
 }
 
-void expect_parity(const RunSpec& spec, DType dtype) {
+// The sharded run's grads, params, and every param's fp32 master and optimizer state gathered
+// from the partitions (Engine::full_optimizer_state), against one rank's.
+void expect_parity(RunSpec spec, DType dtype) {
   ASSERT_EQ(exact_infeasible(spec, dtype), "") << "no exact data: drop the case from its table";
 
+  spec.collect_optimizer_state = true;
   const RunResult sharded = run_on_sim(spec);
   const RunResult ref = run_on_sim(single_rank_reference(spec));
   ASSERT_TRUE(sharded.ranks_agree) << sharded.disagreement;
@@ -106,6 +109,14 @@ void expect_parity(const RunSpec& spec, DType dtype) {
     ASSERT_EQ(g, "") << "averaged grads differ at step " << s;
     const std::string p = first_difference(sharded.params[s], ref.params[s], dtype);
     ASSERT_EQ(p, "") << "params differ after step " << s;
+  }
+  ASSERT_TRUE(sharded.state.contains("fp32"));
+  ASSERT_EQ(sharded.state.size(), ref.state.size());
+  for (const auto& [key, steps] : ref.state) {
+    ASSERT_TRUE(sharded.state.contains(key)) << key;
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      ASSERT_EQ(first_difference(sharded.state.at(key).at(s), steps[s], DType::f32), "") << key << " differs after step " << s;
+    }
   }
 }
 

@@ -11,7 +11,8 @@ dtype, so every conversion here is exact.
 The record (record.py) holds, per step s: grads/s (every param's full gradient at the boundary,
 before step, in param order), params/s (the 16-bit or fp32 model params after step), masters/s
 (the full fp32 master params after step), loss_scale/s, skipped/s (engine.skipped_steps),
-msid/s (micro_step_id at the coalesce flush, when coalescing), opt/<key>/s (optimizer state), and
+msid/s (micro_step_id at the coalesce flush, when coalescing), opt/<key>/s (every param's full
+optimizer state after step: exp_avg, exp_avg_sq, momentum_buffer), and
 comm/<kind> (calls, bytes) over the whole run, getters excluded.
 """
 import json
@@ -140,6 +141,26 @@ def full_masters(engine, params, stage):
     return [p.detach().float().clone() for p in params]  # fp32 stage 0: the params are the masters
 
 
+def full_optimizer_state(engine, params, stage, key):
+    """Every param's full optimizer state `key` in param order, or None where the optimizer keeps
+    none (before its first step, SGD without momentum)."""
+    if stage > 0:
+        states = [safe_get_full_optimizer_state(p, key) for p in params]
+        return states if all(t is not None for t in states) else None
+    # Stage 0: the base optimizer's own state, over the tensors it steps: the params (fp32), or
+    # FP16_Optimizer's flat fp32 groups, or FP16_UnfusedOptimizer's per-param fp32 copies, which
+    # all hold the params in order.
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    states = []
+    for group in base.param_groups:
+        for p in group["params"]:
+            t = base.state.get(p, {}).get(key)
+            if t is None:
+                return None
+            states.append(t)
+    return states
+
+
 def flat(tensors):
     return torch.cat([t.detach().double().flatten() for t in tensors]) if tensors else torch.zeros(0)
 
@@ -224,10 +245,9 @@ def run_scenario(directory, counter):
         entries.append((f"masters/{s}", flat(full_masters(engine, params, stage))))
         entries.append((f"skipped/{s}", [float(engine.skipped_steps)]))
         for key in spec.get("optimizer_state_keys", []):
-            if stage > 0:
-                states = [safe_get_full_optimizer_state(p, key) for p in params]
-                if all(t is not None for t in states):
-                    entries.append((f"opt/{key}/{s}", flat(states)))
+            states = full_optimizer_state(engine, params, stage, key)
+            if states is not None:
+                entries.append((f"opt/{key}/{s}", flat(states)))
         counter.counting = True
     counter.counting = False
     if msids:
