@@ -105,6 +105,18 @@ void print_reference_summary(const nlohmann::json& r) {
     fmt::print("  on DeepSpeed, gaussian data: coalesced vs per-backward differ in {} of {} scenarios, {} of {} gradient elements\n",
                g.value("scenarios_differing", 0), g.value("scenarios", 0), g.value("elements_differing", 0), g.value("elements", 0));
   }
+  if (r.contains("fpa_witnesses_on_deepspeed")) {
+    for (const nlohmann::json& w : r["fpa_witnesses_on_deepspeed"].value("witnesses", nlohmann::json::array())) {
+      if (!w.contains("predicted_per_backward")) {
+        fmt::print("  Z3 FPA witness on DeepSpeed, {}: {}\n", w.value("dtype", ""), w.value("detail", ""));
+        continue;
+      }
+      fmt::print("  Z3 FPA witness on DeepSpeed, {}: per-backward {:.9g}, coalesced {:.9g} predicted; DeepSpeed {:.9g}, "
+                 "{:.9g}: {}\n", w.value("dtype", ""), w.value("predicted_per_backward", 0.0), w.value("predicted_coalesced", 0.0),
+                 w["deepspeed_per_backward"].at(0).get<double>(), w["deepspeed_coalesced"].at(0).get<double>(),
+                 w.value("as_predicted", false) ? "as predicted" : "NOT AS PREDICTED");
+    }
+  }
   for (const nlohmann::json& c : r.value("classes", nlohmann::json::array())) {
     fmt::print("  class {:<34} {:>4} cases  witness {}\n", c.value("id", ""), c.value("cases", 0),
                c.value("witness_diverges", false) ? "diverges" : "DOES NOT DIVERGE: " + c.value("witness_detail", ""));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,17 @@ struct ProofTask {
 };
 std::vector<ProofTask> proof_tasks(unsigned timeout_ms);
 std::vector<ProofResult> run_all_proofs(unsigned timeout_ms);  // every task, in order
+
+// A Z3 FPA witness (the fpa-* proofs): gradients g[rank][chunk] at world 2, N 2, ZeRO-2, loss
+// scale 1, whose per-backward reduction (each chunk halved, summed over the ranks, accumulated)
+// and coalesced reduction (each rank's chunks summed, halved, summed over the ranks) round apart,
+// with both results as Z3's model of the arithmetic gives them. std::nullopt: none found in time.
+struct FpaWitness {
+  DType dtype = DType::f32;
+  double g[2][2] = {};
+  double per_backward = 0, coalesced = 0;
+};
+std::optional<FpaWitness> fpa_rounding_witness(DType dtype, unsigned timeout_ms);
 
 // The int64 overflow hunt over decide::zero12_partition_numel / partition_start for numel <=
 // max_numel, world <= 65536: ("found" | "none found" | "unknown", detail).

@@ -84,11 +84,7 @@ std::vector<double> simulate(DType t, const double g[2][2], bool coalesce) {
   return got;
 }
 
-ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
-  const Stopwatch watch;
-  ProofResult r;
-  r.name = fmt::format("fpa-coalesced-vs-per-backward-rounding-{}", dtype_name(f.dtype));
-  r.expected = "found";
+std::optional<FpaWitness> find_witness(Fmt f, unsigned timeout_ms) {
   z3::context c;
   Arith a{c, f};
   z3::expr g[2][2] = {{c.fpa_const("g00", f.ebits, f.sbits), c.fpa_const("g01", f.ebits, f.sbits)},
@@ -110,20 +106,33 @@ ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
   p.set("timeout", timeout_ms);
   s.set(p);
   s.add(sane && !z3::expr(c, Z3_mk_fpa_eq(c, baseline, coalesced)));
-  if (s.check() != z3::sat) {
+  if (s.check() != z3::sat) return std::nullopt;
+  const z3::model m = s.get_model();
+  FpaWitness w;
+  w.dtype = f.dtype;
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 2; ++k) w.g[i][k] = value_of(m, g[i][k], f.dtype);
+  }
+  w.per_backward = value_of(m, baseline, f.dtype);
+  w.coalesced = value_of(m, coalesced, f.dtype);
+  return w;
+}
+
+ProofResult rounding_witness(Fmt f, unsigned timeout_ms) {
+  const Stopwatch watch;
+  ProofResult r;
+  r.name = fmt::format("fpa-coalesced-vs-per-backward-rounding-{}", dtype_name(f.dtype));
+  r.expected = "found";
+  const std::optional<FpaWitness> w = find_witness(f, timeout_ms);
+  if (!w) {
     r.verdict = "none found";
   } else {
-    const z3::model m = s.get_model();
-    double gv[2][2];
-    for (int i = 0; i < 2; ++i) {
-      for (int k = 0; k < 2; ++k) gv[i][k] = value_of(m, g[i][k], f.dtype);
-    }
-    const double want_base = value_of(m, baseline, f.dtype), want_co = value_of(m, coalesced, f.dtype);
-    const std::vector<double> sim_base = simulate(f.dtype, gv, false), sim_co = simulate(f.dtype, gv, true);
+    const std::vector<double> sim_base = simulate(f.dtype, w->g, false), sim_co = simulate(f.dtype, w->g, true);
+    const double want_base = w->per_backward, want_co = w->coalesced;
     const bool reproduced = sim_base[0] == want_base && sim_base[1] == want_base && sim_co[0] == want_co && sim_co[1] == want_co;
     r.verdict = reproduced ? "found" : "FAILED";
     r.detail = fmt::format("rank 0 grads ({:.9g}, {:.9g}), rank 1 grads ({:.9g}, {:.9g}): per-backward {:.9g}, "
-                           "coalesced {:.9g}; simulator {:.9g} / {:.9g}{}", gv[0][0], gv[0][1], gv[1][0], gv[1][1],
+                           "coalesced {:.9g}; simulator {:.9g} / {:.9g}{}", w->g[0][0], w->g[0][1], w->g[1][0], w->g[1][1],
                            want_base, want_co, sim_base[0], sim_co[0], reproduced ? " (reproduced bit for bit)" : " (MISMATCH)");
   }
   r.seconds = watch.seconds();
@@ -176,9 +185,20 @@ ProofResult exact_add_lemma(Fmt f, std::int64_t max_k, unsigned timeout_ms) {
 
 }  // namespace
 
+namespace {
+
+Fmt fmt_of(DType dtype) {
+  return dtype == DType::f32 ? Fmt{dtype, 8, 24} : dtype == DType::bf16 ? Fmt{dtype, 8, 8} : Fmt{dtype, 5, 11};
+}
+
+}  // namespace
+
 ProofResult exact_integer_sum_lemma(DType dtype, std::int64_t max_k, unsigned timeout_ms) {
-  const Fmt f = dtype == DType::f32 ? Fmt{dtype, 8, 24} : dtype == DType::bf16 ? Fmt{dtype, 8, 8} : Fmt{dtype, 5, 11};
-  return exact_add_lemma(f, max_k, timeout_ms);
+  return exact_add_lemma(fmt_of(dtype), max_k, timeout_ms);
+}
+
+std::optional<FpaWitness> fpa_rounding_witness(DType dtype, unsigned timeout_ms) {
+  return find_witness(fmt_of(dtype), timeout_ms);
 }
 
 namespace {

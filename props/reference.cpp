@@ -104,7 +104,7 @@ std::string reference_unexpressible(const Scenario& s) {
   return "";
 }
 
-void write_reference_input(const Scenario& s, const std::filesystem::path& dir) {
+void write_reference_input(const Scenario& s, const std::filesystem::path& dir, const BatchSource& source) {
   if (const std::string why = reference_unexpressible(s); !why.empty()) {
     throw NotImplementedError("the DeepSpeed twin cannot express this scenario: " + why);
   }
@@ -127,7 +127,7 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir) 
   for (int step = 0; step < s.steps; ++step) {
     for (int m = 0; m < s.ga; ++m) {
       for (int c = 0; c < s.n; ++c) {
-        const HostBatch hb = global_batch(spec, *model, step, m, c);
+        const HostBatch hb = source ? source(step, m, c) : global_batch(spec, *model, step, m, c);
         const Batch up = upload_batch(dev, hb, dtype);  // rounded to the model dtype as the engine sees it
         for (const auto& [name, t] : up.tensors) {
           if (step == 0 && m == 0 && c == 0) arrays.push_back({{"name", name}, {"row", t.numel() / hb.samples}});
@@ -182,9 +182,9 @@ ReferenceRecord read_reference_record(const std::filesystem::path& file) {
   return rec;
 }
 
-std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools) {
+std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches) {
   ScratchDir dir;
-  write_reference_input(s, dir.path);
+  write_reference_input(s, dir.path, batches);
   pools.get(s.world).run(dir.path);
   std::vector<ReferenceRecord> recs;
   for (int r = 0; r < s.world; ++r) recs.push_back(read_reference_record(dir.path / fmt::format("rank{}.rec", r)));

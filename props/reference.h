@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,8 +30,12 @@ std::string reference_unexpressible(const Scenario& s);
 // Adam/AdamW, momentum_buffer for SGD with momentum).
 std::vector<std::string> optimizer_state_keys(const Scenario& s);
 
+// A step's (step, micro-step, chunk) global batch, in place of the scenario's generated one (the
+// Z3 witnesses' prescribed gradients).
+using BatchSource = std::function<HostBatch(int step, int micro, int chunk)>;
+
 // Writes input.json, init.f64 and batches.f64 for the twin into `dir`.
-void write_reference_input(const Scenario& s, const std::filesystem::path& dir);
+void write_reference_input(const Scenario& s, const std::filesystem::path& dir, const BatchSource& batches = {});
 
 // A record file (reference/deepspeed/record.py's format): name -> values.
 using ReferenceRecord = std::map<std::string, std::vector<double>>;
@@ -60,7 +65,7 @@ struct ReferenceComparison {
 // crashes or hangs (the pool restarts on the next scenario).
 ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools);
 // DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
-std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools);
+std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches = {});
 
 // A probe of DeepSpeed itself (reference/deepspeed/probes.py), run on a world of one: its facts.
 // "i4": copies, __reduce__ and fake-tensor reads of a ZeRO-3 module's ZeROOrderedDict.
@@ -100,6 +105,12 @@ struct ReferenceOptions {
   std::uint64_t seed = 1;
   std::filesystem::path out;  // counterexamples/ are written here
 };
+// The Z3 FPA witnesses (fpa_rounding_witness, f32 and bf16) run on DeepSpeed: world 2, ZeRO-2, one
+// element, each rank's two chunks the witness's gradients, per-backward (explicit boundary) and
+// coalesced. Per dtype: the gradients, Z3's two predicted results, DeepSpeed's on both ranks, and
+// `as_predicted`; `holds` when every witness rounds apart on DeepSpeed as predicted.
+nlohmann::json fpa_witnesses_on_deepspeed(ReferencePools& pools, unsigned timeout_ms);
+
 // The report's `reference` object (README: results.json schema), with `saved_cases`: the
 // counterexamples and witnesses ({saved_file, saved_case}) for the caller to write.
 nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePools& pools);

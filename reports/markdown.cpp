@@ -122,6 +122,24 @@ std::string md_reference(const VerifyReport& r) {
                      md_text(g.value("what", "")), g.value("scenarios_differing", 0), g.value("scenarios", 0),
                      g.value("elements_differing", 0), g.value("elements", 0));
   }
+  if (j.contains("fpa_witnesses_on_deepspeed")) {
+    const nlohmann::json& f = j["fpa_witnesses_on_deepspeed"];
+    s += fmt::format("\nZ3's rounding witnesses on DeepSpeed ({}):\n\n| dtype | rank 0 grads | rank 1 grads | predicted "
+                     "per-backward / coalesced | DeepSpeed per-backward / coalesced | as predicted |\n"
+                     "|---|---|---|---|---|---|\n", md_text(f.value("what", "")));
+    for (const nlohmann::json& w : f.value("witnesses", nlohmann::json::array())) {
+      if (!w.contains("grads")) {
+        s += fmt::format("| {} | - | - | - | - | **NO**: {} |\n", md_text(w.value("dtype", "")), md_text(w.value("detail", "")));
+        continue;
+      }
+      const nlohmann::json& g = w["grads"];
+      s += fmt::format("| {} | {:.9g}, {:.9g} | {:.9g}, {:.9g} | {:.9g} / {:.9g} | {:.9g} / {:.9g} | {} |\n",
+                       md_text(w.value("dtype", "")), g[0][0].get<double>(), g[0][1].get<double>(), g[1][0].get<double>(),
+                       g[1][1].get<double>(), w.value("predicted_per_backward", 0.0), w.value("predicted_coalesced", 0.0),
+                       w["deepspeed_per_backward"].at(0).get<double>(), w["deepspeed_coalesced"].at(0).get<double>(),
+                       w.value("as_predicted", false) ? "yes" : "**NO**");
+    }
+  }
   if (j.contains("gaussian_conformance")) {
     const nlohmann::json& g = j["gaussian_conformance"];
     s += fmt::format("\nGaussian-domain row ({}):\n\n| dtype | scenarios | grads bit for bit | grads and params bit for bit |\n"

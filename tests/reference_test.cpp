@@ -113,6 +113,25 @@ TEST(DeepSpeedReference, OptimizerStateAndMastersAreDeepSpeedsBitForBit) {
   }
 }
 
+// zerocheck prove's FPA witnesses replayed on DeepSpeed: the gradients Z3 found for f32 and bf16,
+// whose per-backward and coalesced reductions round apart in zerocheck's model of the arithmetic,
+// round apart on DeepSpeed too, to exactly the two values Z3 predicts, on both ranks.
+TEST(DeepSpeedReference, TheZ3RoundingWitnessesRoundApartOnDeepSpeedAsPredicted) {
+  const nlohmann::json j = fpa_witnesses_on_deepspeed(pools(), 60'000);
+  ASSERT_EQ(j.at("witnesses").size(), 2u) << j.dump(1);
+  for (const nlohmann::json& w : j.at("witnesses")) {
+    SCOPED_TRACE(w.dump());
+    ASSERT_TRUE(w.contains("predicted_per_backward"));
+    EXPECT_NE(w.at("predicted_per_backward").get<double>(), w.at("predicted_coalesced").get<double>());
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(w.at("deepspeed_per_backward").at(r).get<double>(), w.at("predicted_per_backward").get<double>());
+      EXPECT_EQ(w.at("deepspeed_coalesced").at(r).get<double>(), w.at("predicted_coalesced").get<double>());
+    }
+    EXPECT_TRUE(w.at("as_predicted").get<bool>());
+  }
+  EXPECT_TRUE(j.at("holds").get<bool>());
+}
+
 // The fidelity reading suspected that ZeRO-1 + bf16 + fp32 accumulation + CPU offload steps on each
 // rank's unreduced local gradients (stage_1_and_2.py reading param.grad_accum). DeepSpeed 0.19.8
 // reads its compact fp32 grad-partition buffer, which holds the reduced gradients: its params
