@@ -2,6 +2,7 @@
 // Without the environment (scripts/ds-env.sh) every test fails with the reason; none skips.
 #include "engine/errors.h"
 #include "props/reference.h"
+#include "props/verify.h"
 #include "tests/optimizer_fixture.h"
 
 #include "tests/gloo_fixture.h"
@@ -166,21 +167,39 @@ TEST(DeepSpeedReference, AnUnlistedDifferenceFailsTheComparison) {
   EXPECT_NE(v.verdict.failure.find("unlisted divergence in params"), std::string::npos) << v.verdict.failure;
 }
 
-TEST(DeepSpeedReference, AScenarioGivesTheSameRecordInAFreshAndAReusedPool) {
-  Scenario x = sgd(3, 2);
-  x.dtype = "bf16";
-  Scenario y = sgd(1, 2);
-  y.optimizer = "AdamW";
-  y.lr = 1e-3;
-  ReferencePools fresh(reference_env());
-  const ReferenceComparison first = compare_with_deepspeed(x, fresh);
-  compare_with_deepspeed(y, fresh);
-  const ReferenceComparison again = compare_with_deepspeed(x, fresh);
-  EXPECT_EQ(fresh.get(2).starts(), 1);
-  EXPECT_EQ(first.hash, again.hash) << "first:" << diffs_of(first) << "\nagain:" << diffs_of(again);
-  Scenario z = x;
-  z.lr = 0.25;  // a different run changes the hash
-  EXPECT_NE(compare_with_deepspeed(z, fresh).hash, first.hash);
+// A property over generated scenarios: each gives the same record (the comparison's hash covers
+// both sides' records) in a fresh pool, where it is the first scenario its workers run, and in
+// this binary's long-lived pool, after whatever the other tests ran there. Each case starts a
+// pool (30-40 s on 2 cores at world 4), so the campaign is short; ZC_DS_REPRODUCE replays a
+// failure. And the hash can tell runs apart: another learning rate changes it.
+TEST(DeepSpeedReference, GeneratedScenariosGiveTheSameRecordInAFreshAndAReusedPool) {
+  compare_with_deepspeed(sgd(1, 2), pools());  // the long-lived pool has run another scenario
+  const Invariant inv{"deepspeed-fresh-and-reused-pool-same-record",
+                      "A scenario's record is the same in a fresh pool and in a reused one", gen_reference_scenario,
+                      [](const Scenario& s, const CheckContext&) {
+                        ReferencePools fresh(reference_env());
+                        const ReferenceComparison a = compare_with_deepspeed(s, fresh);
+                        const ReferenceComparison b = compare_with_deepspeed(s, pools());
+                        Verdict v;
+                        v.trace_hash = a.hash;
+                        v.holds = fresh.get(s.world).starts() == 1 && a.hash == b.hash;
+                        if (!v.holds) {
+                          v.failure = fmt::format("fresh pool 0x{:016x}, reused pool 0x{:016x}; fresh:{}\nreused:{}", a.hash,
+                                                  b.hash, diffs_of(a), diffs_of(b));
+                        }
+                        return v;
+                      }};
+  const std::uint64_t seed = 20261201;
+  const char* replay = std::getenv("ZC_DS_REPRODUCE");
+  const Campaign c = run_campaign(inv, CheckContext{}, replay != nullptr ? 1 : 2, seed, replay != nullptr ? replay : "");
+  EXPECT_TRUE(c.error.empty()) << c.error;
+  EXPECT_FALSE(c.failed) << describe(c.counterexample) << ": " << c.verdict.failure << "\nseed " << seed
+                         << "; replay: ZC_DS_REPRODUCE='" << c.reproduce
+                         << "' build/default/tests/zc_reference_tests --gtest_filter='*GeneratedScenariosGiveTheSameRecord*'";
+  EXPECT_EQ(c.cases, replay != nullptr ? 1 : 2);
+  Scenario x = sgd(3, 2), z = x;
+  z.lr = 0.25;
+  EXPECT_NE(compare_with_deepspeed(z, pools()).hash, compare_with_deepspeed(x, pools()).hash);
 }
 
 TEST(DeepSpeedReference, AScenarioTheTwinCannotExpressNamesTheFeature) {
