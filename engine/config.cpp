@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -225,12 +226,19 @@ void read_optimizer(Config& c, Reader& top) {
   Reader r(*o, "optimizer", c.warnings);
   const std::string type = r.string("type", "Adam");
   OptimizerConfig& oc = c.optimizer;
-  if (type == "Adam" || type == "adam") {
+  // DeepSpeed lower-cases the names of its own optimizers (config.py: DEEPSPEED_OPTIMIZERS) and
+  // takes any other from torch.optim by its exact name (engine.py _configure_basic_optimizer).
+  std::string lower = type;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lower == "adam") {
     oc.type = OptimizerType::adam;
-  } else if (type == "AdamW" || type == "adamw") {
+  } else if (lower == "adamw") {
     oc.type = OptimizerType::adamw;
-  } else if (type == "SGD" || type == "sgd") {
+  } else if (type == "SGD") {
     oc.type = OptimizerType::sgd;
+  } else if (lower == "sgd") {
+    throw r.error("type", fmt::format("{} is not a supported DeepSpeed Optimizer: DeepSpeed takes SGD from torch.optim "
+                                      "by its exact name; spell it \"SGD\"", type));
   } else {
     throw NotImplementedError(fmt::format("'optimizer.type': {} is not modelled; use Adam, AdamW or SGD", type));
   }
@@ -422,7 +430,14 @@ void check_gradient_scaling(Config& c) {
                        "DeepSpeed's average_tensor with reduce_scatter does not read them");
 }
 
-void check_combinations(const Config& c) {
+void check_combinations(Config& c) {
+  if (c.zero.stage > 0 && c.optimizer.type == OptimizerType::sgd) {  // engine.py _do_optimizer_sanity_check
+    if (!c.zero_allow_untested_optimizer) {
+      throw ConfigError("You are using an untested ZeRO Optimizer. Please add <\"zero_allow_untested_optimizer\": true> in "
+                        "the configuration file to use it. (DeepSpeed's assertion: SGD is not in ZERO_SUPPORTED_OPTIMIZERS)");
+    }
+    c.warnings.push_back("**** You are using ZeRO with an untested optimizer, proceed with caution ***** (SGD)");
+  }
   if (c.fp16.enabled && c.bf16.enabled) {
     throw ConfigError("'fp16.enabled' and 'bf16.enabled' are both true: choose one precision");
   }
@@ -462,7 +477,8 @@ Config Config::from_json(const json& j, int world_size) {
   read_precision(c, top);
   read_zero(c, top);
   read_parallel(c, top);
-  for (const char* k : {"wall_clock_breakdown", "zero_allow_untested_optimizer", "activation_checkpointing",
+  c.zero_allow_untested_optimizer = top.boolean("zero_allow_untested_optimizer", false);
+  for (const char* k : {"wall_clock_breakdown", "activation_checkpointing",
                         "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
     if (top.has(k)) c.warnings.push_back(fmt::format("'{}' accepted and ignored: not modelled", k));
   }

@@ -95,6 +95,9 @@ struct Config {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   bool managed_gradient_accumulation = true;
+  // ZeRO with an optimizer outside DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS (here: SGD) needs it
+  // (engine.py _do_optimizer_sanity_check).
+  bool zero_allow_untested_optimizer = false;
   OptimizerConfig optimizer;
   Fp16Config fp16;
   Bf16Config bf16;

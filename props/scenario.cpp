@@ -49,6 +49,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (s.prescale) j["prescale_gradients"] = true;
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["reduce_scatter"] = false;
+  if (!s.allow_untested_optimizer) j["zero_allow_untested_optimizer"] = false;
   return j;
 }
 
@@ -157,7 +158,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
       "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
-      "prescale_gradients", "gradient_predivide_factor", "reduce_scatter"};
+      "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -204,6 +205,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "prescale_gradients", s.prescale);
   read(j, "gradient_predivide_factor", s.predivide);
   read(j, "reduce_scatter", s.reduce_scatter);
+  read(j, "zero_allow_untested_optimizer", s.allow_untested_optimizer);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -256,6 +258,7 @@ std::string describe(const Scenario& s) {
   if (s.prescale) out += " prescale_gradients";
   if (s.predivide != 1.0) out += fmt::format(" predivide {}", s.predivide);
   if (!s.reduce_scatter) out += " reduce_scatter false";
+  if (!s.allow_untested_optimizer) out += " without zero_allow_untested_optimizer";
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -281,7 +284,7 @@ nlohmann::json ds_config(const Scenario& s) {
     nlohmann::json params = {{"lr", s.lr}, {"weight_decay", s.weight_decay}};
     if (s.optimizer == "SGD") {
       params["momentum"] = s.momentum;
-      j["zero_allow_untested_optimizer"] = true;
+      if (s.allow_untested_optimizer) j["zero_allow_untested_optimizer"] = true;
     } else {
       params["betas"] = {s.beta1, s.beta2};
       params["eps"] = s.eps;

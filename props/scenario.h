@@ -70,6 +70,9 @@ struct Scenario {
   bool prescale = false;
   double predivide = 1.0;
   bool reduce_scatter = true;  // zero_optimization.reduce_scatter; written only when false
+  // SGD writes zero_allow_untested_optimizer (DeepSpeed's ZeRO requires it); false leaves it out,
+  // and both sides must then refuse ZeRO. Written to the JSON only when false; not drawn.
+  bool allow_untested_optimizer = true;
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).
   std::vector<std::string> commands;
 

@@ -4,6 +4,8 @@
 #include "engine/errors.h"
 
 #include <gtest/gtest.h>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace zc {
@@ -79,6 +81,38 @@ TEST(Config, OffloadWhereNothingIsPartitionedIsIgnoredWithAWarning) {
   EXPECT_EQ(o.zero.offload_optimizer, OffloadDevice::none);
   ASSERT_EQ(o.warnings.size(), 1u);
   EXPECT_NE(o.warnings[0].find("'zero_optimization.offload_optimizer' ignored at stage 0"), std::string::npos) << o.warnings[0];
+}
+
+// DeepSpeed's ZeRO asserts on an optimizer outside ZERO_SUPPORTED_OPTIMIZERS (SGD here) unless
+// zero_allow_untested_optimizer is set, and then warns; stage 0 does not ask. DeepSpeed
+// lower-cases its own optimizers' names and takes SGD from torch.optim by its exact name.
+TEST(Config, ZeroWithSgdNeedsZeroAllowUntestedOptimizer) {
+  const std::string sgd = R"("optimizer": {"type": "SGD", "params": {"lr": 0.1}})";
+  for (int stage : {1, 2, 3}) {
+    const std::string zero = fmt::format(R"("zero_optimization": {{"stage": {}}})", stage);
+    try {
+      Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, {}, {}}})", sgd, zero), 2);
+      ADD_FAILURE() << "stage " << stage << ": SGD without zero_allow_untested_optimizer was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(R"(Please add <"zero_allow_untested_optimizer": true>)"), std::string::npos) << e.what();
+    }
+    const Config ok = Config::from_json_text(
+        fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, {}, {}, "zero_allow_untested_optimizer": true}})", sgd, zero), 2);
+    EXPECT_EQ(ok.optimizer.type, OptimizerType::sgd);
+    ASSERT_EQ(ok.warnings.size(), 1u);
+    EXPECT_NE(ok.warnings[0].find("untested optimizer"), std::string::npos) << ok.warnings[0];
+  }
+  const Config z0 = Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, {}}})", sgd), 2);
+  EXPECT_TRUE(z0.warnings.empty());
+  const Config adam = Config::from_json_text(
+      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "ADAMW"}, "zero_optimization": {"stage": 2}})", 2);
+  EXPECT_EQ(adam.optimizer.type, OptimizerType::adamw);
+  try {
+    Config::from_json_text(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "sgd"}})", 2);
+    ADD_FAILURE() << "\"sgd\" was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(R"(spell it "SGD")"), std::string::npos) << e.what();
+  }
 }
 
 struct Bad {

@@ -25,7 +25,8 @@ ContrastiveRun train(int world, int stage, int nchunks, LossKind loss, DataDomai
                                        : nlohmann::json{{"type", "Adam"}, {"params", {{"lr", 0.05}}}};
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", local_batch},
                       {"optimizer", optimizer},
-                      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 20}}}};
+                      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 20}}},
+                      {"zero_allow_untested_optimizer", true}};
   sim::SimCluster(world, 4).run([&](sim::RankContext& ctx) {
     const Config cfg = Config::from_json(j, world);
     Contrastive model(6, 4, loss);

@@ -48,6 +48,7 @@ nlohmann::json config_for(const Case& c, std::int64_t bucket) {
       {"gradient_clipping", c.clip},
       {"zero_optimization", {{"stage", c.stage}, {"contiguous_gradients", c.contiguous},
                              {"overlap_comm", c.overlap}, {"reduce_bucket_size", bucket}}}};
+  if (c.opt == "SGD") j["zero_allow_untested_optimizer"] = true;
   if (c.dtype == DType::f16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 4}};
   if (c.dtype == DType::bf16) j["bf16"] = {{"enabled", true}};
   if (c.accum32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};

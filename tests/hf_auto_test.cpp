@@ -132,7 +132,7 @@ TEST(LrSchedule, TheEngineRunsEachStepAtTheScheduledRate) {
   spec.make_model = [] { return std::make_unique<Mlp>(simple_model_spec(8, 2, LossKind::linear)); };
   spec.ds_config = {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.25}}}}},
                     {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0}, {"warmup_num_steps", 4}}}}},
-                    {"zero_optimization", {{"stage", 2}}}};
+                    {"zero_optimization", {{"stage", 2}}}, {"zero_allow_untested_optimizer", true}};
   spec.world = 2;
   spec.steps = 4;
   spec.seed = 5;

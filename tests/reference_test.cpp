@@ -299,6 +299,24 @@ TEST(DeepSpeedReference, ARefusalByDeepSpeedIsNamed) {
   EXPECT_TRUE(c.matched()) << diffs_of(c);
 }
 
+// ZeRO with SGD and no zero_allow_untested_optimizer: DeepSpeed asserts and zerocheck refuses,
+// both naming the key; stage 0 runs on both sides.
+TEST(DeepSpeedReference, ZeroWithSgdWithoutZeroAllowUntestedOptimizerIsRefusedByBoth) {
+  for (int stage : {0, 1, 3}) {
+    Scenario s = sgd(stage, 2);
+    s.allow_untested_optimizer = false;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_TRUE(c.matched()) << diffs_of(c);
+    if (stage == 0) {
+      EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    } else {
+      EXPECT_NE(c.ds_error.find("zero_allow_untested_optimizer"), std::string::npos) << c.ds_error;
+      EXPECT_NE(c.sim_error.find("zero_allow_untested_optimizer"), std::string::npos) << c.sim_error;
+    }
+  }
+}
+
 TEST(DeepSpeedReference, AMissingEnvironmentIsAnErrorThatSaysHowToMakeIt) {
   const char* old = std::getenv("ZC_DS_ENV");
   const std::string saved = old != nullptr ? old : "";
