@@ -142,9 +142,9 @@ void read_zero(Config& c, Reader& top) {
   zc.contiguous_gradients = r.boolean("contiguous_gradients", true);
   zc.overlap_comm = r.boolean("overlap_comm", zc.stage == 3);
   zc.reduce_bucket_size = r.integer("reduce_bucket_size", zc.reduce_bucket_size);
-  require(zc.reduce_bucket_size > 0, r, "reduce_bucket_size", "must be a positive number of elements");
+  require(zc.reduce_bucket_size > 0, r, "reduce_bucket_size", "must be a positive number of elements");  // DeepSpeed: gt=0
   zc.allgather_bucket_size = r.integer("allgather_bucket_size", zc.allgather_bucket_size);
-  require(zc.allgather_bucket_size > 0, r, "allgather_bucket_size", "must be a positive number of elements");
+  require(zc.allgather_bucket_size >= 0, r, "allgather_bucket_size", "must be >= 0 elements");  // DeepSpeed: ge=0
   zc.reduce_scatter = r.boolean("reduce_scatter", true);
   zc.round_robin_gradients = r.boolean("round_robin_gradients", false);
   zc.use_multi_rank_bucket_allreduce = r.boolean("use_multi_rank_bucket_allreduce", true);
@@ -442,6 +442,15 @@ void check_combinations(Config& c) {
     throw ConfigError("'fp16.enabled' and 'bf16.enabled' are both true: choose one precision");
   }
   const DType model = c.model_dtype(), accum = c.accumulation_dtype();
+  // DeepSpeedZeroOptimizer (ZeRO-1/2, not the BF16_Optimizer wrapper) asserts the all-gather
+  // bucket is a multiple of its 2-element start alignment (stage_1_and_2.py __init__).
+  const bool bf16_wrapper = c.zero.stage == 1 && model == DType::bf16 && accum == DType::f32 &&
+                            c.zero.offload_optimizer != OffloadDevice::cpu;
+  if ((c.zero.stage == 1 || c.zero.stage == 2) && !bf16_wrapper && c.zero.allgather_bucket_size % 2 != 0) {
+    throw ConfigError(fmt::format("'zero_optimization.allgather_bucket_size' {}: allgather_bucket_size must be a multiple "
+                                  "of nccl_start_alignment_factor, 2 (DeepSpeed's assertion at ZeRO-1/2)",
+                                  c.zero.allgather_bucket_size));
+  }
   if (model == DType::f16 && accum != DType::f16) {
     throw NotImplementedError(fmt::format("'data_types.grad_accum_dtype' {} with fp16: DeepSpeed supports fp16 "
                                           "accumulation only", dtype_name(accum)));

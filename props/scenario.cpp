@@ -50,6 +50,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["reduce_scatter"] = false;
   if (!s.allow_untested_optimizer) j["zero_allow_untested_optimizer"] = false;
+  if (s.allgather_bucket_size >= 0) j["allgather_bucket_size"] = s.allgather_bucket_size;
   return j;
 }
 
@@ -158,7 +159,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
       "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
-      "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer"};
+      "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
+      "allgather_bucket_size"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -169,7 +171,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read_int(j, "stage", s.stage, 0, 3);
   read(j, "contiguous_gradients", s.contiguous);
   read(j, "overlap_comm", s.overlap);
-  read_int(j, "reduce_bucket_size", s.reduce_bucket_size, 1, std::int64_t{1} << 62);
+  // 0 is read so that a scenario can carry it to both sides, which refuse it.
+  read_int(j, "reduce_bucket_size", s.reduce_bucket_size, 0, std::int64_t{1} << 62);
   read(j, "dtype", s.dtype);
   read(j, "grad_accum_dtype", s.grad_accum_dtype);
   read(j, "offload", s.offload);
@@ -206,6 +209,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "gradient_predivide_factor", s.predivide);
   read(j, "reduce_scatter", s.reduce_scatter);
   read(j, "zero_allow_untested_optimizer", s.allow_untested_optimizer);
+  read_int(j, "allgather_bucket_size", s.allgather_bucket_size, 0, std::int64_t{1} << 62);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -259,6 +263,7 @@ std::string describe(const Scenario& s) {
   if (s.predivide != 1.0) out += fmt::format(" predivide {}", s.predivide);
   if (!s.reduce_scatter) out += " reduce_scatter false";
   if (!s.allow_untested_optimizer) out += " without zero_allow_untested_optimizer";
+  if (s.allgather_bucket_size >= 0) out += fmt::format(" allgather_bucket_size {}", s.allgather_bucket_size);
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -280,6 +285,7 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.prescale) j["prescale_gradients"] = true;
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["zero_optimization"]["reduce_scatter"] = false;
+  if (s.allgather_bucket_size >= 0) j["zero_optimization"]["allgather_bucket_size"] = s.allgather_bucket_size;
   if (!s.optimizer.empty()) {
     nlohmann::json params = {{"lr", s.lr}, {"weight_decay", s.weight_decay}};
     if (s.optimizer == "SGD") {

@@ -73,6 +73,8 @@ struct Scenario {
   // SGD writes zero_allow_untested_optimizer (DeepSpeed's ZeRO requires it); false leaves it out,
   // and both sides must then refuse ZeRO. Written to the JSON only when false; not drawn.
   bool allow_untested_optimizer = true;
+  // zero_optimization.allgather_bucket_size; written only when >= 0. Not drawn.
+  std::int64_t allgather_bucket_size = -1;
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).
   std::vector<std::string> commands;
 

@@ -115,6 +115,28 @@ TEST(Config, ZeroWithSgdNeedsZeroAllowUntestedOptimizer) {
   }
 }
 
+// DeepSpeed's bucket-size checks: allgather_bucket_size >= 0 (0 accepted), and even at ZeRO-1/2
+// outside the BF16_Optimizer wrapper (DeepSpeedZeroOptimizer's alignment assertion).
+TEST(Config, AllgatherBucketSizeIsCheckedAsDeepSpeedChecksIt) {
+  auto parse = [](int stage, std::int64_t size, const char* extra) {
+    return Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, {}"zero_optimization": )"
+                                              R"({{"stage": {}, "allgather_bucket_size": {}}}}})", extra, stage, size), 2);
+  };
+  EXPECT_EQ(parse(2, 0, "").zero.allgather_bucket_size, 0);
+  for (int stage : {1, 2}) {
+    try {
+      parse(stage, 7, "");
+      ADD_FAILURE() << "stage " << stage << ": an odd allgather_bucket_size was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("multiple of nccl_start_alignment_factor"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse(3, 7, "").zero.allgather_bucket_size, 7);
+  EXPECT_EQ(parse(0, 7, "").zero.allgather_bucket_size, 7);
+  EXPECT_EQ(parse(1, 7, R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}, )").zero.allgather_bucket_size, 7);
+  EXPECT_THROW(parse(2, -2, ""), ConfigError);
+}
+
 struct Bad {
   const char* name;
   const char* json_text;

@@ -317,6 +317,39 @@ TEST(DeepSpeedReference, ZeroWithSgdWithoutZeroAllowUntestedOptimizerIsRefusedBy
   }
 }
 
+// The bucket sizes where DeepSpeed refuses them: reduce_bucket_size 0 (its config's gt=0, every
+// stage) and an odd allgather_bucket_size at ZeRO-1/2 (DeepSpeedZeroOptimizer's alignment
+// assertion; not the BF16_Optimizer wrapper, not stage 0 or 3). Both sides refuse or both run,
+// and where they run the records match as the other tests require.
+TEST(DeepSpeedReference, BucketSizesAreRefusedWhereDeepSpeedRefusesThem) {
+  struct Case {
+    int stage;
+    const char* dtype;
+    std::int64_t reduce, allgather;
+    bool refused;
+  };
+  const Case cases[] = {{1, "f32", 0, -1, true},    {3, "f32", 0, -1, true},     {1, "f32", 8, 7, true},
+                        {2, "bf16", 8, 7, true},    {2, "f32", 8, 0, false},     {2, "f32", 8, 6, false},
+                        {3, "f32", 8, 7, false},    {0, "f32", 8, 7, false}};
+  for (const Case& k : cases) {
+    Scenario s = sgd(k.stage, 2);
+    s.dtype = k.dtype;
+    s.reduce_bucket_size = k.reduce;
+    s.allgather_bucket_size = k.allgather;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_EQ(!c.ds_error.empty(), k.refused) << c.ds_error;
+    EXPECT_EQ(!c.sim_error.empty(), k.refused) << c.sim_error;
+    for (const FieldDiff& d : c.diffs) EXPECT_TRUE(d.field.rfind("comm:", 0) == 0) << d.field << ": " << d.detail;
+  }
+  Scenario wrapper = sgd(1, 2);  // ZeRO-1 + bf16 + fp32 accumulation: BF16_Optimizer takes any size
+  wrapper.dtype = "bf16";
+  wrapper.grad_accum_dtype = "f32";
+  wrapper.allgather_bucket_size = 7;
+  const ReferenceComparison c = compare_with_deepspeed(wrapper, pools());
+  EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+}
+
 TEST(DeepSpeedReference, AMissingEnvironmentIsAnErrorThatSaysHowToMakeIt) {
   const char* old = std::getenv("ZC_DS_ENV");
   const std::string saved = old != nullptr ? old : "";
