@@ -98,6 +98,10 @@ struct Config {
   // ZeRO with an optimizer outside DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS (here: SGD) needs it
   // (engine.py _do_optimizer_sanity_check).
   bool zero_allow_untested_optimizer = false;
+  // "communication_data_type", when set: DeepSpeed then reduces gradients in it. Only the dtype
+  // DeepSpeed would use anyway (the model's for fp16/bf16, else fp32) is modelled; another is
+  // refused (check_combinations), since ignoring it would give other bits than DeepSpeed's.
+  std::optional<DType> communication_data_type;
   OptimizerConfig optimizer;
   Fp16Config fp16;
   Bf16Config bf16;

@@ -137,6 +137,34 @@ TEST(Config, AllgatherBucketSizeIsCheckedAsDeepSpeedChecksIt) {
   EXPECT_THROW(parse(2, -2, ""), ConfigError);
 }
 
+// communication_data_type as DeepSpeed parses it (case-insensitive fp16/bf16/fp32, null = unset);
+// the dtype DeepSpeed would pick anyway is accepted, another is refused as not modelled rather
+// than ignored (it changes the bits).
+TEST(Config, CommunicationDataTypeIsAcceptedOnlyWhereItChangesNothing) {
+  auto parse = [](const char* precision, const char* comm) {
+    return Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, {}"communication_data_type": {}, )"
+                                              R"("zero_optimization": {{"stage": 2}}}})", precision, comm), 2);
+  };
+  EXPECT_EQ(parse("", R"("FP32")").communication_data_type, DType::f32);
+  EXPECT_EQ(parse(R"("bf16": {"enabled": true}, )", R"("bf16")").communication_data_type, DType::bf16);
+  EXPECT_FALSE(parse("", "null").communication_data_type.has_value());
+  EXPECT_TRUE(parse("", R"("fp32")").warnings.empty());
+  try {
+    parse(R"("bf16": {"enabled": true}, )", R"("fp32")");
+    ADD_FAILURE() << "fp32 communication with a bf16 model was accepted";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("'communication_data_type' f32 with a bf16 model is not modelled"), std::string::npos)
+        << e.what();
+  }
+  try {
+    parse("", R"("fp8")");
+    ADD_FAILURE() << "fp8 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("Supported data types: ['fp16', 'bf16', 'fp32']. Got: fp8"), std::string::npos)
+        << e.what();
+  }
+}
+
 struct Bad {
   const char* name;
   const char* json_text;
