@@ -220,6 +220,11 @@ void read_scheduler(Config& c, Reader& top) {
   pr.warn_unknown();
 }
 
+std::string lowercase(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
 void read_optimizer(Config& c, Reader& top) {
   const json* o = top.object("optimizer");
   if (o == nullptr) return;
@@ -228,8 +233,7 @@ void read_optimizer(Config& c, Reader& top) {
   OptimizerConfig& oc = c.optimizer;
   // DeepSpeed lower-cases the names of its own optimizers (config.py: DEEPSPEED_OPTIMIZERS) and
   // takes any other from torch.optim by its exact name (engine.py _configure_basic_optimizer).
-  std::string lower = type;
-  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string lower = lowercase(type);
   if (lower == "adam") {
     oc.type = OptimizerType::adam;
   } else if (lower == "adamw") {
@@ -406,10 +410,7 @@ void check_gradient_scaling(Config& c) {
   }
   if (f == 1.0 && !c.prescale_gradients) return;
   const int stage = c.zero.stage;
-  const bool bf16_optimizer = stage == 1 && c.model_dtype() == DType::bf16 &&
-                              c.accumulation_dtype() == DType::f32 &&
-                              c.zero.offload_optimizer != OffloadDevice::cpu;
-  if (stage == 0 || bf16_optimizer) return;
+  if (stage == 0 || c.uses_bf16_optimizer()) return;
   const std::string where = stage == 3 ? "ZeRO-3" : fmt::format("ZeRO-{}", stage);
   if (stage >= 2 && c.zero.reduce_scatter) {
     if (f != 1.0) {
@@ -453,9 +454,7 @@ void check_combinations(Config& c) {
   }
   // DeepSpeedZeroOptimizer (ZeRO-1/2, not the BF16_Optimizer wrapper) asserts the all-gather
   // bucket is a multiple of its 2-element start alignment (stage_1_and_2.py __init__).
-  const bool bf16_wrapper = c.zero.stage == 1 && model == DType::bf16 && accum == DType::f32 &&
-                            c.zero.offload_optimizer != OffloadDevice::cpu;
-  if ((c.zero.stage == 1 || c.zero.stage == 2) && !bf16_wrapper && c.zero.allgather_bucket_size % 2 != 0) {
+  if ((c.zero.stage == 1 || c.zero.stage == 2) && !c.uses_bf16_optimizer() && c.zero.allgather_bucket_size % 2 != 0) {
     throw ConfigError(fmt::format("'zero_optimization.allgather_bucket_size' {}: allgather_bucket_size must be a multiple "
                                   "of nccl_start_alignment_factor, 2 (DeepSpeed's assertion at ZeRO-1/2)",
                                   c.zero.allgather_bucket_size));
@@ -497,8 +496,7 @@ Config Config::from_json(const json& j, int world_size) {
   read_parallel(c, top);
   c.zero_allow_untested_optimizer = top.boolean("zero_allow_untested_optimizer", false);
   if (top.has("communication_data_type")) {  // config.py get_communication_data_type
-    std::string v = top.string("communication_data_type", "");
-    for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::string v = lowercase(top.string("communication_data_type", ""));
     if (v == "fp32") c.communication_data_type = DType::f32;
     else if (v == "fp16") c.communication_data_type = DType::f16;
     else if (v == "bf16") c.communication_data_type = DType::bf16;
@@ -540,5 +538,10 @@ DType Config::model_dtype() const {
 }
 
 DType Config::accumulation_dtype() const { return grad_accum_dtype.value_or(model_dtype()); }
+
+bool Config::uses_bf16_optimizer() const {
+  return zero.stage == 1 && model_dtype() == DType::bf16 && accumulation_dtype() == DType::f32 &&
+         zero.offload_optimizer != OffloadDevice::cpu;
+}
 
 }  // namespace zc

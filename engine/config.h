@@ -122,6 +122,9 @@ struct Config {
 
   DType model_dtype() const;
   DType accumulation_dtype() const;  // grad_accum_dtype or the model dtype
+  // DeepSpeed's BF16_Optimizer wrapper: ZeRO-1 + bf16 + fp32 accumulation without offload
+  // (engine.py _do_optimizer_sanity_check returns BFLOAT16), in place of DeepSpeedZeroOptimizer.
+  bool uses_bf16_optimizer() const;
   bool zero_enabled() const { return zero.stage > 0; }
 };
 

@@ -153,8 +153,7 @@ std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& mo
   if (stage >= 3) return std::make_unique<Zero3Optimizer>(cfg, model, dev, comm, opts);
   if (stage == 0) return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, false);
   // DeepSpeed: ZeRO-1 + bf16 + fp32 grad accumulation without offload uses BF16_Optimizer.
-  if (stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.accumulation_dtype() == DType::f32 &&
-      cfg.zero.offload_optimizer != OffloadDevice::cpu) {
+  if (cfg.uses_bf16_optimizer()) {
     if (select != ParamSelect::all) {
       throw NotImplementedError("MoE with ZeRO-1 + bf16 + fp32 accumulation (BF16_Optimizer) is not modelled");
     }
