@@ -83,7 +83,7 @@ BENCHMARK(SimReduceScatter)->Arg(1 << 12)->Arg(1 << 16)->Arg(1 << 20)->UseManual
 // x C). Small fiber stacks so that 4096 ranks fit comfortably.
 void SchedulerCost(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
-  const int collectives = world >= 1024 ? 4 : 32;
+  const int collectives = world >= 1024 ? 16 : 32;
   SimOptions opts;
   opts.fiber_stack_bytes = 64 * 1024;
   auto run = [&](int count) {

@@ -1,8 +1,10 @@
-// Trace hashing: FNV-1a over each event's fields, with separators so that field boundaries count.
+// Trace hashing: each event's category and detail hashed (FNV-1a), folded with its payload into the
+// stream's state.
 #include "engine/trace.h"
 
 #include <bit>
 #include <cstring>
+#include <utility>
 
 namespace zc {
 
@@ -29,19 +31,45 @@ std::uint64_t hash_data(const void* data, std::size_t bytes) {
   return h ^ (h >> 33);
 }
 
-void Trace::record(std::string_view category, std::string_view detail, std::uint64_t payload) {
-  std::uint64_t h = fnv1a(category, hash_);
-  h = fnv1a(std::string_view("\x1f", 1), h);
-  h = fnv1a(detail, h);
-  for (int i = 0; i < 8; ++i) {
-    h ^= (payload >> (8 * i)) & 0xffu;
-    h *= 0x100000001b3ull;
-  }
-  hash_ = h;
+std::uint64_t trace_line_hash(std::string_view category, std::string_view detail) {
+  return fnv1a(detail, fnv1a(std::string_view("\x1f", 1), fnv1a(category)));
+}
+
+TraceLine::TraceLine(std::string category_, std::string detail_)
+    : category(std::move(category_)), detail(std::move(detail_)),
+      hash(trace_line_hash(category, detail)) {}
+
+namespace {
+std::uint64_t fmix64(std::uint64_t h) {  // MurmurHash3's finalizer: a bijection that mixes every bit
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+}  // namespace
+
+// The stream's hash folds each event's line hash and payload into the previous state, so that
+// the order of events counts as well as their contents.
+void Trace::fold(std::uint64_t line_hash, std::uint64_t payload) {
+  hash_ = fmix64(fmix64(hash_ * 0x100000001b3ull + line_hash) ^ payload);
+}
+
+void Trace::keep(std::string_view category, std::string_view detail, std::uint64_t payload) {
   if (events_.size() < max_kept_) {
     events_.push_back({count_, std::string(category), std::string(detail), payload, now_us_});
   }
   ++count_;
+}
+
+void Trace::record(std::string_view category, std::string_view detail, std::uint64_t payload) {
+  fold(trace_line_hash(category, detail), payload);
+  keep(category, detail, payload);
+}
+
+void Trace::record(const TraceLine& line, std::uint64_t payload) {
+  fold(line.hash, payload);
+  keep(line.category, line.detail, payload);
 }
 
 }  // namespace zc

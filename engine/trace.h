@@ -18,11 +18,24 @@ struct TraceEvent {
   double time_us = 0;        // the rank's simulated clock when recorded (not hashed; 0 off the simulator)
 };
 
+// An event's category and detail with their hash, taken once: the simulator records the same line
+// on every member of a collective, and hashing it once spares each rank the pass over its bytes.
+struct TraceLine {
+  TraceLine() = default;
+  TraceLine(std::string category, std::string detail);
+  std::string category;
+  std::string detail;
+  std::uint64_t hash = 0;
+  bool empty() const { return category.empty() && detail.empty(); }
+};
+
 class Trace {
  public:
   explicit Trace(std::size_t max_kept_events = 1 << 16) : max_kept_(max_kept_events) {}
 
   void record(std::string_view category, std::string_view detail, std::uint64_t payload = 0);
+  // The same event as record(line.category, line.detail, payload), hash included.
+  void record(const TraceLine& line, std::uint64_t payload = 0);
   std::uint64_t hash() const { return hash_; }
   // The simulator sets its rank's clock here; events are stamped with it (timelines only).
   void set_time(double us) { now_us_ = us; }
@@ -36,8 +49,13 @@ class Trace {
   std::uint64_t hash_ = 0xcbf29ce484222325ull;  // FNV offset basis
   std::vector<TraceEvent> events_;
   double now_us_ = 0;
+
+  void fold(std::uint64_t line_hash, std::uint64_t payload);
+  void keep(std::string_view category, std::string_view detail, std::uint64_t payload);
 };
 
+// The hash of one event's category and detail (FNV-1a, with a separator so that the boundary counts).
+std::uint64_t trace_line_hash(std::string_view category, std::string_view detail);
 // FNV-1a over bytes, continuing from `h`: for short strings.
 std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ull);
 // A 64-bit hash of a data buffer, eight bytes per step (tensor contents in traces).

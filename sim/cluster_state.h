@@ -93,6 +93,9 @@ struct Rendezvous {
   double done_us = 0.0;
   std::vector<int> waiting;  // global ranks blocked in wait() on it
   std::string where() const;  // "group world seq 3"
+  // The trace lines of its issue and completion, formatted once for every member: each member's
+  // call equals first_sig, so the lines are the same (Note [One trace line per rendezvous]).
+  TraceLine issue_line, done_line;
 };
 
 struct Group {
@@ -112,7 +115,7 @@ struct RankState {
   bool finished = false;
   bool blocked = false;
   std::shared_ptr<Rendezvous> blocked_on;
-  std::string blocked_call;
+  int blocked_member = -1;  // its slot in blocked_on; the call is described only for an error
   std::exception_ptr error;
   Trace trace;
   std::unique_ptr<Device> inner;  // HostDevice, or MetaDevice with SimOptions::meta

@@ -391,6 +391,29 @@ TEST(SimDeterminism, ATraceDoesNotDependOnTheInterleavingWhenTheProgramDoesNot) 
   EXPECT_EQ(traces.size(), 1u);
 }
 
+// The hash covers each collective's call line (kind, op, group, seq), not only the data it gives:
+// these runs produce the same result bytes and differ only in the call.
+TEST(SimDeterminism, ATraceHashCoversTheCallNotOnlyItsResult) {
+  const auto run = [](auto body) {
+    return SimCluster(4, 7).run([&](RankContext& ctx) {
+      Tensor t = ctx.device.alloc(DType::f32, {4});  // zeros: every reduction gives zeros
+      body(ctx, t);
+    }).trace_hash;
+  };
+  const std::uint64_t sum = run([](RankContext& c, Tensor& t) { c.world.all_reduce(t); });
+  const std::uint64_t max =
+      run([](RankContext& c, Tensor& t) { c.world.all_reduce(t, {.op = ReduceOp::max}); });
+  const std::uint64_t bcast = run([](RankContext& c, Tensor& t) { c.world.broadcast(t); });
+  const std::uint64_t twice = run([](RankContext& c, Tensor& t) {
+    c.world.all_reduce(t);
+    c.world.all_reduce(t);
+  });
+  EXPECT_NE(sum, max);
+  EXPECT_NE(sum, bcast);
+  EXPECT_NE(max, bcast);
+  EXPECT_NE(sum, twice) << "the second call's seq and its position in the stream count";
+}
+
 TEST(SimCost, CollectiveTimeFollowsRingFormulasWithNcclTestsBusFactors) {
   EXPECT_DOUBLE_EQ(CostModel::bus_factor(CollectiveKind::all_reduce, 8), 2.0 * 7 / 8);
   EXPECT_DOUBLE_EQ(CostModel::bus_factor(CollectiveKind::reduce_scatter, 8), 7.0 / 8);
