@@ -123,6 +123,7 @@ struct RankState {
   std::unique_ptr<SimDevice> device;
   std::unique_ptr<SimComm> world;
   std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
+  bool live_inputs = false;  // an inflight collective may read its input in place (Note [Inputs read at issue])
   // The simulated clock and its split (zerocheck plan): compute charged, collective time on
   // this rank's communication stream (collectives run one after another on it, as NCCL's do),
   // and time spent blocked in wait() past the rank's own clock (exposed communication).
@@ -166,6 +167,7 @@ class ClusterState {
   void block(int rank);
   void make_runnable(int rank);
   void compute(Rendezvous& rv);
+  void snapshot_live_inputs(RankState& rs);  // Note [Inputs read at issue]
   void compute_split(Rendezvous& rv);
   void schedule(Rendezvous& rv);
   void hash_results(Rendezvous& rv);

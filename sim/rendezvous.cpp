@@ -2,6 +2,16 @@
 // compute once when the last member arrives, complete (write outputs) at a seeded point or at
 // wait(), and the race checks and error reports that name ranks, calls and buffers.
 //
+// Note [Inputs read at issue]
+// A collective reads each member's input as it was when that member issued the call, whatever
+// the member does later. The member's buffer is read in place until the rank runs again: the
+// scheduler, before it resumes a rank, copies the inputs of that rank's collectives that are not
+// computed yet (snapshot_live_inputs), and compute() reads the rest where they lie. A rank's code
+// runs only when the scheduler resumes it, and a blocking call blocks in wait() without running
+// again, so a blocking collective's inputs are never copied: the copy was the largest part of a
+// simulated all_reduce's time. A fault that corrupts an input copies it at issue and corrupts the
+// copy. Only the issuing rank writes its buffers (each rank has its own devices).
+//
 // Note [One trace line per rendezvous]
 // Every member records "issue <call> on <group> seq <n>" and later "done ..." in its trace, and
 // those lines are what the trace hash covers. Every member's call equals the first arrival's
@@ -118,9 +128,10 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   const bool corrupts =
       fault != nullptr && (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan);
   const bool last = rv->arrived + 1 == static_cast<int>(rv->members.size());
-  if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // inputs are read at issue
-    if (last && !corrupts) {
-      m.live_input = static_cast<const std::byte*>(in.raw());  // computed below, before any yield
+  if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // Note [Inputs read at issue]
+    if (!corrupts) {
+      m.live_input = static_cast<const std::byte*>(in.raw());
+      if (!last) rs.live_inputs = true;  // the last is computed below, before any yield
     } else {
       m.input.resize(static_cast<std::size_t>(in.nbytes()));
       std::memcpy(m.input.data(), in.raw(), m.input.size());
@@ -138,9 +149,22 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   m.work = work.get();
   rs.inflight.push_back(work);
   if (rv->arrived == static_cast<int>(rv->members.size())) compute(*rv);
-  yield(r);  // every collective is a scheduling point
+  // Every collective is a scheduling point: a blocking call that is not computed yet yields in
+  // wait(), where it blocks until the last member arrives; any other call yields here.
+  if (async_op || rv->computed) yield(r);
   if (!async_op) work->wait();
   return work;
+}
+
+void ClusterState::snapshot_live_inputs(RankState& rs) {
+  for (const auto& w : rs.inflight) {
+    Member& m = w->rv_->members[static_cast<std::size_t>(w->member_)];
+    if (m.live_input == nullptr) continue;
+    ZC_ASSERT(!w->rv_->computed, "{} kept a live input after it was computed", w->rv_->where());
+    m.input.assign(m.live_input, m.live_input + w->in_.nbytes());
+    m.live_input = nullptr;
+  }
+  rs.live_inputs = false;
 }
 
 void ClusterState::wait(SimWork& work) {

@@ -227,6 +227,24 @@ TEST(SimRace, AfterWaitTheBuffersAreFreeAndHoldTheResult) {
   });
 }
 
+// Note [Inputs read at issue]: a collective reads each input as it was at issue, on every
+// schedule, even when the rank writes it afterwards behind the race checker's back (through the
+// host pointer). The simulator reads inputs in place until the rank runs again, so this fails if
+// the scheduler stops copying a resumed rank's pending inputs.
+TEST(SimRace, ACollectiveReadsEachInputAsItWasAtIssue) {
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    SimCluster(3, seed).run([](RankContext& ctx) {
+      Tensor in = filled(ctx, 2, ctx.rank + 1.0, "shard");
+      Tensor out = ctx.device.alloc(DType::f32, {6}, "gathered");
+      WorkPtr w = ctx.world.all_gather(out, in, {.async_op = true});
+      static_cast<float*>(in.raw())[0] = 100.0f;  // a race the checker cannot see
+      ctx.world.barrier();                        // every rank has written its input
+      w->wait();
+      EXPECT_EQ(to_f64(ctx.device, out), (std::vector<double>{1, 1, 2, 2, 3, 3}));
+    });
+  }
+}
+
 // ---- subgroups ---------------------------------------------------------------------------------
 
 TEST(SimSplit, GroupsFollowColorThenKeyAndReduceOnlyTheirMembers) {
