@@ -63,7 +63,7 @@ int run_demo(const DemoOptions& opts) {
   fmt::print("  trace hash {:016x} (rerun {:016x}: {})\n", a.trace_hash, b.trace_hash,
              a.trace_hash == b.trace_hash ? "identical" : "DIFFERENT");
   fmt::print("  rank 0 trace: {} events, first: {}\n", a.traces[0].size(),
-             a.traces[0].events().empty() ? "-" : a.traces[0].events()[0].detail);
+             a.traces[0].events().empty() ? "-" : a.traces[0].events()[0].detail());
   try {
     cluster.run([&](sim::RankContext& ctx) { round_trip(ctx, opts.shard_numel, true); });
     fmt::print("  racy variant: NOT caught\n");

@@ -55,12 +55,12 @@ void write_timeline(const sim::SimResult& r, const std::string& path) {
                       {"args", {{"name", fmt::format("rank {}", rank)}}}});
     std::map<std::string, int> open;
     for (const TraceEvent& e : r.traces[rank].events()) {
-      nlohmann::json ev = {{"cat", e.category}, {"pid", 0}, {"tid", rank}, {"ts", e.time_us},
-                           {"args", {{"detail", e.detail}, {"index", e.index}, {"payload", fmt::format("0x{:016x}", e.payload)}}}};
-      const bool issue = e.category == "comm" && e.detail.rfind("issue ", 0) == 0;
-      const bool done = e.category == "comm" && e.detail.rfind("done ", 0) == 0;
+      nlohmann::json ev = {{"cat", e.category()}, {"pid", 0}, {"tid", rank}, {"ts", e.time_us},
+                           {"args", {{"detail", e.detail()}, {"index", e.index}, {"payload", fmt::format("0x{:016x}", e.payload)}}}};
+      const bool issue = e.category() == "comm" && e.detail().rfind("issue ", 0) == 0;
+      const bool done = e.category() == "comm" && e.detail().rfind("done ", 0) == 0;
       if (issue || done) {
-        const std::string key = e.detail.substr(issue ? 6 : 5);
+        const std::string key = e.detail().substr(issue ? 6 : 5);
         const int n = issue ? open[key]++ : --open[key];
         ev["ph"] = issue ? "b" : "e";
         ev["name"] = key.substr(0, key.find('('));  // the collective: "all_reduce", ...
@@ -68,7 +68,7 @@ void write_timeline(const sim::SimResult& r, const std::string& path) {
       } else {
         ev["ph"] = "i";
         ev["s"] = "t";
-        ev["name"] = e.detail.substr(0, 60);
+        ev["name"] = e.detail().substr(0, 60);
       }
       events.push_back(std::move(ev));
     }

@@ -55,21 +55,20 @@ void Trace::fold(std::uint64_t line_hash, std::uint64_t payload) {
   hash_ = fmix64(fmix64(hash_ * 0x100000001b3ull + line_hash) ^ payload);
 }
 
-void Trace::keep(std::string_view category, std::string_view detail, std::uint64_t payload) {
-  if (events_.size() < max_kept_) {
-    events_.push_back({count_, std::string(category), std::string(detail), payload, now_us_});
-  }
-  ++count_;
+void Trace::keep(std::shared_ptr<const TraceLine> line, std::uint64_t payload) {
+  events_.push_back({count_, std::move(line), payload, now_us_});
 }
 
 void Trace::record(std::string_view category, std::string_view detail, std::uint64_t payload) {
   fold(trace_line_hash(category, detail), payload);
-  keep(category, detail, payload);
+  if (keeps()) keep(std::make_shared<const TraceLine>(std::string(category), std::string(detail)), payload);
+  ++count_;
 }
 
-void Trace::record(const TraceLine& line, std::uint64_t payload) {
-  fold(line.hash, payload);
-  keep(line.category, line.detail, payload);
+void Trace::record(const std::shared_ptr<const TraceLine>& line, std::uint64_t payload) {
+  fold(line->hash, payload);
+  if (keeps()) keep(line, payload);
+  ++count_;
 }
 
 }  // namespace zc

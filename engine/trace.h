@@ -4,29 +4,31 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace zc {
 
-struct TraceEvent {
-  std::uint64_t index = 0;   // position in this rank's stream
-  std::string category;      // "comm", "hook", "engine", "deepcompile", ...
-  std::string detail;        // human-readable, e.g. "all_reduce world#3 16xf32 sum"
-  std::uint64_t payload = 0; // e.g. a hash of the data the event produced
-  double time_us = 0;        // the rank's simulated clock when recorded (not hashed; 0 off the simulator)
-};
-
 // An event's category and detail with their hash, taken once: the simulator records the same line
 // on every member of a collective, and hashing it once spares each rank the pass over its bytes.
 struct TraceLine {
-  TraceLine() = default;
   TraceLine(std::string category, std::string detail);
   std::string category;
   std::string detail;
   std::uint64_t hash = 0;
-  bool empty() const { return category.empty() && detail.empty(); }
+};
+
+// A kept event shares its line: the members of one collective keep one copy of it.
+struct TraceEvent {
+  std::uint64_t index = 0;                // position in this rank's stream
+  std::shared_ptr<const TraceLine> line;  // category "comm", "hook", "engine", "deepcompile", ...;
+                                          // detail human-readable: "issue all_reduce(...) on ..."
+  std::uint64_t payload = 0;              // e.g. a hash of the data the event produced
+  double time_us = 0;  // the rank's simulated clock when recorded (not hashed; 0 off the simulator)
+  const std::string& category() const { return line->category; }
+  const std::string& detail() const { return line->detail; }
 };
 
 class Trace {
@@ -34,8 +36,8 @@ class Trace {
   explicit Trace(std::size_t max_kept_events = 1 << 16) : max_kept_(max_kept_events) {}
 
   void record(std::string_view category, std::string_view detail, std::uint64_t payload = 0);
-  // The same event as record(line.category, line.detail, payload), hash included.
-  void record(const TraceLine& line, std::uint64_t payload = 0);
+  // The same event as record(line->category, line->detail, payload), hash included.
+  void record(const std::shared_ptr<const TraceLine>& line, std::uint64_t payload = 0);
   std::uint64_t hash() const { return hash_; }
   // The simulator sets its rank's clock here; events are stamped with it (timelines only).
   void set_time(double us) { now_us_ = us; }
@@ -51,7 +53,8 @@ class Trace {
   double now_us_ = 0;
 
   void fold(std::uint64_t line_hash, std::uint64_t payload);
-  void keep(std::string_view category, std::string_view detail, std::uint64_t payload);
+  bool keeps() const { return events_.size() < max_kept_; }
+  void keep(std::shared_ptr<const TraceLine> line, std::uint64_t payload);
 };
 
 // The hash of one event's category and detail (FNV-1a, with a separator so that the boundary counts).

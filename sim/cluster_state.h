@@ -95,7 +95,7 @@ struct Rendezvous {
   std::string where() const;  // "group world seq 3"
   // The trace lines of its issue and completion, formatted once for every member: each member's
   // call equals first_sig, so the lines are the same (Note [One trace line per rendezvous]).
-  TraceLine issue_line, done_line;
+  std::shared_ptr<const TraceLine> issue_line, done_line;
 };
 
 struct Group {

@@ -141,8 +141,8 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   if (rv->arrived++ == 0) rv->first_sig = sig;
   if (!(rv->first_sig == sig)) throw_mismatch(*rv);
   comm.count_op(sig.kind, sig.bytes());
-  if (rv->issue_line.empty()) {
-    rv->issue_line = TraceLine("comm", fmt::format("issue {} on {}", sig.str(), rv->where()));
+  if (!rv->issue_line) {
+    rv->issue_line = std::make_shared<const TraceLine>("comm", fmt::format("issue {} on {}", sig.str(), rv->where()));
   }
   rs.trace.record(rv->issue_line);
   auto work = std::make_shared<SimWork>(*this, r, comm.slot(), rv, in, out, rs.trace.size() - 1);
@@ -199,8 +199,8 @@ void ClusterState::wait(SimWork& work) {
   if (rv.done_us > rs.timing.now_us) rs.timing.wait_us += rv.done_us - rs.timing.now_us;
   rs.timing.now_us = std::max(rs.timing.now_us, rv.done_us);
   rs.trace.set_time(rs.timing.now_us);
-  if (rv.done_line.empty()) {
-    rv.done_line = TraceLine("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()));
+  if (!rv.done_line) {
+    rv.done_line = std::make_shared<const TraceLine>("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()));
   }
   rs.trace.record(rv.done_line, m.result_hash);
 }
