@@ -174,7 +174,7 @@ void HostDevice::upload(const Tensor& dst, std::span<const std::byte> src) {
     throw UsageError(fmt::format("upload: {} bytes into {} of {} bytes", src.size(),
                                  dst.describe(), dst.nbytes()));
   }
-  std::memcpy(dst.raw(), src.data(), src.size());
+  if (!src.empty()) std::memcpy(dst.raw(), src.data(), src.size());  // an empty one may be null
   count_kernel(0, 0, dst.nbytes());
 }
 
@@ -184,7 +184,7 @@ void HostDevice::download(std::span<std::byte> dst, const Tensor& src) {
     throw UsageError(fmt::format("download: {} of {} bytes into {} bytes", src.describe(),
                                  src.nbytes(), dst.size()));
   }
-  std::memcpy(dst.data(), src.raw(), dst.size());
+  if (!dst.empty()) std::memcpy(dst.data(), src.raw(), dst.size());  // an empty one may be null
   count_kernel(0, src.nbytes(), 0);
 }
 
