@@ -60,9 +60,12 @@ void Trace::keep(std::shared_ptr<const TraceLine> line, std::uint64_t payload) {
 }
 
 void Trace::record(std::string_view category, std::string_view detail, std::uint64_t payload) {
-  fold(trace_line_hash(category, detail), payload);
-  if (keeps()) keep(std::make_shared<const TraceLine>(std::string(category), std::string(detail)), payload);
-  ++count_;
+  if (!keeps()) {
+    fold(trace_line_hash(category, detail), payload);
+    ++count_;
+    return;
+  }
+  record(std::make_shared<const TraceLine>(std::string(category), std::string(detail)), payload);
 }
 
 void Trace::record(const std::shared_ptr<const TraceLine>& line, std::uint64_t payload) {
