@@ -443,15 +443,6 @@ void check_combinations(Config& c) {
     throw ConfigError("'fp16.enabled' and 'bf16.enabled' are both true: choose one precision");
   }
   const DType model = c.model_dtype(), accum = c.accumulation_dtype();
-  // engine.py communication_data_type(): the model's dtype for fp16 and bf16, else fp32.
-  if (c.communication_data_type && *c.communication_data_type != model) {
-    throw NotImplementedError(fmt::format(
-        "'communication_data_type' {} with a {} model is not modelled: DeepSpeed then casts each gradient bucket to "
-        "{}, divides and reduces it there and copies it back (stage_1_and_2.py average_tensor and allreduce_bucket, "
-        "engine.py allreduce_bucket, stage3.py), which zerocheck does not do yet; leave the key out or set it to {}",
-        dtype_name(*c.communication_data_type), dtype_name(model), dtype_name(*c.communication_data_type),
-        model == DType::f32 ? "fp32" : model == DType::f16 ? "fp16" : "bf16"));
-  }
   // DeepSpeedZeroOptimizer (ZeRO-1/2, not the BF16_Optimizer wrapper) asserts the all-gather
   // bucket is a multiple of its 2-element start alignment (stage_1_and_2.py __init__).
   if ((c.zero.stage == 1 || c.zero.stage == 2) && !c.uses_bf16_optimizer() && c.zero.allgather_bucket_size % 2 != 0) {
@@ -538,6 +529,11 @@ DType Config::model_dtype() const {
 }
 
 DType Config::accumulation_dtype() const { return grad_accum_dtype.value_or(model_dtype()); }
+
+DType Config::comm_dtype() const {
+  if (communication_data_type) return *communication_data_type;
+  return fp16.enabled ? DType::f16 : bf16.enabled ? DType::bf16 : DType::f32;
+}
 
 bool Config::uses_bf16_optimizer() const {
   return zero.stage == 1 && model_dtype() == DType::bf16 && accumulation_dtype() == DType::f32 &&

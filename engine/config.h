@@ -98,9 +98,7 @@ struct Config {
   // ZeRO with an optimizer outside DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS (here: SGD) needs it
   // (engine.py _do_optimizer_sanity_check).
   bool zero_allow_untested_optimizer = false;
-  // "communication_data_type", when set: DeepSpeed then reduces gradients in it. Only the dtype
-  // DeepSpeed would use anyway (the model's for fp16/bf16, else fp32) is modelled; another is
-  // refused (check_combinations), since ignoring it would give other bits than DeepSpeed's.
+  // "communication_data_type", when set: DeepSpeed then reduces gradients in it (comm_dtype()).
   std::optional<DType> communication_data_type;
   OptimizerConfig optimizer;
   Fp16Config fp16;
@@ -122,6 +120,10 @@ struct Config {
 
   DType model_dtype() const;
   DType accumulation_dtype() const;  // grad_accum_dtype or the model dtype
+  // engine.py communication_data_type: the key when set, else f16 for fp16, bf16 for bf16, f32.
+  // Every gradient reduction casts its buffer to it, reduces there and casts back (Note [The
+  // communication dtype] in engine/zero_optimizer.h).
+  DType comm_dtype() const;
   // DeepSpeed's BF16_Optimizer wrapper: ZeRO-1 + bf16 + fp32 accumulation without offload
   // (engine.py _do_optimizer_sanity_check returns BFLOAT16), in place of DeepSpeedZeroOptimizer.
   bool uses_bf16_optimizer() const;

@@ -66,8 +66,26 @@ std::string_view DenseOptimizer::name() const {
 // found it (the params, through Adam's first step, did not show it). An f32 norm here is the f32
 // root of an exact sum, torch's norm on exact data; torch's own reduction order on gaussian data
 // is not modelled. Returns the total; global_norm roots it in f64.
+//
+// Note [BF16_Optimizer's norm and clip]
+// BF16_Optimizer (bf16_optimizer.py step) holds every param's fp32 grad on every rank once they are
+// all-reduced, and takes the norm of all of them (get_grads_for_norm; utils.py
+// get_global_norm_of_tensors): each param's f32 norm, the norms squared and summed as f32
+// tensors in param order, the f32 root. Its only all_reduce would be over a model-parallel group:
+// without one there is none, at any world (zerocheck used to all-reduce the partitions' sum of
+// squares). Clipping multiplies the fp32 grads by the f32 max_norm / (norm + 1e-6) when it is
+// below 1 (clip_tensors_by_global_norm), which torch computes as (norm + 1e-6).reciprocal() *
+// max_norm (Tensor.__rtruediv__), two roundings; a norm that is not finite skips the step.
 double DenseOptimizer::norm_sum_sq(const StepPrep& prep) {
-  if (partitioned_ || dtype_ == DType::f32) return ZeroOptimizer::norm_sum_sq(prep);
+  if (use_hp_) {
+    float total = 0.0f;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const float norm = std::sqrt(static_cast<float>(dev_.sum_sq(hp_.narrow(layout_.offsets[i], params_[i]->numel()))));
+      total = total + norm * norm;
+    }
+    return total;
+  }
+  if (dtype_ == DType::f32) return ZeroOptimizer::norm_sum_sq(prep);
   if (!unfused_) {
     const float norm = std::sqrt(static_cast<float>(prep.where->sum_sq(prep.grads)));
     return static_cast<float>(static_cast<double>(norm) * norm);
@@ -104,16 +122,20 @@ void DenseOptimizer::allreduce_gradients() {
 // 2^-25 relative of it, under half an ulp, and W a power of two is exact. prescale_gradients
 // multiplies by f32(1/W) before the sum instead; gradient_predivide_factor f multiplies by
 // f32(1/f) before and by f32(f/W) after (not when f == W), as allreduce_bucket does.
-void DenseOptimizer::allreduce_bucket(const Tensor& t) {
+// In the communication dtype (Note [The communication dtype]): BF16_Optimizer's fp32 grads are
+// reduced in bf16 unless the config says otherwise.
+void DenseOptimizer::allreduce_bucket(const Tensor& bucket) {
+  const Tensor t = comm_image(bucket, "allreduce_bucket_comm");
   const double w = static_cast<double>(world_), f = cfg_.gradient_predivide_factor;
   if (cfg_.prescale_gradients) {
     dev_.scale(t, 1.0 / w);
     comm_.all_reduce(t);
-    return;
+  } else {
+    if (f != 1.0) dev_.scale(t, 1.0 / f);
+    comm_.all_reduce(t);
+    if (f != w) dev_.scale(t, f / w);
   }
-  if (f != 1.0) dev_.scale(t, 1.0 / f);
-  comm_.all_reduce(t);
-  if (f != w) dev_.scale(t, f / w);
+  if (bucket.dtype() != t.dtype()) dev_.cast(bucket, t);
 }
 
 void DenseOptimizer::buffered_allreduce() {
@@ -170,12 +192,15 @@ Tensor DenseOptimizer::grads_flat() {
 // is all-reduced only when the optimizer state is partitioned (the ZeRO-1 wrapper: one f32
 // element). The combined scale is f64: FP16_Optimizer.unscale_and_clip_grads is Python float
 // arithmetic on get_global_norm's float.
+//
+// BF16_Optimizer (the ZeRO-1 wrapper) is different (Note [BF16_Optimizer's norm and clip]).
 StepPlan DenseOptimizer::step_plan() const {
   return StepPlan{.sum_sq_before_overflow = false,
                   .fp32_grads_before_norm = true,
-                  .norm_partitioned = partitioned_,
-                  .norm_dtype = DType::f32,
+                  .norm_partitioned = false,
+                  .norm_dtype = use_hp_ ? DType::f32 : DType::f64,
                   .combined_dtype = DType::f64,
+                  .clip_by_coefficient = use_hp_,
                   .fp32_grads_label = "fp32_grad"};
 }
 

@@ -23,6 +23,7 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
       partition_gradients_(cfg.zero.stage >= 2), overlap_(cfg.zero.overlap_comm),
       contiguous_(cfg.zero.contiguous_gradients || cfg.zero.offload_optimizer == OffloadDevice::cpu),
       use_accum_attr_(accum_dtype_ != dtype_), compact_(accum_dtype_ == DType::f32 && dtype_ != DType::f32),
+      buffer_dtype_(use_accum_attr_ && !partition_gradients_ ? accum_dtype_ : dtype_),
       bucket_size_(cfg.zero.reduce_bucket_size),
       cpu_offload_(cfg.zero.offload_optimizer == OffloadDevice::cpu) {
   // DeepSpeed: "CPU-Offload requires contiguous gradients".
@@ -63,6 +64,7 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
   }
   accum_.resize(in_partition_.size());
   already_reduced_.assign(params_.size(), 0);
+  compact_src_.assign(params_.size(), Tensor());
   bucket_capacity_ = std::max<std::int64_t>(1, std::min(bucket_size_, layout_.numel));
   record(fmt::format("zero{} init: {} params, flat {} padded {} partition {}", cfg.zero.stage,
                      params_.size(), layout_.numel, layout_.padded, pn));
@@ -77,8 +79,8 @@ Tensor Zero12Optimizer::gradient_for_reduction(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
   if (!use_accum_attr_) return p.grad;
   if (!p.grad_accum.defined()) return Tensor();
-  Tensor g = dev_.alloc(dtype_, p.shape, p.name + ".grad_reduc",
-                        MemCategory::grads);  // [shape] model dtype
+  Tensor g = dev_.alloc(buffer_dtype_, p.shape, p.name + ".grad_reduc",
+                        MemCategory::grads);  // [shape] buffer dtype
   dev_.cast(g, p.grad_accum);
   return g;
 }
@@ -106,9 +108,9 @@ void Zero12Optimizer::setup_buckets() {
   micro_step_id_ += 1;
   if (contiguous_) {
     buffers_.clear();
-    buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_0",
-                                  MemCategory::ipg_buckets));  // [cap] model dtype
-    if (overlap_) buffers_.push_back(dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer_1",
+    buffers_.push_back(dev_.alloc(buffer_dtype_, {bucket_capacity_}, "ipg_buffer_0",
+                                  MemCategory::ipg_buckets));  // [cap] buffer dtype
+    if (overlap_) buffers_.push_back(dev_.alloc(buffer_dtype_, {bucket_capacity_}, "ipg_buffer_1",
                                                 MemCategory::ipg_buckets));
     bucket_index_ = 0;
   }
@@ -183,8 +185,8 @@ void Zero12Optimizer::reduce_ipg_grads() {
     pend.buffer = bucket_index_;
   } else {
     // buffered_reduce_fallback: flatten, reduce, copy back into every grad.
-    Tensor flat = dev_.alloc(dtype_, {bucket_elements_}, "reduce_fallback_flat",
-                             MemCategory::comm_buffers);  // [elements]
+    Tensor flat = dev_.alloc(buffer_dtype_, {bucket_elements_}, "reduce_fallback_flat",
+                             MemCategory::comm_buffers);  // [elements] buffer dtype
     std::int64_t at = 0;
     std::vector<std::pair<Tensor, Tensor>> back;
     for (const Tensor& g : bucket_grads_) {
@@ -194,7 +196,7 @@ void Zero12Optimizer::reduce_ipg_grads() {
       at += g.numel();
     }
     pend = average_tensor(flat, bucket_params_, true);
-    pend.copy_back = std::move(back);
+    pend.copy_back.insert(pend.copy_back.end(), back.begin(), back.end());  // after flat's own cast back
   }
   bucket_params_.clear();
   bucket_grads_.clear();
@@ -223,26 +225,43 @@ std::vector<Zero12Optimizer::Slice> Zero12Optimizer::bucket_slices(const std::ve
   return out;
 }
 
+// Each path casts to the communication dtype where DeepSpeed's does (Note [The communication
+// dtype]): gradient_reduction_w_predivide and the fallback's allreduce_bucket before they scale,
+// the reduce_scatter path after its division, which runs on the bucket in its own dtype.
+// pend.reduced is the result in the comm dtype (what the compact fp32 partition adds); a cast
+// result is cast back into `flat` once the reduction completes.
 Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params, bool fallback) {
   Pending pend;
   pend.params = std::move(params);
   const double w = static_cast<double>(averaging_world_);
+  const bool cast = flat.dtype() != comm_dtype_;
+  auto keep = [&](const Tensor& red) {
+    pend.reduced = red;
+    if (cast) pend.copy_back.emplace_back(flat, red);
+  };
   if (!fallback && !cfg_.zero.reduce_scatter) {  // gradient_reduction_w_predivide
+    const Tensor red = comm_image(flat, "gradient_reduction_w_predivide_comm");
     const double f = cfg_.gradient_predivide_factor;
     if (cfg_.prescale_gradients) {
-      dev_.div(flat, w);
+      dev_.div(red, w);
     } else if (f != 1.0) {
-      dev_.scale(flat, 1.0 / f);
+      dev_.scale(red, 1.0 / f);
     }
-    pend.works.push_back(comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_}));
-    if (!cfg_.prescale_gradients && f != w) pend.post_scale = flat;
+    pend.works.push_back(comm_.all_reduce(red, {.op = ReduceOp::sum, .async_op = overlap_}));
+    if (!cfg_.prescale_gradients && f != w) pend.post_scale = red;
+    keep(red);
     return pend;
   }
-  dev_.div(flat, w);  // gradient_average: pre-divide by the dp world
-  if (fallback) {
-    pend.works.push_back(comm_.all_reduce(flat, {.op = ReduceOp::sum, .async_op = overlap_}));
+  if (fallback) {  // buffered_reduce_fallback -> allreduce_bucket(divide=True)
+    const Tensor red = comm_image(flat, "allreduce_bucket_comm");
+    dev_.div(red, w);
+    pend.works.push_back(comm_.all_reduce(red, {.op = ReduceOp::sum, .async_op = overlap_}));
+    keep(red);
     return pend;
   }
+  dev_.div(flat, w);  // gradient_average: pre-divide by the dp world, in the bucket's dtype
+  const Tensor red = comm_image(flat, "allreduce_bucket_comm");
+  keep(red);
   if (cfg_.zero.use_multi_rank_bucket_allreduce) {
     // rank_and_offsets: each param's slices by owning partition, in bucket order; a slice joins the
     // previous one when both go to the same partition (not for this rank's own slices under the
@@ -262,12 +281,12 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
       if (start < 0) start = e.at;
       count += e.numel;
       if (count > bucket_size_) {
-        pend.works.push_back(comm_.all_reduce(flat.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
+        pend.works.push_back(comm_.all_reduce(red.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
         start = -1;
         count = 0;
       }
     }
-    if (start >= 0) pend.works.push_back(comm_.all_reduce(flat.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
+    if (start >= 0) pend.works.push_back(comm_.all_reduce(red.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
     return pend;
   }
   // Per destination, in order of first appearance: reduce the owner's slices to the owner.
@@ -275,12 +294,12 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
   for (const Slice& sl : bucket_slices(pend.params)) {
     auto it = std::find_if(per_dst.begin(), per_dst.end(), [&](const auto& e) { return e.first == sl.dst; });
     if (it == per_dst.end()) it = per_dst.insert(per_dst.end(), {sl.dst, {}});
-    it->second.push_back(flat.narrow(sl.at, sl.numel));
+    it->second.push_back(red.narrow(sl.at, sl.numel));
   }
   for (auto& [dst, slices] : per_dst) {
     std::int64_t total = 0;
     for (const Tensor& s : slices) total += s.numel();
-    Tensor tmp = dev_.alloc(dtype_, {total}, "reduce_to_owner", MemCategory::comm_buffers);
+    Tensor tmp = dev_.alloc(comm_dtype_, {total}, "reduce_to_owner", MemCategory::comm_buffers);  // [total] comm dtype
     std::int64_t off = 0;
     for (const Tensor& s : slices) {
       dev_.copy(tmp.narrow(off, s.numel()), s);
@@ -306,10 +325,21 @@ void Zero12Optimizer::finish(Pending& pend) {
     dev_.scale(pend.post_scale, cfg_.gradient_predivide_factor / static_cast<double>(averaging_world_));
     pend.post_scale = Tensor();
   }
-  for (auto& [dst, src] : pend.copy_back) dev_.copy(dst, src);
+  for (auto& [dst, src] : pend.copy_back) {
+    if (dst.dtype() == src.dtype()) {
+      dev_.copy(dst, src);
+    } else {
+      dev_.cast(dst, src);
+    }
+  }
+  // The compact fp32 partition adds the reduction's comm-dtype result, not its cast back.
+  const bool compact_from_comm = compact_ && pend.reduced.defined() && pend.reduced.dtype() != buffer_dtype_;
+  std::int64_t at = 0;
   for (int i : pend.params) {
     Parameter& p = *params_[static_cast<std::size_t>(i)];
     const bool mine = is_in_partition_[static_cast<std::size_t>(i)] != 0;
+    if (compact_from_comm && mine) compact_src_[static_cast<std::size_t>(i)] = pend.reduced.narrow(at, p.numel());
+    at += p.numel();
     if (partition_gradients_ && !mine) {
       p.grad = Tensor();  // other ranks own it
     } else if (contiguous_ && mine) {
@@ -389,8 +419,11 @@ void Zero12Optimizer::copy_grads_in_partition(int i) {
   if (cpu_offload_ && compact_) {  // every backward adds into the fp32 partition (see compact_)
     const auto [src, n] = partition_slice(i);
     const std::int64_t dest = layout_.offsets[static_cast<std::size_t>(i)] + src - layout_.partition_start(rank_);
-    Tensor piece = cpu_->alloc(dtype_, {n}, "compact_grad_partition_piece", MemCategory::grads);
-    cpu_->to_cpu(piece, p.grad.view({p.numel()}).narrow(src, n));
+    Tensor& from = compact_src_[static_cast<std::size_t>(i)];
+    const Tensor source = from.defined() ? from : p.grad.view({p.numel()});
+    Tensor piece = cpu_->alloc(source.dtype(), {n}, "compact_grad_partition_piece", MemCategory::grads);
+    cpu_->to_cpu(piece, source.narrow(src, n));
+    from = Tensor();
     cpu_->cpu().axpy(fp32_grad_cpu_.narrow(dest, n), 1.0, piece);
     p.grad = Tensor();
     if (boundary_) offload_grads_ready_ = true;

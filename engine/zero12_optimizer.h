@@ -56,6 +56,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
     int buffer = -1;  // ipg buffer index, -1 when not a bucket buffer
     std::vector<std::pair<Tensor, Tensor>> copy_back;  // (destination, source) after wait
     Tensor post_scale;  // reduce_scatter false: scaled after the sum (Note [Stage 0 post-scaling])
+    Tensor reduced;     // the result in the comm dtype, in bucket order (Note [The communication dtype])
   };
 
   void reduce_gradients();  // stage 1 at the boundary
@@ -94,6 +95,12 @@ class Zero12Optimizer final : public ZeroOptimizer {
   // 16-bit model with fp32 grad_accum_dtype): every reduction adds into one fp32 partition that
   // only step() clears, so implicit-boundary backwards SUM there, with or without offload.
   bool compact_;
+  // _gradient_reduction_buffer_dtype: the ipg buffers hold grad_accum_dtype at stage 1 with a
+  // separate accumulator (grad_accum read as it is), else the model dtype.
+  DType buffer_dtype_;
+  // By param: this backward's reduced grad in the comm dtype, where the compact partition adds it
+  // instead of the cast-back grad (comm dtype != buffer dtype).
+  std::vector<Tensor> compact_src_;
   std::int64_t bucket_size_;
   FlatLayout layout_;
   Tensor flat_;    // [padded] model dtype; every param's data is a view

@@ -46,12 +46,15 @@ void Zero12Optimizer::independent_gradient_partition_epilogue() {
 void Zero12Optimizer::accumulate_partition() {
   for (std::size_t k = 0; k < in_partition_.size(); ++k) {
     Parameter& p = *params_[static_cast<std::size_t>(in_partition_[k])];
+    Tensor& from = compact_src_[static_cast<std::size_t>(in_partition_[k])];  // the comm-dtype result
+    const Tensor g = from.defined() ? from : p.grad.defined() ? p.grad.view({p.numel()}) : Tensor();
+    from = Tensor();
     if (!accum_set_) {
       accum_[k] = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".all_grad_tensors",
                              MemCategory::grads);
-      if (p.grad.defined()) dev_.cast(accum_[k], p.grad.view({p.numel()}));
-    } else if (p.grad.defined()) {
-      dev_.axpy(accum_[k], 1.0, p.grad.view({p.numel()}));
+      if (g.defined()) dev_.cast(accum_[k], g);
+    } else if (g.defined()) {
+      dev_.axpy(accum_[k], 1.0, g);
     }
   }
   accum_set_ = true;

@@ -89,12 +89,15 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
     }
     col += s->shard_numel;
   }
+  // __avg_scatter_grads casts each grad to the comm dtype before the pre-division (Note [The
+  // communication dtype]); a cast of the interleaved input is the same elements.
+  in = comm_image(in, "reduce_scatter_in_comm");
   dev_.div(in, static_cast<double>(world_));
   Pending pend;
   pend.params = std::move(params);
   pend.in = in;  // a real backend reads it asynchronously: keep it alive until the wait
   if (cfg_.zero.reduce_scatter) {
-    pend.out = dev_.alloc(dtype_, {chunks}, "reduce_scatter_out", MemCategory::comm_buffers);
+    pend.out = dev_.alloc(comm_dtype_, {chunks}, "reduce_scatter_out", MemCategory::comm_buffers);
     pend.work = comm_.reduce_scatter(pend.out, in, {.op = ReduceOp::sum, .async_op = overlap_});
   } else {  // all-reduce the whole bucket and keep this rank's section
     pend.work = comm_.all_reduce(in, {.op = ReduceOp::sum, .async_op = overlap_});
@@ -125,10 +128,17 @@ void Zero3Optimizer::wait_all() {
 void Zero3Optimizer::partition_grads(const std::vector<Shard*>& params, const Tensor& out) {
   std::int64_t at = 0;
   for (Shard* s : params) {
-    const Tensor part = out.narrow(at, s->shard_numel);
+    Tensor part = out.narrow(at, s->shard_numel);
     at += s->shard_numel;
     if (decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, rank_) == 0) continue;  // padding only
     Tensor buf = grad_partition_.narrow(s->offset, s->shard_numel);
+    // DeepSpeed casts the partition to grad_accum_dtype before it adds it: a separate rounding
+    // unless the cast only widens a 16-bit result to f32.
+    if (micro_step_id_ != 0 && part.dtype() != buf.dtype() && !(is_16bit(part.dtype()) && buf.dtype() == DType::f32)) {
+      Tensor c = dev_.alloc(buf.dtype(), {s->shard_numel}, "grad_partition_cast", MemCategory::temporaries);
+      dev_.cast(c, part);
+      part = c;
+    }
     if (micro_step_id_ == 0) {
       dev_.cast(buf, part);
     } else {

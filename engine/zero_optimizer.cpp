@@ -15,6 +15,7 @@ ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm
                              const Options& opts, ParamSelect select)
     : cfg_(cfg), model_(model), dev_(dev), comm_(comm), opts_(opts),
       dtype_(cfg.model_dtype()), accum_dtype_(cfg.accumulation_dtype()),
+      comm_dtype_(cfg.comm_dtype()),
       averaging_world_(comm.size()), scaler_(cfg) {
   for (Parameter* p : model.named_parameters()) {
     if (!p->requires_grad) continue;
@@ -81,6 +82,24 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
   const double norm = lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype);
+  if (plan.clip_by_coefficient) {
+    if (!std::isfinite(norm)) {  // is_invalid_grad_norm: overflow, the step is skipped
+      lead.record(fmt::format("step skipped: gradient norm {}", norm));
+      for (ZeroOptimizer* g : groups) g->skip_step();
+      return false;
+    }
+    // max_norm / (global_norm + eps) on an f32 tensor is Tensor.__rtruediv__: reciprocal() * max_norm.
+    const float coef = (1.0f / (static_cast<float>(norm) + static_cast<float>(1e-6))) *
+                       static_cast<float>(lead.cfg_.gradient_clipping);
+    const bool clip = lead.cfg_.gradient_clipping > 0.0 && coef < 1.0f;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      StepPrep& prep = preps[i];
+      if (!plan.fp32_grads_before_norm) make_fp32(prep);
+      if (clip) prep.where->scale(prep.grads32, static_cast<double>(coef));
+      groups[i]->update(prep.grads32, norm, clip ? 1.0 / static_cast<double>(coef) : 1.0);
+    }
+    return true;
+  }
   const double combined = combined_unscale_factor(prev_scale, norm, lead.cfg_.gradient_clipping,
                                                   plan.combined_dtype);
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -129,13 +148,23 @@ bool ZeroOptimizer::any_rank_overflow(bool local) {
 }
 
 double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype) {
-  if (!partitioned) return std::sqrt(local_sum_sq);
+  if (!partitioned) {
+    return reduce_dtype == DType::f32 ? static_cast<double>(std::sqrt(static_cast<float>(local_sum_sq)))
+                                      : std::sqrt(local_sum_sq);
+  }
   ZC_ASSERT(reduce_dtype == DType::f32 || reduce_dtype == DType::f64, "norm reduced in {}", dtype_name(reduce_dtype));
   Tensor t = dev_.alloc(reduce_dtype, {1}, "total_norm", MemCategory::temporaries);  // [1]
   dev_.fill(t, local_sum_sq);                              // rounded once to reduce_dtype
   comm_.all_reduce(t);
   const double sum = item(dev_, t, 0.0);  // meta: a norm of 0
   return reduce_dtype == DType::f32 ? static_cast<double>(std::sqrt(static_cast<float>(sum))) : std::sqrt(sum);
+}
+
+Tensor ZeroOptimizer::comm_image(const Tensor& t, std::string_view label) {
+  if (t.dtype() == comm_dtype_) return t;
+  Tensor c = dev_.alloc(comm_dtype_, t.shape(), std::string(label), MemCategory::comm_buffers);  // [t] comm dtype
+  dev_.cast(c, t);
+  return c;
 }
 
 void ZeroOptimizer::record(std::string_view what) {

@@ -64,6 +64,11 @@ struct StepPlan {
   bool norm_partitioned = true;       // the norm is all-reduced over the group (global_norm)
   DType norm_dtype = DType::f32;      // that all-reduce's element and its root
   DType combined_dtype = DType::f32;  // combined_unscale_factor's arithmetic
+  // BF16_Optimizer (bf16_optimizer.py step): a norm that is not finite skips the step (whatever
+  // check_grad_overflow says), and clipping multiplies by clip_tensors_by_global_norm's f32
+  // coefficient (1 / (norm + 1e-6)) * clip (torch's __rtruediv__) when it is below 1, instead of
+  // dividing by a combined scale.
+  bool clip_by_coefficient = false;
   std::string_view fp32_grads_label;  // the f32 copy's allocation label
   bool operator==(const StepPlan&) const = default;
 };
@@ -174,8 +179,20 @@ class ZeroOptimizer {
   // `reduce_dtype` element and the root in that dtype, as DeepSpeed 0.19.8 does: f32 at stages 1/2
   // (get_grad_norm_direct's .float(), the offload path's FloatTensor) and at stage 3 under
   // offload_optimizer (FloatTensor), f64 at stage 3 otherwise (get_norm_dtype() is double on CPU
-  // and CUDA). Unpartitioned: the root of the local sum in f64, no collective.
+  // and CUDA). Unpartitioned: the root of the local sum in `reduce_dtype`, no collective.
   double global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype = DType::f32);
+  // Note [The communication dtype]
+  // DeepSpeed reduces every gradient buffer in its communication_data_type (Config::comm_dtype:
+  // the config key, else the model's 16-bit dtype, else f32): a buffer of another dtype is cast to
+  // it (`tensor.to(communication_data_type)`), scaled and reduced there, and cast back
+  // (`tensor.copy_(tensor_to_allreduce)`): engine.py allreduce_bucket (stage 0, BF16_Optimizer's
+  // fp32 grads), stage_1_and_2.py allreduce_bucket, gradient_reduction_w_predivide and
+  // _add_to_grad_partition_buffer (the compact fp32 partition adds the comm-dtype result, not the
+  // cast-back one), stage3.py __avg_scatter_grads (the grads cast before the pre-division, the
+  // partitions cast to grad_accum_dtype after). Where each path scales relative to the cast is
+  // the path's own: average_tensor with reduce_scatter divides the bucket in its own dtype first.
+  // comm_image is `t` itself when it is in the comm dtype, else a cast copy in it.
+  Tensor comm_image(const Tensor& t, std::string_view label);
   void record(std::string_view what);
 
   Config cfg_;
@@ -186,6 +203,7 @@ class ZeroOptimizer {
   std::vector<Parameter*> params_;  // trainable params, in named_parameters() order
   DType dtype_;        // model dtype
   DType accum_dtype_;  // gradient accumulation dtype
+  DType comm_dtype_;   // Note [The communication dtype]
   bool boundary_ = true;
   int averaging_world_;
   int micro_step_id_ = -1;  // DeepSpeed's INITIAL_MICRO_STEP_ID

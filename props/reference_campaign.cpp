@@ -136,12 +136,17 @@ rc::Gen<Scenario> gen_reference_scenario() {
   // listed divergence (torch-adam-arithmetic). SGD's: momentum, weight decay, an lr that is not a
   // power of two (every update then rounds: torch's fused multiply-adds must be reproduced).
   auto adam_variant = uniform(gen::inRange(0, 8));
+  // One scenario in four reduces in a communication_data_type other than DeepSpeed's default: an
+  // f32 model in bf16 or fp16, a bf16 model in fp32 (Note [The communication dtype]).
+  auto comm_variant = uniform(gen::inRange(0, 8));
   return gen::map(gen::tuple(gen_scenario(d), uniform(gen::element<std::string>("SGD", "Adam", "AdamW")),
                              uniform(gen::inRange(1, 7)), uniform(gen::element<std::string>("explicit", "implicit")),
-                             gen::arbitrary<bool>(), uniform(gen::element<std::string>("f32", "bf16")), adam_variant),
-                  [](const std::tuple<Scenario, std::string, int, std::string, bool, std::string, int>& t) {
+                             gen::arbitrary<bool>(), uniform(gen::element<std::string>("f32", "bf16")), adam_variant,
+                             comm_variant),
+                  [](const std::tuple<Scenario, std::string, int, std::string, bool, std::string, int, int>& t) {
     Scenario s = std::get<0>(t);
     const int variant = std::get<6>(t);
+    const int comm = std::get<7>(t);
     s.weight_decay = (variant & 4) != 0 ? 0.01 : 0.0;
     if (std::get<1>(t) != "SGD") {
       s.torch_adam = variant == 7;
@@ -151,6 +156,7 @@ rc::Gen<Scenario> gen_reference_scenario() {
     }
     s.dtype = std::get<5>(t);  // fp16 is refused on this CPU (reference_unexpressible)
     if (s.dtype != "bf16" || s.stage == 0) s.grad_accum_dtype = "";
+    if (comm < 2) s.comm_dtype = s.dtype == "bf16" ? "f32" : comm == 0 ? "bf16" : "f16";
     s.optimizer = std::get<1>(t);
     s.lr = s.optimizer != "SGD" ? 1e-3 : (variant & 2) != 0 ? 0.01 * std::get<2>(t) : std::ldexp(1.0, -std::get<2>(t));
     s.boundary = std::get<3>(t);
@@ -391,9 +397,25 @@ namespace {
 // sum shows (a figure, not a verdict: gloo's and the simulator's reduction orders may differ).
 nlohmann::json gaussian_conformance(ReferencePools& pools, int scenarios, std::uint64_t seed) {
   Rng rng(seed ^ 0x9a055ull);
-  std::map<std::string, std::array<int, 3>> rows;  // dtype -> scenarios, grads equal, grads and params equal
+  // row -> scenarios, grads equal, grads and params equal
+  std::vector<std::pair<std::string, std::array<int, 3>>> rows;
   std::vector<std::string> failures;
-  for (int k = 0; k < scenarios; ++k) {
+  auto run = [&](const Scenario& s, const std::string& row_key) {
+    const ReferenceComparison c = compare_with_deepspeed(s, pools);
+    bool grads = c.sim_error.empty() && c.ds_error.empty(), params = grads;
+    for (const FieldDiff& d : c.diffs) {
+      if (d.field == "grads") grads = false;
+      if (d.field == "grads" || d.field == "params" || d.field == "masters" || d.field.starts_with("opt:")) params = false;
+    }
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.first == row_key; });
+    if (it == rows.end()) it = rows.insert(rows.end(), {row_key, {0, 0, 0}});
+    std::array<int, 3>& row = it->second;
+    row[0]++;
+    row[1] += grads;
+    row[2] += grads && params;
+    if (!grads && failures.size() < 3) failures.push_back(describe(s) + ": " + (c.diffs.empty() ? c.sim_error + c.ds_error : c.diffs[0].detail));
+  };
+  auto draw = [&]() {
     Scenario s;
     s.world = static_cast<int>(rng.range(1, 4));
     s.stage = static_cast<int>(rng.range(0, 3));
@@ -407,24 +429,32 @@ nlohmann::json gaussian_conformance(ReferencePools& pools, int scenarios, std::u
     s.lr = s.optimizer == "SGD" ? 0.01 : 1e-3;
     s.contiguous = s.stage != 0;
     s.seed = rng.next() % 1000000 + 1;
-    const ReferenceComparison c = compare_with_deepspeed(s, pools);
-    bool grads = c.sim_error.empty() && c.ds_error.empty(), params = grads;
-    for (const FieldDiff& d : c.diffs) {
-      if (d.field == "grads") grads = false;
-      if (d.field == "grads" || d.field == "params" || d.field == "masters" || d.field.starts_with("opt:")) params = false;
+    return s;
+  };
+  for (int k = 0; k < scenarios; ++k) {
+    const Scenario s = draw();
+    run(s, s.dtype);
+  }
+  // Then as many again with a communication_data_type other than the default, drawn after the
+  // rows above so that those stay the same scenarios: fp32 in bf16 or fp16, bf16 in fp32 (with
+  // fp32 accumulation at ZeRO 1-3 in one of two, the compact fp32 partition's case).
+  for (int k = 0; k < scenarios; ++k) {
+    Scenario s = draw();
+    if (s.dtype == "bf16") {
+      s.comm_dtype = "f32";
+      if (s.stage > 0 && rng.range(0, 1) == 0) s.grad_accum_dtype = "f32";
+    } else {
+      s.comm_dtype = rng.range(0, 1) == 0 ? "bf16" : "f16";
     }
-    std::array<int, 3>& row = rows[s.dtype];
-    row[0]++;
-    row[1] += grads;
-    row[2] += grads && params;
-    if (!grads && failures.size() < 3) failures.push_back(describe(s) + ": " + (c.diffs.empty() ? c.sim_error + c.ds_error : c.diffs[0].detail));
+    run(s, fmt::format("{}{} comm {}", s.dtype, s.grad_accum_dtype.empty() ? "" : " accum f32", s.comm_dtype));
   }
   nlohmann::json out = {{"what", "synthetic models [3-40, 1-9], world 1-4, ZeRO 0-3, fp32/bf16, N 1-3, GA 1-2, SGD "
                                   "lr 0.01 or Adam, no clipping, two steps, gaussian data: zerocheck against DeepSpeed, "
-                                  "gradients; and params, fp32 masters and optimizer state; bit for bit"},
+                                  "gradients; and params, fp32 masters and optimizer state; bit for bit. Rows 'comm': "
+                                  "the same draws with a non-default communication_data_type"},
                         {"rows", nlohmann::json::array()}, {"first_gradient_differences", failures}};
-  for (const auto& [dtype, r] : rows) {
-    out["rows"].push_back({{"dtype", dtype}, {"scenarios", r[0]}, {"grads_bit_for_bit", r[1]}, {"grads_and_params_bit_for_bit", r[2]}});
+  for (const auto& [key, r] : rows) {
+    out["rows"].push_back({{"dtype", key}, {"scenarios", r[0]}, {"grads_bit_for_bit", r[1]}, {"grads_and_params_bit_for_bit", r[2]}});
   }
   return out;
 }

@@ -51,6 +51,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (!s.reduce_scatter) j["reduce_scatter"] = false;
   if (!s.allow_untested_optimizer) j["zero_allow_untested_optimizer"] = false;
   if (s.allgather_bucket_size >= 0) j["allgather_bucket_size"] = s.allgather_bucket_size;
+  if (!s.comm_dtype.empty()) j["communication_data_type"] = s.comm_dtype;
   return j;
 }
 
@@ -160,7 +161,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
       "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
       "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
-      "allgather_bucket_size"};
+      "allgather_bucket_size", "communication_data_type"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -210,6 +211,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "reduce_scatter", s.reduce_scatter);
   read(j, "zero_allow_untested_optimizer", s.allow_untested_optimizer);
   read_int(j, "allgather_bucket_size", s.allgather_bucket_size, 0, std::int64_t{1} << 62);
+  read(j, "communication_data_type", s.comm_dtype);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -219,6 +221,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
                                   "dropped-collective", "slow-rank"});
   check_one_of("dtype", s.dtype, {"f32", "f16", "bf16"});
   check_one_of("grad_accum_dtype", s.grad_accum_dtype, {"", "f32"});
+  check_one_of("communication_data_type", s.comm_dtype, {"", "f32", "f16", "bf16"});
   check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
   check_one_of("model", s.model, {"synthetic", "mlp", "tree"});
   check_one_of("domain", s.domain, {"exact", "gaussian"});
@@ -264,6 +267,7 @@ std::string describe(const Scenario& s) {
   if (!s.reduce_scatter) out += " reduce_scatter false";
   if (!s.allow_untested_optimizer) out += " without zero_allow_untested_optimizer";
   if (s.allgather_bucket_size >= 0) out += fmt::format(" allgather_bucket_size {}", s.allgather_bucket_size);
+  if (!s.comm_dtype.empty()) out += fmt::format(" comm {}", s.comm_dtype);
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -286,6 +290,9 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["zero_optimization"]["reduce_scatter"] = false;
   if (s.allgather_bucket_size >= 0) j["zero_optimization"]["allgather_bucket_size"] = s.allgather_bucket_size;
+  if (!s.comm_dtype.empty()) {
+    j["communication_data_type"] = s.comm_dtype == "f32" ? "fp32" : s.comm_dtype == "f16" ? "fp16" : s.comm_dtype;
+  }
   if (!s.optimizer.empty()) {
     nlohmann::json params = {{"lr", s.lr}, {"weight_decay", s.weight_decay}};
     if (s.optimizer == "SGD") {
@@ -382,7 +389,9 @@ std::string exact_infeasible(const Scenario& s) {
   const int span_bits = bits_for(span);
   const DType accum = s.grad_accum_dtype.empty() ? dtype_of(s) : DType::f32;
   // Every integer the data reaches is below 2^(odd_bits + span_bits).
-  const std::int64_t bound = std::min(exact_domain_max_integer(dtype_of(s)), exact_domain_max_integer(accum));
+  const DType comm = s.comm_dtype.empty() ? dtype_of(s) : parse_dtype(s.comm_dtype);  // reductions run in it
+  const std::int64_t bound = std::min({exact_domain_max_integer(dtype_of(s)), exact_domain_max_integer(accum),
+                                       exact_domain_max_integer(comm)});
   if (odd_bits + span_bits < 63 && (std::int64_t{1} << (odd_bits + span_bits)) - 1 <= bound) return "";
   return fmt::format("no exact data: odd part {} of the divisors ({} bits) and sums of up to {} terms ({} bits) "
                      "exceed the exact-domain bound {} of {}", odd, odd_bits, span, span_bits, bound, s.dtype);

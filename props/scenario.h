@@ -73,6 +73,9 @@ struct Scenario {
   // SGD writes zero_allow_untested_optimizer (DeepSpeed's ZeRO requires it); false leaves it out,
   // and both sides must then refuse ZeRO. Written to the JSON only when false; not drawn.
   bool allow_untested_optimizer = true;
+  // communication_data_type: "" = not written (DeepSpeed's default, the model's 16-bit dtype or
+  // f32), else f32 | f16 | bf16 (Note [The communication dtype]).
+  std::string comm_dtype;
   // zero_optimization.allgather_bucket_size; written only when >= 0. Not drawn.
   std::int64_t allgather_bucket_size = -1;
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).

@@ -137,10 +137,10 @@ TEST(Config, AllgatherBucketSizeIsCheckedAsDeepSpeedChecksIt) {
   EXPECT_THROW(parse(2, -2, ""), ConfigError);
 }
 
-// communication_data_type as DeepSpeed parses it (case-insensitive fp16/bf16/fp32, null = unset);
-// the dtype DeepSpeed would pick anyway is accepted, another is refused as not modelled rather
-// than ignored (it changes the bits).
-TEST(Config, CommunicationDataTypeIsAcceptedOnlyWhereItChangesNothing) {
+// communication_data_type as DeepSpeed parses it (case-insensitive fp16/bf16/fp32, null = unset),
+// and comm_dtype() as engine.py's communication_data_type property picks it: the key, else the
+// model's 16-bit dtype, else fp32.
+TEST(Config, CommunicationDataTypeIsReadAsDeepSpeedReadsIt) {
   auto parse = [](const char* precision, const char* comm) {
     return Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, {}"communication_data_type": {}, )"
                                               R"("zero_optimization": {{"stage": 2}}}})", precision, comm), 2);
@@ -149,13 +149,11 @@ TEST(Config, CommunicationDataTypeIsAcceptedOnlyWhereItChangesNothing) {
   EXPECT_EQ(parse(R"("bf16": {"enabled": true}, )", R"("bf16")").communication_data_type, DType::bf16);
   EXPECT_FALSE(parse("", "null").communication_data_type.has_value());
   EXPECT_TRUE(parse("", R"("fp32")").warnings.empty());
-  try {
-    parse(R"("bf16": {"enabled": true}, )", R"("fp32")");
-    ADD_FAILURE() << "fp32 communication with a bf16 model was accepted";
-  } catch (const NotImplementedError& e) {
-    EXPECT_NE(std::string(e.what()).find("'communication_data_type' f32 with a bf16 model is not modelled"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_EQ(parse(R"("bf16": {"enabled": true}, )", R"("fp32")").comm_dtype(), DType::f32);
+  EXPECT_EQ(parse(R"("bf16": {"enabled": true}, )", "null").comm_dtype(), DType::bf16);
+  EXPECT_EQ(parse(R"("fp16": {"enabled": true}, )", "null").comm_dtype(), DType::f16);
+  EXPECT_EQ(parse("", "null").comm_dtype(), DType::f32);
+  EXPECT_EQ(parse("", R"("Fp16")").comm_dtype(), DType::f16);
   try {
     parse("", R"("fp8")");
     ADD_FAILURE() << "fp8 was accepted";

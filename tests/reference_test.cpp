@@ -287,6 +287,80 @@ TEST(DeepSpeedReference, GradientScalingAtStageZeroIsDeepSpeedsBitForBit) {
   EXPECT_TRUE(c.matched()) << diffs_of(c);
 }
 
+// communication_data_type other than the default (Note [The communication dtype]) on gaussian data
+// at world 3, where every cast, division and sum rounds: each reduction path casts where
+// DeepSpeed's does. Stages 0-2 match DeepSpeed in everything, the collectives' bytes included;
+// ZeRO-3 in values (its schedule is the stage3-collective-schedule class). Dropping any one cast
+// (the bucket's, the cast back, the compact partition's comm-dtype source, ZeRO-3's cast before
+// the add) fails a case here.
+TEST(DeepSpeedReference, CommunicationDataTypeIsDeepSpeedsBitForBit) {
+  struct Case { int stage; const char* dtype; const char* accum; const char* comm; bool contiguous; bool reduce_scatter; const char* offload; };
+  std::vector<Case> cases;
+  for (int stage : {0, 1, 2, 3}) {
+    cases.push_back({stage, "f32", "", "bf16", stage != 0, true, "none"});
+    cases.push_back({stage, "f32", "", "f16", stage != 0, true, "none"});
+    cases.push_back({stage, "bf16", "", "f32", stage != 0, true, "none"});
+  }
+  // The compact fp32 partition (16-bit model, fp32 accumulation): ZeRO-2 with and without offload,
+  // ZeRO-1 under offload (fp32 ipg buffers); BF16_Optimizer (ZeRO-1, no offload) in its default
+  // bf16 communication and in fp32.
+  cases.push_back({2, "bf16", "f32", "f32", true, true, "none"});
+  cases.push_back({2, "bf16", "f32", "f32", false, true, "none"});
+  cases.push_back({2, "bf16", "f32", "f32", true, true, "optimizer"});
+  cases.push_back({1, "bf16", "f32", "", true, true, "optimizer"});
+  cases.push_back({1, "bf16", "f32", "f32", true, true, "optimizer"});
+  cases.push_back({1, "bf16", "f32", "", true, true, "none"});
+  cases.push_back({1, "bf16", "f32", "f32", true, true, "none"});
+  // gradient_reduction_w_predivide (reduce_scatter false) and the non-contiguous fallback.
+  cases.push_back({1, "f32", "", "bf16", true, false, "none"});
+  cases.push_back({2, "bf16", "", "f32", true, false, "none"});
+  cases.push_back({2, "f32", "", "bf16", false, true, "none"});
+  for (const Case& k : cases) {
+    Scenario s = sgd(k.stage, 3);
+    s.domain = "gaussian";
+    s.n = 1;
+    s.ga = 2;
+    s.lr = 0.01;
+    s.dtype = k.dtype;
+    s.grad_accum_dtype = k.accum;
+    s.comm_dtype = k.comm;
+    s.contiguous = k.contiguous;
+    s.reduce_scatter = k.reduce_scatter;
+    s.offload = k.offload;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    for (const FieldDiff& d : c.diffs) {
+      if (k.stage == 3 && d.field.starts_with("comm:")) continue;
+      ADD_FAILURE() << d.field << ": " << d.detail;
+    }
+  }
+}
+
+// BF16_Optimizer's norm and clip (Note [BF16_Optimizer's norm and clip]): every param's norm on
+// every rank with no all_reduce, and the f32 coefficient, with a clip that bites: exact data at
+// worlds 1-3 (AdamW and SGD), gaussian data at worlds 2-3 (AdamW). Everything DeepSpeed records
+// matches, the collectives and the optimizer state included. Computing the coefficient as
+// max_norm / (norm + eps) in one division (torch's is reciprocal, then multiply) fails it.
+TEST(DeepSpeedReference, Bf16OptimizerNormAndClipAreDeepSpeedsBitForBit) {
+  struct Case { int world; const char* opt; const char* domain; };
+  const Case cases[] = {{1, "SGD", "exact"}, {1, "AdamW", "exact"}, {2, "SGD", "exact"}, {2, "AdamW", "exact"},
+                        {3, "SGD", "exact"}, {3, "AdamW", "exact"}, {2, "AdamW", "gaussian"}, {3, "AdamW", "gaussian"}};
+  for (const Case& k : cases) {
+    Scenario s = sgd(1, k.world);
+    s.dtype = "bf16";
+    s.grad_accum_dtype = "f32";
+    s.clip = 0.05;
+    s.domain = k.domain;
+    s.optimizer = k.opt;
+    s.lr = s.optimizer == "SGD" ? 0.01 : 1e-3;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    EXPECT_TRUE(c.diffs.empty()) << diffs_of(c);
+  }
+}
+
 TEST(DeepSpeedReference, ARefusalByDeepSpeedIsNamed) {
   // coalesce_grad_reduction on the BF16_Optimizer wrapper: both sides refuse with NotImplementedError.
   Scenario s = sgd(1, 2);
