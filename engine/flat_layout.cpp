@@ -6,14 +6,23 @@
 
 namespace zc {
 
-FlatLayout FlatLayout::build(const std::vector<std::int64_t>& numels, int world, bool pad) {
+FlatLayout FlatLayout::build(const std::vector<std::int64_t>& numels, int world, bool pad, std::vector<int> order) {
   ZC_ASSERT(world >= 1, "world {}", world);
   FlatLayout l;
   l.world = world;
   l.numels = numels;
-  for (std::int64_t n : numels) {
+  if (order.empty()) {
+    for (std::size_t i = 0; i < numels.size(); ++i) order.push_back(static_cast<int>(i));
+  }
+  ZC_ASSERT(order.size() == numels.size(), "an order of {} params for {}", order.size(), numels.size());
+  l.order = std::move(order);
+  l.offsets.assign(numels.size(), -1);
+  for (int i : l.order) {
+    ZC_ASSERT(i >= 0 && static_cast<std::size_t>(i) < numels.size() && l.offsets[static_cast<std::size_t>(i)] < 0,
+              "the layout order is not a permutation (param {})", i);
+    const std::int64_t n = numels[static_cast<std::size_t>(i)];
     ZC_ASSERT(n >= 0, "negative param numel {}", n);
-    l.offsets.push_back(l.numel);
+    l.offsets[static_cast<std::size_t>(i)] = l.numel;
     l.numel += n;
   }
   const std::int64_t w = world;
@@ -24,13 +33,31 @@ FlatLayout FlatLayout::build(const std::vector<std::int64_t>& numels, int world,
   return l;
 }
 
+std::vector<int> FlatLayout::round_robin_order(int num_params, int world) {
+  std::vector<int> out;
+  for (int bin = 0; bin < world; ++bin) {
+    for (int i = bin; i < num_params; i += world) out.push_back(i);
+  }
+  return out;
+}
+
 std::vector<int> FlatLayout::params_in_partition(int r) const {
   std::vector<int> out;
   const std::int64_t start = partition_start(r), end = start + partition_numel;
+  for (int i : order) {
+    const auto k = static_cast<std::size_t>(i);
+    if (decide::param_in_partition<std::int64_t>(offsets[k], numels[k], start, end)) out.push_back(i);
+  }
+  return out;
+}
+
+std::vector<double> FlatLayout::to_param_order(const std::vector<double>& flat) const {
+  ZC_ASSERT(static_cast<std::int64_t>(flat.size()) >= numel, "a buffer of {} elements for a layout of {}", flat.size(), numel);
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(numel));
   for (std::size_t i = 0; i < offsets.size(); ++i) {
-    if (decide::param_in_partition<std::int64_t>(offsets[i], numels[i], start, end)) {
-      out.push_back(static_cast<int>(i));
-    }
+    const auto from = flat.begin() + offsets[i];
+    out.insert(out.end(), from, from + numels[i]);
   }
   return out;
 }

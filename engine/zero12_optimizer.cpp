@@ -31,7 +31,11 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
   has_hooks_ = partition_gradients_ || overlap_ || contiguous_ || use_accum_attr_;
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
-  layout_ = FlatLayout::build(numels, world_, true);
+  // round_robin_gradients reorders the flat buffer only: reductions still walk the params in
+  // their group order (DeepSpeed's bit16_groups), the partitions follow the buffer.
+  layout_ = FlatLayout::build(numels, world_, true,
+                              cfg.zero.round_robin_gradients ? FlatLayout::round_robin_order(num_params(), world_)
+                                                             : std::vector<int>{});
   flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat",
                      MemCategory::params);  // [padded] model dtype
   for (std::size_t i = 0; i < params_.size(); ++i) {

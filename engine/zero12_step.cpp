@@ -188,9 +188,7 @@ std::vector<double> Zero12Optimizer::gathered_grads() {
     dev_.copy(mine, averaged_);
   }
   comm_.all_gather(full, mine);
-  std::vector<double> v = to_f64(dev_, full);
-  v.resize(static_cast<std::size_t>(layout_.numel));
-  return v;
+  return layout_.to_param_order(to_f64(dev_, full));
 }
 
 }  // namespace zc

@@ -135,9 +135,7 @@ std::vector<double> ZeroOptimizer::gather_flat_partition(const FlatLayout& layou
   Tensor mine = full.narrow(layout.partition_start(part), layout.partition_numel);
   dev_.cast(mine, src);  // from the CPU side too: a read-back, not an offload transfer
   if (partitioned && comm_.size() > 1) comm_.all_gather(full, mine);
-  std::vector<double> v = to_f64(dev_, full);
-  v.resize(static_cast<std::size_t>(layout.numel));
-  return v;
+  return layout.to_param_order(to_f64(dev_, full));
 }
 
 bool ZeroOptimizer::any_rank_overflow(bool local) {

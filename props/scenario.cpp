@@ -52,6 +52,8 @@ nlohmann::json to_json(const Scenario& s) {
   if (!s.allow_untested_optimizer) j["zero_allow_untested_optimizer"] = false;
   if (s.allgather_bucket_size >= 0) j["allgather_bucket_size"] = s.allgather_bucket_size;
   if (!s.comm_dtype.empty()) j["communication_data_type"] = s.comm_dtype;
+  if (s.round_robin) j["round_robin_gradients"] = true;
+  if (!s.multi_rank_bucket_allreduce) j["use_multi_rank_bucket_allreduce"] = false;
   return j;
 }
 
@@ -161,7 +163,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
       "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
       "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
-      "allgather_bucket_size", "communication_data_type"};
+      "allgather_bucket_size", "communication_data_type", "round_robin_gradients",
+      "use_multi_rank_bucket_allreduce"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -212,6 +215,8 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "zero_allow_untested_optimizer", s.allow_untested_optimizer);
   read_int(j, "allgather_bucket_size", s.allgather_bucket_size, 0, std::int64_t{1} << 62);
   read(j, "communication_data_type", s.comm_dtype);
+  read(j, "round_robin_gradients", s.round_robin);
+  read(j, "use_multi_rank_bucket_allreduce", s.multi_rank_bucket_allreduce);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -268,6 +273,8 @@ std::string describe(const Scenario& s) {
   if (!s.allow_untested_optimizer) out += " without zero_allow_untested_optimizer";
   if (s.allgather_bucket_size >= 0) out += fmt::format(" allgather_bucket_size {}", s.allgather_bucket_size);
   if (!s.comm_dtype.empty()) out += fmt::format(" comm {}", s.comm_dtype);
+  if (s.round_robin) out += " round_robin_gradients";
+  if (!s.multi_rank_bucket_allreduce) out += " use_multi_rank_bucket_allreduce false";
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -290,6 +297,8 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["zero_optimization"]["reduce_scatter"] = false;
   if (s.allgather_bucket_size >= 0) j["zero_optimization"]["allgather_bucket_size"] = s.allgather_bucket_size;
+  if (s.round_robin) j["zero_optimization"]["round_robin_gradients"] = true;
+  if (!s.multi_rank_bucket_allreduce) j["zero_optimization"]["use_multi_rank_bucket_allreduce"] = false;
   if (!s.comm_dtype.empty()) {
     j["communication_data_type"] = s.comm_dtype == "f32" ? "fp32" : s.comm_dtype == "f16" ? "fp16" : s.comm_dtype;
   }

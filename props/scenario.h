@@ -76,6 +76,11 @@ struct Scenario {
   // communication_data_type: "" = not written (DeepSpeed's default, the model's 16-bit dtype or
   // f32), else f32 | f16 | bf16 (Note [The communication dtype]).
   std::string comm_dtype;
+  // zero_optimization.round_robin_gradients (ZeRO-1/2 reorder their flat buffer); written when true.
+  bool round_robin = false;
+  // zero_optimization.use_multi_rank_bucket_allreduce; written when false (each owner's slices are
+  // then reduced to it, one reduce per owner). Not drawn.
+  bool multi_rank_bucket_allreduce = true;
   // zero_optimization.allgather_bucket_size; written only when >= 0. Not drawn.
   std::int64_t allgather_bucket_size = -1;
   // The engine-lifecycle state machine's command sequence (engine-lifecycle-state-machine).

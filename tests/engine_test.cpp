@@ -3,6 +3,7 @@
 // reference with a stated error bound, and a training run whose loss falls.
 #include "engine/engine.h"
 #include "engine/errors.h"
+#include "engine/flat_layout.h"
 #include "engine/host_device.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
@@ -326,3 +327,22 @@ TEST(KnownBugs, ParseAndPrint) {
 
 }  // namespace
 }  // namespace zc::props
+
+// round_robin_gradients: DeepSpeed's _round_robin_reorder (param i to bin i % world, the bins laid
+// out in turn) orders the flat buffer; partitions follow the buffer, and gathered vectors come back
+// in param order.
+namespace zc {
+TEST(FlatLayout, RoundRobinOrderIsDeepSpeeds) {
+  EXPECT_EQ(FlatLayout::round_robin_order(5, 2), (std::vector<int>{0, 2, 4, 1, 3}));
+  EXPECT_EQ(FlatLayout::round_robin_order(7, 3), (std::vector<int>{0, 3, 6, 1, 4, 2, 5}));
+  EXPECT_EQ(FlatLayout::round_robin_order(2, 4), (std::vector<int>{0, 1}));
+  const FlatLayout l = FlatLayout::build({4, 4, 4, 4}, 2, true, FlatLayout::round_robin_order(4, 2));
+  EXPECT_EQ(l.offsets, (std::vector<std::int64_t>{0, 8, 4, 12}));
+  EXPECT_EQ(l.params_in_partition(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(l.params_in_partition(1), (std::vector<int>{1, 3}));
+  std::vector<double> flat(16);
+  for (int i = 0; i < 16; ++i) flat[static_cast<std::size_t>(i)] = i;
+  EXPECT_EQ(l.to_param_order(flat), (std::vector<double>{0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15}));
+  EXPECT_THROW(FlatLayout::build({4, 4}, 2, true, {1, 1}), InternalError);
+}
+}  // namespace zc

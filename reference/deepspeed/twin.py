@@ -29,6 +29,49 @@ import record
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
+# The reference's one patch of DeepSpeed, for the recorder's getters only (a finding about
+# DeepSpeed 0.19.8, README "DeepSpeed fidelity", point 10). With round_robin_gradients the ZeRO-1/2
+# flat buffer holds the params in round-robin order, but _link_all_hp_params
+# (runtime/zero/stage_1_and_2.py:824-850) passes link_hp_params the params in group order and
+# their offsets only when parameter_alignment padding exists (`if any(round_robin_bit16_padding)`);
+# without padding (the default) it walks the group order as if it were the buffer's, so every
+# lp -> hp fragment mapping points at another param's slice. safe_get_full_grad then raises a size
+# mismatch or returns another param's values, and so do safe_get_full_fp32_param,
+# safe_get_full_optimizer_state and everything else that reads _hp_mapping. Training itself steps
+# the flat partitions and is not affected. The patch passes the buffer offsets always when
+# round_robin_gradients is on, which is the padded branch's own code; without round robin the
+# original method runs unchanged.
+from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer  # noqa: E402
+from deepspeed.utils import link_hp_params  # noqa: E402
+
+_original_link_all_hp_params = DeepSpeedZeroOptimizer._link_all_hp_params
+
+
+def _link_all_hp_params_with_round_robin_offsets(self):
+    if not self.round_robin_gradients:
+        return _original_link_all_hp_params(self)
+    if self.cpu_offload:
+        self._get_offload_gradient_dict()
+    for i, _ in enumerate(self.optimizer.param_groups):
+        group = self.real_dp_process_group[i]
+        partition_id = dist.get_rank(group=group)
+        partition_size = self.bit16_groups_flat[i].numel() // dist.get_world_size(group=group)
+        offset_by_param = {id(p): o for p, o in zip(self.round_robin_bit16_groups[i], self.round_robin_bit16_offsets[i])}
+        link_hp_params(lp_param_list=self.bit16_groups[i],
+                       flat_hp_partition=self.single_partition_of_fp32_groups[i],
+                       gradient_dict=self.averaged_gradients,
+                       offload_gradient_dict=self.offload_gradient_dict,
+                       use_offload=self.cpu_offload,
+                       param_group_index=i,
+                       partition_start=partition_id * partition_size,
+                       partition_size=partition_size,
+                       dp_group=group,
+                       param_offsets=[offset_by_param[id(p)] for p in self.bit16_groups[i]])
+
+
+DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params_with_round_robin_offsets
+
+
 class SyntheticTwin(torch.nn.Module):
     def __init__(self, shapes):
         super().__init__()
