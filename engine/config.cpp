@@ -147,6 +147,9 @@ void read_zero(Config& c, Reader& top) {
   require(zc.allgather_bucket_size >= 0, r, "allgather_bucket_size", "must be >= 0 elements");  // DeepSpeed: ge=0
   zc.reduce_scatter = r.boolean("reduce_scatter", true);
   zc.round_robin_gradients = r.boolean("round_robin_gradients", false);
+  // DeepSpeed pads each param of the ZeRO-1/2 flat buffer to 16 bytes with it: another layout.
+  require(!r.boolean("parameter_alignment", false), r, "parameter_alignment",
+          "true is not modelled (DeepSpeed then pads every param of the flat buffer to 16 bytes); leave it false");
   zc.use_multi_rank_bucket_allreduce = r.boolean("use_multi_rank_bucket_allreduce", true);
   zc.offload_optimizer = read_offload(r, "offload_optimizer");
   zc.offload_param = read_offload(r, "offload_param");

@@ -484,6 +484,8 @@ nlohmann::json conformance_table(const Tally& tally) {
     if (s.contiguous) keys.push_back("contiguous_gradients");
     if (s.overlap) keys.push_back("overlap_comm");
     if (!s.grad_accum_dtype.empty()) keys.push_back("grad_accum fp32");
+    if (!s.comm_dtype.empty()) keys.push_back("communication_data_type " + s.comm_dtype);
+    if (s.round_robin) keys.push_back("round_robin_gradients");
     if (s.clip > 0) keys.push_back("clipping");
     if (s.ga > 1) keys.push_back("GA > 1");
     if (s.n > 1) keys.push_back("N > 1");

@@ -233,5 +233,22 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
       "'zero_optimization.stage': 4294967298 is out of range: at most 2147483647"}),
   [](const ::testing::TestParamInfo<Bad>& p) { return std::string(p.param.name); });
 
+// zero_optimization.parameter_alignment: false is DeepSpeed's default and accepted without a
+// warning; true (16-byte padding of every param in the ZeRO-1/2 flat buffer) is refused, naming it.
+TEST(Config, ParameterAlignmentTrueIsRefusedNamingTheKey) {
+  auto parse = [](const char* v) {
+    return Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, )"
+                                              R"("zero_optimization": {{"stage": 2, "parameter_alignment": {}}}}})", v), 2);
+  };
+  EXPECT_TRUE(parse("false").warnings.empty());
+  try {
+    parse("true");
+    ADD_FAILURE() << "parameter_alignment true was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter_alignment"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not modelled"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zc
