@@ -147,9 +147,7 @@ void read_zero(Config& c, Reader& top) {
   require(zc.allgather_bucket_size >= 0, r, "allgather_bucket_size", "must be >= 0 elements");  // DeepSpeed: ge=0
   zc.reduce_scatter = r.boolean("reduce_scatter", true);
   zc.round_robin_gradients = r.boolean("round_robin_gradients", false);
-  // DeepSpeed pads each param of the ZeRO-1/2 flat buffer to 16 bytes with it: another layout.
-  require(!r.boolean("parameter_alignment", false), r, "parameter_alignment",
-          "true is not modelled (DeepSpeed then pads every param of the flat buffer to 16 bytes); leave it false");
+  zc.parameter_alignment = r.boolean("parameter_alignment", false);
   zc.use_multi_rank_bucket_allreduce = r.boolean("use_multi_rank_bucket_allreduce", true);
   zc.offload_optimizer = read_offload(r, "offload_optimizer");
   zc.offload_param = read_offload(r, "offload_param");
@@ -324,6 +322,13 @@ void read_precision(Config& c, Reader& top) {
 void read_parallel(Config& c, Reader& top) {
   c.sequence_parallel_size = top.small_integer("sequence_parallel_size", 1);
   require(c.sequence_parallel_size >= 1, top, "sequence_parallel_size", "must be >= 1");
+  if (c.sequence_parallel_size > 1) {
+    // DeepSpeed then reduces every ZeRO gradient in fp32 and divides by world / sp (stage_1_and_2.py
+    // allreduce_bucket, average_tensor): not modelled, and ignoring it would give other bits.
+    throw NotImplementedError(fmt::format("'sequence_parallel_size' {}: sequence parallelism is not modelled (DeepSpeed "
+                                          "then reduces gradients in fp32 over world / sp); leave it 1",
+                                          c.sequence_parallel_size));
+  }
   if (const json* t = top.object("tensor_parallel")) {
     Reader r(*t, "tensor_parallel", c.warnings);
     c.autotp_size = r.small_integer("autotp_size", 1);
@@ -446,6 +451,12 @@ void check_combinations(Config& c) {
     throw ConfigError("'fp16.enabled' and 'bf16.enabled' are both true: choose one precision");
   }
   const DType model = c.model_dtype(), accum = c.accumulation_dtype();
+  // DeepSpeedZeroOptimizer pads each param of its flat buffer to 16 bytes with parameter_alignment:
+  // another layout. Stage 0, stage 3 and BF16_Optimizer do not read the key.
+  if ((c.zero.stage == 1 || c.zero.stage == 2) && !c.uses_bf16_optimizer() && c.zero.parameter_alignment) {
+    throw NotImplementedError("'zero_optimization.parameter_alignment': true is not modelled at ZeRO-1/2 (DeepSpeed then "
+                              "pads every param of the flat buffer to 16 bytes); leave it false");
+  }
   // DeepSpeedZeroOptimizer (ZeRO-1/2, not the BF16_Optimizer wrapper) asserts the all-gather
   // bucket is a multiple of its 2-element start alignment (stage_1_and_2.py __init__).
   if ((c.zero.stage == 1 || c.zero.stage == 2) && !c.uses_bf16_optimizer() && c.zero.allgather_bucket_size % 2 != 0) {

@@ -73,6 +73,7 @@ struct ZeroConfig {
   std::int64_t allgather_bucket_size = 500'000'000;
   bool reduce_scatter = true;
   bool round_robin_gradients = false;
+  bool parameter_alignment = false;  // refused when true at ZeRO-1/2 (check_combinations)
   bool use_multi_rank_bucket_allreduce = true;
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;

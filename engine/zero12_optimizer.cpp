@@ -342,7 +342,14 @@ void Zero12Optimizer::finish(Pending& pend) {
   for (int i : pend.params) {
     Parameter& p = *params_[static_cast<std::size_t>(i)];
     const bool mine = is_in_partition_[static_cast<std::size_t>(i)] != 0;
-    if (compact_from_comm && mine) compact_src_[static_cast<std::size_t>(i)] = pend.reduced.narrow(at, p.numel());
+    if (compact_from_comm && mine) {
+      // A copy of this param's result, so that the bucket's whole comm image is freed now, as
+      // DeepSpeed frees it once added (the copy lives until the epilogue adds it: a ledger
+      // difference of this param's numel x 4 bytes, under grads).
+      Tensor keep = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".reduced_comm", MemCategory::grads);
+      dev_.cast(keep, pend.reduced.narrow(at, p.numel()));
+      compact_src_[static_cast<std::size_t>(i)] = keep;
+    }
     at += p.numel();
     if (partition_gradients_ && !mine) {
       p.grad = Tensor();  // other ranks own it
@@ -447,7 +454,7 @@ void Zero12Optimizer::copy_grads_in_partition(int i) {
                                      MemCategory::grads);  // [sum numel in partition] model dtype
   }
   Tensor slot = grads_in_partition_.narrow(partition_pos_[static_cast<std::size_t>(i)], p.numel());
-  dev_.copy(slot, p.grad.view({p.numel()}));
+  dev_.cast(slot, p.grad.view({p.numel()}));  // the ipg buffer's dtype may be grad_accum_dtype (ZeRO-1)
   p.grad = slot.view(p.shape);
 }
 

@@ -234,17 +234,24 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   [](const ::testing::TestParamInfo<Bad>& p) { return std::string(p.param.name); });
 
 // zero_optimization.parameter_alignment: false is DeepSpeed's default and accepted without a
-// warning; true (16-byte padding of every param in the ZeRO-1/2 flat buffer) is refused, naming it.
+// warning; true (16-byte padding of every param in the ZeRO-1/2 flat buffer) is refused at ZeRO-2,
+// naming it, and accepted where DeepSpeed does not read it (stage 3).
 TEST(Config, ParameterAlignmentTrueIsRefusedNamingTheKey) {
-  auto parse = [](const char* v) {
+  auto parse = [](const char* v, int stage = 2) {
     return Config::from_json_text(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, )"
-                                              R"("zero_optimization": {{"stage": 2, "parameter_alignment": {}}}}})", v), 2);
+                                              R"("zero_optimization": {{"stage": {}, "parameter_alignment": {}}}}})", stage, v), 2);
   };
   EXPECT_TRUE(parse("false").warnings.empty());
+  EXPECT_TRUE(parse("true", 3).zero.parameter_alignment);
+  // sequence_parallel_size > 1 changes DeepSpeed's reduction (fp32, divided by world / sp): refused.
+  EXPECT_THROW(Config::from_json_text(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 2})", 2),
+               NotImplementedError);
+  EXPECT_EQ(Config::from_json_text(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 1})", 2)
+                .sequence_parallel_size, 1);
   try {
     parse("true");
     ADD_FAILURE() << "parameter_alignment true was accepted";
-  } catch (const ConfigError& e) {
+  } catch (const NotImplementedError& e) {
     EXPECT_NE(std::string(e.what()).find("parameter_alignment"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not modelled"), std::string::npos) << e.what();
   }

@@ -48,6 +48,36 @@ TEST(Engine, MicroStepIdFollowsDeepSpeedForStage2) {
   });
 }
 
+// ZeRO-1 with a bf16 model and an fp16 grad_accum_dtype: the ipg buffers hold the accumulator's
+// dtype (DeepSpeed's _gradient_reduction_buffer_dtype) and grads_in_partition the model's, so the
+// copy between them casts (a plain copy raised "dtypes differ"): two micro-steps and a step run,
+// and the boundary's gathered gradient is finite and not all zero.
+TEST(Engine, Zero1WithAnFp16AccumulatorForABf16ModelCastsIntoThePartition) {
+  on_one_rank([](sim::RankContext& ctx) {
+    Config cfg = cfg_of({{"gradient_accumulation_steps", 2}, {"bf16", {{"enabled", true}}},
+                         {"data_types", {{"grad_accum_dtype", "fp16"}}},
+                         {"zero_optimization", {{"stage", 1}, {"contiguous_gradients", true}}}}, 1);
+    Synthetic model(std::vector<Shape>{{4}, {6}});
+    Rng rng(3);
+    model.init_params(ctx.device, DType::bf16, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    for (int m = 0; m < 2; ++m) {
+      Rng r(10 + m);
+      e.backward(e.forward(upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {}), DType::bf16)));
+      if (m == 0) e.step();
+    }
+    const std::vector<double> g = e.full_grads();
+    ASSERT_EQ(g.size(), 10u);
+    bool nonzero = false;
+    for (double v : g) {
+      EXPECT_TRUE(std::isfinite(v));
+      nonzero = nonzero || v != 0.0;
+    }
+    EXPECT_TRUE(nonzero);
+    e.step();
+  });
+}
+
 TEST(Engine, BoundaryFollowsMicroStepsUnlessSetExplicitly) {
   on_one_rank([](sim::RankContext& ctx) {
     Config cfg = cfg_of({{"gradient_accumulation_steps", 3}, {"zero_optimization", {{"stage", 1}}}}, 1);

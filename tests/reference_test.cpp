@@ -339,15 +339,20 @@ TEST(DeepSpeedReference, CommunicationDataTypeIsDeepSpeedsBitForBit) {
 
 // BF16_Optimizer's norm and clip (Note [BF16_Optimizer's norm and clip]): every param's norm on
 // every rank with no all_reduce, and the f32 coefficient, with a clip that bites: exact data at
-// worlds 1-3 (AdamW and SGD), gaussian data at worlds 2-3 (AdamW). Everything DeepSpeed records
+// worlds 1-3 (AdamW and SGD), gaussian data at worlds 2-3 (three params, and seven). Everything DeepSpeed records
 // matches, the collectives and the optimizer state included. Computing the coefficient as
 // max_norm / (norm + eps) in one division (torch's is reciprocal, then multiply) fails it.
 TEST(DeepSpeedReference, Bf16OptimizerNormAndClipAreDeepSpeedsBitForBit) {
-  struct Case { int world; const char* opt; const char* domain; };
-  const Case cases[] = {{1, "SGD", "exact"}, {1, "AdamW", "exact"}, {2, "SGD", "exact"}, {2, "AdamW", "exact"},
-                        {3, "SGD", "exact"}, {3, "AdamW", "exact"}, {2, "AdamW", "gaussian"}, {3, "AdamW", "gaussian"}};
+  struct Case { int world; const char* opt; const char* domain; bool many = false; };
+  // `many`: seven params, where torch's sum of the stacked norms could take another order than
+  // zerocheck's left-to-right one.
+  const Case cases[] = {{1, "SGD", "exact"},       {1, "AdamW", "exact"},       {2, "SGD", "exact"},
+                        {2, "AdamW", "exact"},     {3, "SGD", "exact"},         {3, "AdamW", "exact"},
+                        {2, "AdamW", "gaussian"},  {3, "AdamW", "gaussian"},    {2, "AdamW", "gaussian", true},
+                        {3, "SGD", "gaussian", true}};
   for (const Case& k : cases) {
     Scenario s = sgd(1, k.world);
+    if (k.many) s.shape = {5, 3, 9, 2, 7, 4, 6};
     s.dtype = "bf16";
     s.grad_accum_dtype = "f32";
     s.clip = 0.05;
