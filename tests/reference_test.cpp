@@ -346,10 +346,8 @@ TEST(DeepSpeedReference, Bf16OptimizerNormAndClipAreDeepSpeedsBitForBit) {
   struct Case { int world; const char* opt; const char* domain; bool many = false; };
   // `many`: seven params, where torch's sum of the stacked norms could take another order than
   // zerocheck's left-to-right one.
-  const Case cases[] = {{1, "SGD", "exact"},       {1, "AdamW", "exact"},       {2, "SGD", "exact"},
-                        {2, "AdamW", "exact"},     {3, "SGD", "exact"},         {3, "AdamW", "exact"},
-                        {2, "AdamW", "gaussian"},  {3, "AdamW", "gaussian"},    {2, "AdamW", "gaussian", true},
-                        {3, "SGD", "gaussian", true}};
+  const Case cases[] = {{1, "AdamW", "exact"},    {2, "SGD", "exact"},         {3, "AdamW", "exact"},
+                        {3, "AdamW", "gaussian"}, {2, "AdamW", "gaussian", true}, {3, "SGD", "gaussian", true}};
   for (const Case& k : cases) {
     Scenario s = sgd(1, k.world);
     if (k.many) s.shape = {5, 3, 9, 2, 7, 4, 6};
@@ -374,10 +372,9 @@ TEST(DeepSpeedReference, Bf16OptimizerNormAndClipAreDeepSpeedsBitForBit) {
 // without the reorder (the key read and ignored, as before) its reduce calls differ there.
 TEST(DeepSpeedReference, RoundRobinGradientsAreDeepSpeedsBitForBit) {
   struct Case { int stage; int world; bool contiguous; const char* offload; const char* domain; bool multi_rank = true; };
-  const Case cases[] = {{1, 2, true, "none", "exact"},         {2, 3, true, "none", "exact"},
-                        {2, 4, false, "none", "exact"},        {1, 3, true, "optimizer", "exact"},
-                        {2, 3, true, "optimizer", "gaussian"}, {2, 4, true, "none", "gaussian"},
-                        {2, 3, true, "none", "exact", false},  {1, 4, true, "none", "exact", false}};
+  const Case cases[] = {{2, 4, false, "none", "exact"},        {1, 3, true, "optimizer", "exact"},
+                        {2, 3, true, "optimizer", "gaussian"}, {2, 3, true, "none", "exact", false},
+                        {1, 4, true, "none", "exact", false}};
   for (const Case& k : cases) {
     Scenario s = sgd(k.stage, k.world);
     s.shape = {5, 3, 9, 2, 7, 4, 6};
