@@ -116,3 +116,180 @@ def _controls(layer, fake):
 
 
 PROBES = {"i4": probe_i4}
+
+
+# I3 on DeepSpeed (SPEC's invariant I3): with only parallelization passes (autosp, autotp), the
+# DeepCompile runtime must never be loaded. DeepCompile's handle is get_deepcompile_handle()
+# (deepspeed/compile/util.py:48), which loads DeepCompileBuilder once into the module global
+# dc_handle; six modules import the function by name. The recorder replaces the builder (so every
+# load is seen, whoever calls) and wraps the name in each importing module (so every request is
+# seen), and checks both on itself first: each of the six names, called once, must be counted.
+_HANDLE_SITES = ["deepspeed.compile.util", "deepspeed.compile.backend", "deepspeed.compile.profilers.graph_profile",
+                 "deepspeed.compile.passes.zero_1_and_2_compile", "deepspeed.compile.passes.zero3_compile",
+                 "deepspeed.compile.passes.selective_gather", "deepspeed.runtime.engine"]
+
+
+class _HandleRecorder:
+    def __init__(self):
+        self.requests = []  # (module, ) per get_deepcompile_handle call
+        self.loads = 0
+        self.calls = []     # handle methods called
+
+    def handle(self):
+        recorder = self
+
+        class Handle:
+            def __getattr__(self, name):
+                def method(*args, **kwargs):
+                    recorder.calls.append(name)
+                return method
+        return Handle()
+
+
+def _install_recorder():
+    import importlib
+
+    import deepspeed.compile.util as util
+
+    rec = _HandleRecorder()
+    saved = {"builder": util.DeepCompileBuilder, "dc_handle": util.dc_handle, "names": {}}
+
+    class Builder:
+        def load(self):
+            rec.loads += 1
+            return rec.handle()
+
+    util.DeepCompileBuilder = Builder
+    util.dc_handle = None
+    for site in _HANDLE_SITES:
+        mod = importlib.import_module(site)
+        fn = getattr(mod, "get_deepcompile_handle")
+        saved["names"][site] = fn
+
+        def counted(fn=fn, site=site):
+            rec.requests.append(site)
+            return fn()
+        mod.get_deepcompile_handle = counted
+
+    def restore():
+        util.DeepCompileBuilder = saved["builder"]
+        util.dc_handle = saved["dc_handle"]
+        for site, fn in saved["names"].items():
+            importlib.import_module(site).get_deepcompile_handle = fn
+    return rec, restore
+
+
+class AttentionTwin(torch.nn.Module):
+    """A one-layer causal attention language model (embedding, q/k/v/o projections, SDPA, LM head,
+    cross entropy): the smallest graph AutoSP's pass recognises (it shards the sequence of the
+    input ids and labels and needs an SDPA node)."""
+
+    def __init__(self, vocab=32, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.q_proj = torch.nn.Linear(dim, dim, bias=False)
+        self.k_proj = torch.nn.Linear(dim, dim, bias=False)
+        self.v_proj = torch.nn.Linear(dim, dim, bias=False)
+        self.o_proj = torch.nn.Linear(dim, dim, bias=False)
+        self.lm_head = torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, input_ids, labels, position_ids=None):
+        x = self.embed(input_ids)
+        b, s, d = x.shape
+        h = self.heads
+
+        def split(t):
+            return t.view(b, s, h, d // h).transpose(1, 2)
+
+        a = torch.nn.functional.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(x)),
+                                                             split(self.v_proj(x)), is_causal=True)
+        y = self.o_proj(a.transpose(1, 2).reshape(b, s, d))
+        logits = self.lm_head(y)
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+
+def _i3_run(stage, passes):
+    """One engine through compile, forward/backward, step and destroy; what the recorder saw."""
+    import torch.distributed as tdist
+
+    rec, restore = _install_recorder()
+    out = {"stage": stage, "passes": passes}
+    engine = None
+    try:
+        torch.manual_seed(0)
+        model = AttentionTwin()
+        config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
+                  "optimizer": {"type": "SGD", "params": {"lr": 0.125}},
+                  "zero_optimization": {"stage": stage},
+                  "compile": {"deepcompile": True}}
+        if passes:
+            config["compile"]["passes"] = passes
+        if "autotp" in passes:
+            config["tensor_parallel"] = {"autotp_size": tdist.get_world_size()}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        try:
+            engine.compile(backend="inductor")
+            out["compiled"] = True
+        except Exception as e:
+            out["compiled"] = False
+            out["compile_error"] = f"{type(e).__name__}: {e}"[:300]
+        from deepspeed.compile.passes.sp_compile import prepare_autosp_inputs
+        ids = torch.randint(0, 32, (1, 8))
+        labels = torch.randint(0, 32, (1, 8))
+        pos = torch.arange(8).unsqueeze(0)
+        if "autosp" in passes:
+            ids, labels, pos, _ = prepare_autosp_inputs(ids, labels, pos)
+        try:
+            loss = engine(input_ids=ids, labels=labels, position_ids=pos)
+            engine.backward(loss)
+            engine.step()
+            out["trained"] = True
+        except Exception as e:
+            out["trained"] = False
+            out["train_error"] = f"{type(e).__name__}: {e}"[:300]
+    except Exception as e:
+        out["setup_error"] = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        if engine is not None:
+            try:
+                engine.destroy()
+            except Exception as e:
+                out["destroy_error"] = f"{type(e).__name__}: {e}"[:300]
+        restore()
+        torch._dynamo.reset()
+    out["handle_requests"] = sorted(set(rec.requests))
+    out["handle_loads"] = rec.loads
+    out["handle_calls"] = sorted(set(rec.calls))
+    out["handle_requested"] = bool(rec.requests or rec.loads)
+    return out
+
+
+def probe_i3():
+    import importlib
+
+    facts = {}
+    # The recorder on itself: every importing name is counted, and a load goes through the builder.
+    rec, restore = _install_recorder()
+    try:
+        for site in _HANDLE_SITES:
+            importlib.import_module(site).get_deepcompile_handle()
+        facts["recorder_sees_every_site"] = sorted(set(rec.requests)) == sorted(_HANDLE_SITES) and rec.loads == 1
+    finally:
+        restore()
+    runs = [_i3_run(stage, [p]) for p in ("autosp", "autotp") for stage in (0, 1, 2, 3)]
+    # Positive control: DeepCompile's own ZeRO-1 pass must request the handle on the same model.
+    control = _i3_run(1, [])
+    facts["runs"] = runs
+    facts["control_z1_deepcompile"] = control
+    facts["control_detected"] = control["handle_requested"]
+    facts["handle_requested_with_parallel_passes"] = [f"stage {r['stage']} {r['passes'][0]}" for r in runs
+                                                      if r["handle_requested"]]
+    facts["compiled"] = [f"stage {r['stage']} {r['passes'][0]}" for r in runs if r.get("compiled")]
+    facts["trained"] = [f"stage {r['stage']} {r['passes'][0]}" for r in runs if r.get("trained")]
+    facts["holds"] = bool(facts["recorder_sees_every_site"] and facts["control_detected"] and
+                          not facts["handle_requested_with_parallel_passes"])
+    return facts
+
+
+PROBES["i3"] = probe_i3
