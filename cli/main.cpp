@@ -12,6 +12,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <sstream>
+
 int main(int argc, char** argv) {
   CLI::App app{"zerocheck: a ZeRO engine, a deterministic simulated cluster and a verifier"};
   app.require_subcommand(1);
@@ -65,6 +67,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"deepspeed"}));
   verify_cmd->add_option("--deepspeed-cases", verify.deepspeed_cases, "Scenarios the DeepSpeed comparison draws")
       ->check(CLI::Range(1, 1000000));
+  verify_cmd->add_option("--deepspeed-i3", verify.deepspeed_i3, "I3 on DeepSpeed (about 2 min of inductor compiles): all "
+                         "(autosp and autotp at stages 0-3), off (the report says it did not run), or a list of "
+                         "pass:stage (autosp:0,autotp:0)")
+      ->check([](const std::string& v) -> std::string {
+        if (v == "all" || v == "off") return "";
+        std::istringstream list(v);
+        for (std::string item; std::getline(list, item, ',');) {
+          const auto colon = item.find(':');
+          const std::string pass = item.substr(0, colon), stage = colon == std::string::npos ? "" : item.substr(colon + 1);
+          if ((pass != "autosp" && pass != "autotp") || stage.size() != 1 || stage[0] < '0' || stage[0] > '3') {
+            return "'" + item + "' is not pass:stage with pass autosp or autotp and stage 0-3";
+          }
+        }
+        return "";
+      });
   verify_cmd->add_option("--resume", verify.resume, "Finish an interrupted run in this report directory: rerun only "
                          "the work items its journal.jsonl lacks (same options as that run)")->check(CLI::ExistingDirectory);
   verify_cmd->add_option("--item-timeout-s", verify.item_timeout_s, "A work item still running after this many seconds "

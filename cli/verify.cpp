@@ -238,6 +238,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   }
   if (o.against == "deepspeed") {
     opts.deepspeed_cases = o.deepspeed_cases;
+    opts.deepspeed_i3 = o.deepspeed_i3;
     props::reference_env();  // a missing environment is an error now, not after the other items
   }
   opts.hooks = real_hooks();

@@ -191,13 +191,58 @@ std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools&
   return recs;
 }
 
-nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools) {
+nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools, int world, const nlohmann::json& args) {
   ScratchDir dir;
-  pools.get(1).probe(name, dir.path);
+  pools.get(world).probe(name, dir.path, args.dump());
   std::ifstream in(dir.path / fmt::format("probe_{}.json", name));
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded()) throw UsageError(fmt::format("the DeepSpeed probe '{}' wrote no facts", name));
   return j;
+}
+
+nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, double timeout_s) {
+  nlohmann::json row = {
+      {"name", "deepspeed-I3-no-deepcompile-runtime-for-parallel-passes"},
+      {"explanation", "On DeepSpeed itself, world 2: with compile.deepcompile and only the autosp or autotp pass, "
+                      "stages 0-3, through initialize, compile, two forward/backward/step and destroy, "
+                      "DeepCompile's handle (compile/util.py get_deepcompile_handle, its builder replaced by a "
+                      "recorder) is never requested; positive controls: DeepCompile's ZeRO-1 pass, and B1's and "
+                      "B2's historical gates put back, must request it."}};
+  // A pool of its own, before and after: earlier scenarios' state must not reach the probe, and
+  // the probe's (AutoTP's process-wide TP groups) must not reach later scenarios.
+  pools.retire(2);
+  try {
+    pools.get(2).set_timeout(timeout_s);
+    nlohmann::json args = nlohmann::json::object();
+    if (!runs.empty()) args["runs"] = runs;
+    const nlohmann::json facts = probe_deepspeed("i3", pools, 2, args);
+    const nlohmann::json& lifecycles = facts.at("runs");
+    row["cases"] = lifecycles.size();
+    row["holds"] = facts.value("holds", false);
+    row["facts"] = facts;
+    if (!row["holds"].get<bool>()) {
+      std::vector<std::string> why;
+      if (!facts.value("recorder_sees_every_site", false)) why.push_back("the recorder missed a site of get_deepcompile_handle");
+      if (!facts.value("control_detected", false)) why.push_back("DeepCompile's ZeRO-1 pass did not request the handle (control)");
+      if (facts.contains("mutants_detected")) {
+        for (const auto& [gate, seen] : facts["mutants_detected"].items()) {
+          if (!seen.get<bool>()) why.push_back(fmt::format("with {}'s historical gate the handle was not requested (control)", gate));
+        }
+      }
+      if (facts.contains("handle_requested_with_parallel_passes")) {
+        for (const nlohmann::json& r : facts["handle_requested_with_parallel_passes"]) {
+          why.push_back(fmt::format("the handle was requested with {}", r.get<std::string>()));
+        }
+      }
+      row["failure"] = fmt::format("{}", fmt::join(why, "; "));
+    }
+  } catch (const ZcError& e) {
+    row["holds"] = false;
+    row["cases"] = 0;
+    row["failure"] = e.what();
+  }
+  pools.retire(2);
+  return row;
 }
 
 namespace {

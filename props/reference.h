@@ -67,9 +67,19 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
 // DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
 std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches = {});
 
-// A probe of DeepSpeed itself (reference/deepspeed/probes.py), run on a world of one: its facts.
-// "i4": copies, __reduce__ and fake-tensor reads of a ZeRO-3 module's ZeROOrderedDict.
-nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools);
+// A probe of DeepSpeed itself (reference/deepspeed/probes.py) on a world of `world`, with keyword
+// arguments `args`: its facts.
+// "i4" (world 1): copies, __reduce__ and fake-tensor reads of a ZeRO-3 module's ZeROOrderedDict.
+// "i3" (world 2; args {"runs": "autosp:0,..."} narrows it): DeepCompile's handle with autosp/autotp.
+nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools, int world = 1,
+                               const nlohmann::json& args = nlohmann::json::object());
+
+// I3 on DeepSpeed: the i3 probe at world 2 on a pool of its own, retired after it (AutoTP leaves
+// DeepSpeed's process-wide TP groups behind), with a deadline of `timeout_s`. runs: "" for all eight
+// lifecycles (autosp, autotp x stages 0-3), else the probe's list. The report's invariant row:
+// holds when the recorder sees every site, both positive controls (DeepCompile's ZeRO-1 pass; B1's
+// and B2's historical gates put back) request the handle, and no autosp/autotp lifecycle does.
+nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, double timeout_s);
 
 // A known divergence between the engine and DeepSpeed 0.19.8.
 struct DivergenceClass {
@@ -104,6 +114,9 @@ struct ReferenceOptions {
   int cases = 100;
   std::uint64_t seed = 1;
   std::filesystem::path out;  // counterexamples/ are written here
+  // I3 on DeepSpeed: "all" (eight lifecycles), "off" (the row says it did not run), or the probe's
+  // list of pass:stage.
+  std::string i3 = "all";
 };
 // The Z3 FPA witnesses (fpa_rounding_witness, f32 and bf16) run on DeepSpeed: world 2, ZeRO-2, one
 // element, each rank's two chunks the witness's gradients, per-backward (explicit boundary) and

@@ -306,9 +306,11 @@ void ReferencePool::run(const std::filesystem::path& dir) {
   broadcast_command(nlohmann::json{{"cmd", "run"}, {"dir", abs}}.dump() + "\n", "run " + dir.filename().string());
 }
 
-void ReferencePool::probe(const std::string& name, const std::filesystem::path& dir) {
+void ReferencePool::probe(const std::string& name, const std::filesystem::path& dir, const std::string& args_json) {
   const std::string abs = std::filesystem::absolute(dir).string();
-  broadcast_command(nlohmann::json{{"cmd", "probe"}, {"name", name}, {"dir", abs}}.dump() + "\n", "probe " + name);
+  const nlohmann::json args = nlohmann::json::parse(args_json);
+  broadcast_command(nlohmann::json{{"cmd", "probe"}, {"name", name}, {"dir", abs}, {"args", args}}.dump() + "\n",
+                    "probe " + name);
 }
 
 void ReferencePool::command_one(int rank, const std::string& json_line) {

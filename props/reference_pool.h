@@ -41,9 +41,9 @@ class ReferencePool {
   // Runs the scenario directory on every rank (each writes rank{R}.rec there). RankFailure when a
   // rank crashes, hangs past the timeout, or reports an error; the pool is then stopped.
   void run(const std::filesystem::path& dir);
-  // A probe of DeepSpeed itself (reference/deepspeed/probes.py) on every rank; rank 0 writes
-  // dir/probe_<name>.json. RankFailure as run().
-  void probe(const std::string& name, const std::filesystem::path& dir);
+  // A probe of DeepSpeed itself (reference/deepspeed/probes.py) on every rank, with the keyword
+  // arguments of args_json (a JSON object); rank 0 writes dir/probe_<name>.json. RankFailure as run().
+  void probe(const std::string& name, const std::filesystem::path& dir, const std::string& args_json = "{}");
   // A raw command to one rank (the pool's tests: "crash", "hang"), then waits as run() does.
   void command_one(int rank, const std::string& json_line);
   // The deadline of every later command (the start keeps the one it had).
@@ -82,6 +82,9 @@ class ReferencePools {
  public:
   explicit ReferencePools(ReferenceEnv env) : env_(std::move(env)) {}
   ReferencePool& get(int world);
+  // Stops that world's pool (its workers quit); the next get() starts fresh ones. For a probe that
+  // leaves process-wide DeepSpeed state behind (the I3 probe's AutoTP groups).
+  void retire(int world) { pools_.erase(world); }
   const ReferenceEnv& env() const { return env_; }
 
  private:

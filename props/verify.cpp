@@ -297,7 +297,7 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
   if (o.deepspeed_cases > 0) {
     items_.push_back({"deepspeed", [this] {
       ReferencePools pools(reference_env());
-      return run_reference_campaigns({opts_.deepspeed_cases, opts_.seed, opts_.out}, pools);
+      return run_reference_campaigns({opts_.deepspeed_cases, opts_.seed, opts_.out, opts_.deepspeed_i3}, pools);
     }});
   }
 }
@@ -310,8 +310,8 @@ nlohmann::json VerifyJob::run(std::size_t i, int attempt) const {
 }
 
 std::uint64_t VerifyJob::fingerprint() const {
-  std::string key = fmt::format("{}|{}|{}|{}|{}|{}", opts_.profile.name, opts_.profile.cases, opts_.profile.bug_cases,
-                                opts_.profile.proof_timeout_ms, opts_.seed, opts_.deepspeed_cases);
+  std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", opts_.profile.name, opts_.profile.cases, opts_.profile.bug_cases,
+                                opts_.profile.proof_timeout_ms, opts_.seed, opts_.deepspeed_cases, opts_.deepspeed_i3);
   for (const Item& item : items_) key += "|" + item.name;
   return fnv1a(key);
 }

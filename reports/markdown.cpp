@@ -112,9 +112,43 @@ std::string md_reference(const VerifyReport& r) {
                      row.value("diverged_in_listed_classes", 0), row.value("refused_by_both", 0), row.value("failed", 0));
   }
   s += "\n### Invariants on DeepSpeed itself\n\n| invariant | holds | cases | failure |\n|---|---|---:|---|\n";
+  const nlohmann::json* i3 = nullptr;
   for (const nlohmann::json& i : j.value("invariants_on_deepspeed", nlohmann::json::array())) {
+    if (i.contains("not_run")) {
+      s += fmt::format("| {} | not run ({}) | 0 | - |\n", code_or_dash(i.value("name", "")), md_text(i.value("not_run", "")));
+      continue;
+    }
     s += fmt::format("| {} | {} | {} | {} |\n", code_or_dash(i.value("name", "")), i.value("holds", false) ? "yes" : "**NO**",
                      i.value("cases", 0), code_or_dash(i.value("failure", "")));
+    if (i.contains("facts") && i["facts"].contains("mutants")) i3 = &i;
+  }
+  if (i3 != nullptr) {
+    // Each lifecycle of the I3 probe: which backend compile installed, how far DeepSpeed got, and
+    // whether DeepCompile's handle was requested.
+    const nlohmann::json& f = (*i3)["facts"];
+    s += "\nI3 on DeepSpeed, lifecycle by lifecycle (world 2; `deepcompile active`: compile installed the pass's "
+         "DeepCompile backend, else DeepSpeed fell back to torch's compiler):\n\n"
+         "| lifecycle | deepcompile active | reached | destroyed | handle requested | where DeepSpeed stopped |\n"
+         "|---|---|---|---|---|---|\n";
+    auto lifecycle = [&](const nlohmann::json& run, const std::string& label) {
+      const std::string stopped = run.contains("stopped")
+                                      ? fmt::format("{} ({})", run["stopped"].value("error", "").substr(0, 120),
+                                                    run["stopped"].value("deepspeed_frame", std::string("-")))
+                                      : "";
+      const nlohmann::json requests = run.value("handle_requests", nlohmann::json::array());
+      s += fmt::format("| {} | {} | {} | {} | {} | {} |\n", md_text(label),
+                       run.contains("deepcompile_active") ? (run["deepcompile_active"].get<bool>() ? "yes" : "no") : "-",
+                       md_text(run.value("reached", "")), run.value("destroyed", false) ? "yes" : "no",
+                       run.value("handle_requested", false) ? fmt::format("**yes** ({})", md_text(requests.dump())) : "no",
+                       stopped.empty() ? "-" : md_text(stopped));
+    };
+    for (const nlohmann::json& lc : f.value("runs", nlohmann::json::array())) {
+      lifecycle(lc, fmt::format("{} stage {}", lc["passes"].at(0).get<std::string>(), lc.value("stage", -1)));
+    }
+    if (f.contains("control_z1_deepcompile")) lifecycle(f["control_z1_deepcompile"], "control: DeepCompile z1 pass, stage 1");
+    for (const nlohmann::json& m : f.value("mutants", nlohmann::json::array())) {
+      lifecycle(m, fmt::format("control: autosp stage 0 with {}'s historical gate", m.value("mutant", "?")));
+    }
   }
   if (j.contains("i1_gaussian_on_deepspeed")) {
     const nlohmann::json& g = j["i1_gaussian_on_deepspeed"];

@@ -9,6 +9,7 @@ forward must not have its ds_status read (bug B6). A full pickle round trip of t
 succeed (ZeRO-3 params hold process groups and closures); the probe records that it fails and how.
 """
 import copy
+import os
 import pickle
 
 import torch
@@ -171,7 +172,15 @@ def _install_recorder():
             return fn()
         mod.get_deepcompile_handle = counted
 
+    # AutoSP's backend (compile/init_sp.py:17, passes/long_context_checkpointing.py:92) replaces
+    # torch's solve_min_cut with code exec'd from inspect.getsource of the original; a second AutoSP
+    # compile in the same process then raises "OSError: could not get source code". The probe puts
+    # the original back after each engine, so each run sees a fresh process's partitioner.
+    from torch._functorch import partitioners
+    saved["solve_min_cut"] = partitioners.solve_min_cut
+
     def restore():
+        partitioners.solve_min_cut = saved["solve_min_cut"]
         util.DeepCompileBuilder = saved["builder"]
         util.dc_handle = saved["dc_handle"]
         for site, fn in saved["names"].items():
@@ -179,43 +188,103 @@ def _install_recorder():
     return rec, restore
 
 
-class AttentionTwin(torch.nn.Module):
-    """A one-layer causal attention language model (embedding, q/k/v/o projections, SDPA, LM head,
-    cross entropy): the smallest graph AutoSP's pass recognises (it shards the sequence of the
-    input ids and labels and needs an SDPA node)."""
-
-    def __init__(self, vocab=32, dim=16, heads=2):
+class _Attention(torch.nn.Module):
+    def __init__(self, dim, head_dim):
         super().__init__()
-        self.heads = heads
-        self.embed = torch.nn.Embedding(vocab, dim)
+        self.head_dim = head_dim
         self.q_proj = torch.nn.Linear(dim, dim, bias=False)
         self.k_proj = torch.nn.Linear(dim, dim, bias=False)
         self.v_proj = torch.nn.Linear(dim, dim, bias=False)
         self.o_proj = torch.nn.Linear(dim, dim, bias=False)
-        self.lm_head = torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, x):
+        b, s = x.shape[0], x.shape[1]
+
+        # Heads from the projection's own width: under AutoTP each rank holds dim / tp of q, k, v
+        # (column-parallel) and o_proj's input is that width (row-parallel).
+        def heads(t):
+            return t.view(b, s, -1, self.head_dim).transpose(1, 2)
+
+        a = torch.nn.functional.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)),
+                                                             heads(self.v_proj(x)), is_causal=True)
+        return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+
+
+class AttentionTwin(torch.nn.Module):
+    """A one-layer causal attention language model (embedding, attn.{q,k,v,o}_proj, SDPA, output
+    head, cross entropy): the smallest graph AutoSP's pass recognises (it shards the sequence of the
+    tagged input ids and labels around an SDPA node), and one AutoTP partitions through a custom
+    partition_config (q/k/v column-parallel, o row-parallel; the head is not named lm_head, which
+    AutoTP would make an LmHeadLinearAllreduce that its compile pass refuses)."""
+
+    def __init__(self, vocab=32, dim=16, head_dim=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.attn = _Attention(dim, head_dim)
+        self.out_head = torch.nn.Linear(dim, vocab, bias=False)
 
     def forward(self, input_ids, labels, position_ids=None):
-        x = self.embed(input_ids)
-        b, s, d = x.shape
-        h = self.heads
-
-        def split(t):
-            return t.view(b, s, h, d // h).transpose(1, 2)
-
-        a = torch.nn.functional.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(x)),
-                                                             split(self.v_proj(x)), is_causal=True)
-        y = self.o_proj(a.transpose(1, 2).reshape(b, s, d))
-        logits = self.lm_head(y)
+        logits = self.out_head(self.attn(self.embed(input_ids)))
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
-def _i3_run(stage, passes):
-    """One engine through compile, forward/backward, step and destroy; what the recorder saw."""
+_AUTOTP_PARTITION = {"use_default_specs": False,
+                     "layer_specs": [{"patterns": [r".*\.[qkv]_proj\.weight$"], "partition_type": "column"},
+                                     {"patterns": [r".*\.o_proj\.weight$"], "partition_type": "row"}]}
+
+
+def _error(e):
+    """The exception and where it was raised: the innermost frame in DeepSpeed and the innermost
+    frame of all (file relative to site-packages, line, function)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+
+    def site(f):
+        path = f.filename.split("site-packages/")[-1]
+        return f"{path}:{f.lineno} {f.name}"
+
+    ds = [f for f in frames if "site-packages/deepspeed/" in f.filename]
+    return {"error": f"{type(e).__name__}: {e}"[:400], "deepspeed_frame": site(ds[-1]) if ds else None,
+            "innermost_frame": site(frames[-1]) if frames else None}
+
+
+def _b1_gate(engine_cls):
+    """Bug B1's historical backward gate: DeepCompile hooks unless autotp (autosp not exempt)."""
+    engine_cls.uses_parallelization_pass_only = lambda self: self.compile_autotp()
+
+
+def _b2_gate(engine_cls):
+    """Bug B2's historical destroy: the runtime's cleanup() under deepcompile_active alone."""
+    import deepspeed.runtime.engine as engine_mod
+
+    def cleanup(self):
+        self._deepcompile_native_initialized = False
+        if self._deepcompile_active:
+            engine_mod.get_deepcompile_handle().cleanup()
+    engine_cls._cleanup_deepcompile_native = cleanup
+
+
+def _i3_run(stage, passes, steps=2, mutant=None):
+    """One engine through compile, `steps` x (forward, backward, step) and destroy, as DeepSpeed's
+    own tests drive these passes (tests/unit/v1/compile/test_compile_autosp.py: sequence_parallel_size
+    = world, compile with dynamic shapes, inputs tagged; AutoTP through tensor_parallel.autotp_size and
+    a partition_config). Records how far the lifecycle got, with the error and its DeepSpeed frame
+    where it stopped, which backend compile installed, and what the recorder saw."""
     import torch.distributed as tdist
+    from deepspeed.compile import constants
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
     rec, restore = _install_recorder()
-    out = {"stage": stage, "passes": passes}
+    world = tdist.get_world_size()
+    out = {"stage": stage, "passes": passes, "reached": "setup"}
     engine = None
+    saved_methods = {k: DeepSpeedEngine.__dict__[k] for k in ("uses_parallelization_pass_only",
+                                                             "_cleanup_deepcompile_native")}
+    if mutant:
+        out["mutant"] = mutant
+        {"b1": _b1_gate, "b2": _b2_gate}[mutant](DeepSpeedEngine)
     try:
         torch.manual_seed(0)
         model = AttentionTwin()
@@ -225,47 +294,56 @@ def _i3_run(stage, passes):
                   "compile": {"deepcompile": True}}
         if passes:
             config["compile"]["passes"] = passes
-        if "autotp" in passes:
-            config["tensor_parallel"] = {"autotp_size": tdist.get_world_size()}
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-        try:
-            engine.compile(backend="inductor")
-            out["compiled"] = True
-        except Exception as e:
-            out["compiled"] = False
-            out["compile_error"] = f"{type(e).__name__}: {e}"[:300]
-        from deepspeed.compile.passes.sp_compile import prepare_autosp_inputs
-        ids = torch.randint(0, 32, (1, 8))
-        labels = torch.randint(0, 32, (1, 8))
-        pos = torch.arange(8).unsqueeze(0)
         if "autosp" in passes:
-            ids, labels, pos, _ = prepare_autosp_inputs(ids, labels, pos)
-        try:
+            config["sequence_parallel_size"] = world
+        if "autotp" in passes:
+            config["tensor_parallel"] = {"autotp_size": world, "partition_config": _AUTOTP_PARTITION}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        out["reached"] = "initialize"
+        engine.compile(backend="inductor", compile_kwargs={"dynamic": True} if "autosp" in passes else {})
+        out["reached"] = "compile"
+        out["deepcompile_active"] = bool(engine.is_deepcompile_active())
+        for i in range(steps):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, 32, (1, 8), generator=g)
+            labels = torch.randint(0, 32, (1, 8), generator=g)
+            pos = torch.arange(8).unsqueeze(0)
+            if "autosp" in passes:
+                ids.tag, labels.tag = constants.AUTOSP_INPUT_ID_KEY, constants.AUTOSP_LABEL_ID_KEY
+                pos.tag = constants.AUTOSP_POSITION_ID_KEY
             loss = engine(input_ids=ids, labels=labels, position_ids=pos)
+            out["reached"] = f"forward {i + 1}"
             engine.backward(loss)
+            out["reached"] = f"backward {i + 1}"
             engine.step()
-            out["trained"] = True
-        except Exception as e:
-            out["trained"] = False
-            out["train_error"] = f"{type(e).__name__}: {e}"[:300]
+            out["reached"] = f"step {i + 1}"
+            out.setdefault("losses", []).append(float(loss))
+        out["lifecycle_complete_before_destroy"] = True
     except Exception as e:
-        out["setup_error"] = f"{type(e).__name__}: {e}"[:300]
+        out["stopped"] = _error(e)
     finally:
         if engine is not None:
             try:
                 engine.destroy()
+                out["destroyed"] = True
             except Exception as e:
-                out["destroy_error"] = f"{type(e).__name__}: {e}"[:300]
+                out["destroyed"] = False
+                out["destroy_error"] = _error(e)
+        for k, v in saved_methods.items():
+            setattr(DeepSpeedEngine, k, v)
         restore()
         torch._dynamo.reset()
     out["handle_requests"] = sorted(set(rec.requests))
     out["handle_loads"] = rec.loads
     out["handle_calls"] = sorted(set(rec.calls))
+    # I3's second half: no runtime call before init().
+    out["calls_before_init"] = rec.calls[:rec.calls.index("init")] if "init" in rec.calls else list(rec.calls)
     out["handle_requested"] = bool(rec.requests or rec.loads)
     return out
 
 
-def probe_i3():
+def probe_i3(runs=None):
+    """runs: "pass:stage,..." (for instance "autosp:0,autotp:0"), else ZC_I3_RUNS, else all eight."""
     import importlib
 
     facts = {}
@@ -277,17 +355,32 @@ def probe_i3():
         facts["recorder_sees_every_site"] = sorted(set(rec.requests)) == sorted(_HANDLE_SITES) and rec.loads == 1
     finally:
         restore()
-    runs = [_i3_run(stage, [p]) for p in ("autosp", "autotp") for stage in (0, 1, 2, 3)]
-    # Positive control: DeepCompile's own ZeRO-1 pass must request the handle on the same model.
+    only = runs or os.environ.get("ZC_I3_RUNS")
+    pairs = ([(p.split(":")[0], int(p.split(":")[1])) for p in only.split(",")] if only else
+             [(p, stage) for p in ("autosp", "autotp") for stage in (0, 1, 2, 3)])
+    # Positive control: DeepCompile's own ZeRO-1 pass must request the handle on the same model. It
+    # runs first: an AutoTP engine leaves DeepSpeed's process-wide TP groups (runtime/engine.py:957,
+    # groups._init_tp_mesh_device) behind, and a later engine without TP then fails in
+    # _configure_distributed_model (engine.py:2169, mpu None with mp_world_size 2).
     control = _i3_run(1, [])
+    # Negative controls: the probe must see the handle requested when B1's or B2's historical gate
+    # is put back (AutoSP at stage 0, where compile installs AutoSP's backend). Before the AutoTP
+    # runs, for the same reason as the control.
+    mutants = [_i3_run(0, ["autosp"], steps=1, mutant=m) for m in ("b1", "b2")]
+    runs = [_i3_run(stage, [p]) for p, stage in pairs]
+    facts["mutants"] = mutants
+    facts["mutants_detected"] = {r["mutant"]: r["handle_requested"] for r in mutants}
+    name = lambda r: f"stage {r['stage']} {r['passes'][0]}"  # noqa: E731
     facts["runs"] = runs
     facts["control_z1_deepcompile"] = control
     facts["control_detected"] = control["handle_requested"]
-    facts["handle_requested_with_parallel_passes"] = [f"stage {r['stage']} {r['passes'][0]}" for r in runs
-                                                      if r["handle_requested"]]
-    facts["compiled"] = [f"stage {r['stage']} {r['passes'][0]}" for r in runs if r.get("compiled")]
-    facts["trained"] = [f"stage {r['stage']} {r['passes'][0]}" for r in runs if r.get("trained")]
+    facts["handle_requested_with_parallel_passes"] = [name(r) for r in runs if r["handle_requested"]]
+    facts["complete_lifecycles"] = [name(r) for r in runs
+                                    if r.get("lifecycle_complete_before_destroy") and r.get("destroyed")]
+    facts["incomplete_lifecycles"] = {name(r): {"reached": r["reached"], **r.get("stopped", {})}
+                                      for r in runs if name(r) not in facts["complete_lifecycles"]}
     facts["holds"] = bool(facts["recorder_sees_every_site"] and facts["control_detected"] and
+                          all(facts["mutants_detected"].values()) and
                           not facts["handle_requested_with_parallel_passes"])
     return facts
 

@@ -4,7 +4,7 @@ zerocheck (props/reference_pool.cpp) starts W of these per world size, one per r
 WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, MASTER_ADDR, MASTER_PORT, DS_ACCELERATOR=cpu, an empty
 CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS=1, and keeps them for many scenarios (importing DeepSpeed
 costs seconds). The protocol is one JSON object a line: on stdin {"cmd": "run", "dir": D},
-{"cmd": "probe", "name": N, "dir": D} (probes.py) or "quit" (and "crash" and "hang", for the pool's own tests), on the protocol pipe (the original
+{"cmd": "probe", "name": N, "dir": D, "args": {keyword arguments}} (probes.py) or "quit" (and "crash" and "hang", for the pool's own tests), on the protocol pipe (the original
 stdout; everything DeepSpeed prints goes to stderr) {"ok": true, "seconds": s} or
 {"ok": false, "error": "..."}.
 
@@ -67,7 +67,7 @@ def main():
         if cmd == "probe":
             try:
                 reset_process_state()
-                facts = probes.PROBES[msg["name"]]()
+                facts = probes.PROBES[msg["name"]](**msg.get("args", {}))
                 if ds_comm.get_rank() == 0:
                     with open(os.path.join(msg["dir"], f"probe_{msg['name']}.json"), "w") as f:
                         json.dump(facts, f)
