@@ -89,6 +89,10 @@ void print_reference_summary(const nlohmann::json& r) {
                r.value("failure", ""), r.value("scenario_file", ""));
   }
   for (const nlohmann::json& i : r.value("invariants_on_deepspeed", nlohmann::json::array())) {
+    if (i.contains("not_run")) {
+      fmt::print("  on DeepSpeed: {:<42} not run ({})\n", i.value("name", ""), i.value("not_run", ""));
+      continue;
+    }
     fmt::print("  on DeepSpeed: {:<42} holds {:<3} {:>4} cases\n", i.value("name", ""), i.value("holds", false) ? "yes" : "NO",
                i.value("cases", 0));
     if (i.contains("failure")) fmt::print("    {}\n", i.value("failure", ""));

@@ -113,7 +113,8 @@ std::string md_reference(const VerifyReport& r) {
   }
   s += "\n### Invariants on DeepSpeed itself\n\n| invariant | holds | cases | failure |\n|---|---|---:|---|\n";
   const nlohmann::json* i3 = nullptr;
-  for (const nlohmann::json& i : j.value("invariants_on_deepspeed", nlohmann::json::array())) {
+  const nlohmann::json on_ds = j.value("invariants_on_deepspeed", nlohmann::json::array());
+  for (const nlohmann::json& i : on_ds) {
     if (i.contains("not_run")) {
       s += fmt::format("| {} | not run ({}) | 0 | - |\n", code_or_dash(i.value("name", "")), md_text(i.value("not_run", "")));
       continue;
