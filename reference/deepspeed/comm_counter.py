@@ -81,7 +81,8 @@ class CommCounter:
                     self.bytes[kind] += _nbytes(tensor)
                 if self.trace:
                     site = [f for f in traceback.extract_stack()[:-1] if "/deepspeed/" in f.filename and "/comm/" not in f.filename]
-                    where = f"{site[-1].filename.split('/deepspeed/')[-1]}:{site[-1].lineno}" if site else "?"
+                    depth = 4 if os.environ.get("ZC_DS_TRACE_COMM") == "2" else 1  # 2: the four innermost DeepSpeed frames
+                    where = " < ".join(f"{f.filename.split('/deepspeed/')[-1]}:{f.lineno} {f.name}" for f in reversed(site[-depth:])) if site else "?"
                     print(f"zc-comm {kind} {method} {_nbytes(args[arg] if arg is not None and len(args) > arg else None)} B at {where}",
                           file=sys.stderr)
             self.depth += 1
