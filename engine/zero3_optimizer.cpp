@@ -39,6 +39,11 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
                                               MemCategory::params)
                                 : dev_.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat",
                                              MemCategory::params);
+  // zero.Init's conversion of a model built outside it (partition_parameters.py:1204,
+  // _zero_init_param): each param is broadcast from rank 0 once more (the engine's own
+  // _broadcast_model did it already), then partitioned; the optimizer's set-up then places three
+  // barriers (stage3.py:914, :765, :774).
+  for (Shard& s : shards_) comm_.broadcast(s.p->data, {.root = 0});
   for (Shard& s : shards_) {
     Parameter& p = *s.p;
     const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s.numel, world_, rank_);
@@ -55,6 +60,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     p.data = Tensor();  // partitioned: the full tensor is freed
     p.ds_status = ZeroStatus::not_available;
   }
+  comm_.barrier();  // _create_fp16_partitions_with_defragmentation
   Device& opt_dev = offload_opt ? cpu_->cpu() : dev_;
   master_ = opt_dev.alloc(DType::f32, {pn}, "fp32_partitioned_groups_flat", MemCategory::master);
   if (offload_opt == offload_par) {  // both on the CPU, or both on the device
@@ -64,7 +70,9 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   } else {  // params on the CPU, optimizer on the device: a real transfer up
     cpu_->to_device(master_, fp16_partition_);
   }
+  comm_.barrier();  // _setup_for_real_optimizer, after the fp32 partitions
   base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer", opts.adam_simd_width);
+  comm_.barrier();  // and after the optimizer states
   grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions", MemCategory::grads);
   if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition",
                                                 MemCategory::grads);
@@ -74,6 +82,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   already_reduced_.assign(shards_.size(), 0);
   micro_step_id_ = 0;  // SPEC 5: 0 at init for ZeRO-3
   check_external_params(model_);  // registered before the engine (DeepSpeed's zero.Init idiom)
+  number_modules(model_);
   install_hooks(model_);
   model_.set_param_coordinator(this);
   record(fmt::format("zero3 init: {} params, partition {} elements, offload optimizer {} param {}",
@@ -150,6 +159,7 @@ void Zero3Optimizer::all_gather(Parameter& p) {
 void Zero3Optimizer::install_hooks(Module& m) {
   m.add_pre_forward_hook([this](Module& mm) {
     if (&mm == &model_) {  // a new forward: the previous one's module order drives prefetch
+      reset_step();
       last_fwd_order_ = std::move(fwd_order_);
       fwd_order_.clear();
       fwd_stack_.clear();  // a forward that threw left its modules behind
@@ -157,6 +167,7 @@ void Zero3Optimizer::install_hooks(Module& m) {
     }
     fwd_order_.push_back(&mm);
     fwd_stack_.push_back(&mm);
+    record_fetch(mm);
     fetch_module(mm);
     prefetch_after(mm);
   }, this);
@@ -170,10 +181,80 @@ void Zero3Optimizer::install_hooks(Module& m) {
     if (&mm == &model_) {
       for (Shard& s : shards_) s.active = 0;  // the forward released every user
     }
+    record_fetch(mm);
     fetch_module(mm);
   }, this);
   m.add_post_backward_hook([this](Module& mm) { release_module(mm); }, this);
   for (auto& c : m.children()) install_hooks(*c);
+}
+
+// Note [ZeRO-3's trace checks]
+// DeepSpeed's parameter coordinator records the order of module fetches (every module's pre-forward
+// and pre-backward hook) in one forward/backward, and checks it is the same on every rank, at the
+// root's next forward (reset_step, partitioned_param_coordinator.py:250-277, called from the root's
+// forward pre-hook, parameter_offload.py:306). The trace starts INVALID. At the first forward it
+// checks the (empty) module list and starts recording; at the second it checks the module list, then
+// the param trace built from it (each recorded module's params, in fetch order: their ds_ids, then
+// the fetch step each was last used at) and the trace is COMPLETE: later forwards check nothing.
+// Each check (assert_ints_same_as_other_ranks, zero/utils.py:80-125) is two broadcasts from rank 0
+// of int64 tensors, the list's length [1] and the list itself [n] (an empty list still broadcasts),
+// and raises when a rank's list differs from rank 0's. DeepSpeed's tensors are int64; these are
+// f64, which holds the same small integers exactly in the same 8 bytes. zerocheck does not model
+// the COMPLETE trace's prefetch, nor a trace invalidated by a changed module order (DeepSpeed then
+// records again); its fetches are the per-module ones below (the listed divergence
+// stage3-collective-schedule covers the all_gathers).
+void Zero3Optimizer::number_modules(const Module& m) {
+  module_ids_.emplace(&m, static_cast<double>(module_ids_.size()));
+  for (const auto& c : m.children()) number_modules(*c);
+}
+
+void Zero3Optimizer::record_fetch(Module& m) {
+  if (trace_mode_ == TraceMode::record) submodule_order_.push_back(&m);
+}
+
+void Zero3Optimizer::assert_ints_same_as_other_ranks(const std::vector<double>& ints) {
+  const auto n = static_cast<std::int64_t>(ints.size());
+  Tensor len = dev_.alloc(DType::f64, {1}, "trace_check_length", MemCategory::temporaries);
+  if (!len.is_meta()) write_f64(dev_, len, std::vector<double>{rank_ == 0 ? static_cast<double>(n) : -1.0});
+  comm_.broadcast(len, {.root = 0});
+  const double rank0_n = item(dev_, len, static_cast<double>(n));
+  if (rank0_n != static_cast<double>(n)) {
+    throw UsageError(fmt::format("ZeRO-3's trace check: rank 0 recorded {} module fetches or params, rank {} "
+                                 "{}: every rank must run the same modules in the same order", rank0_n, rank_, n));
+  }
+  Tensor list = dev_.alloc(DType::f64, {n}, "trace_check_list", MemCategory::temporaries);
+  if (list.is_meta()) {
+    comm_.broadcast(list, {.root = 0});
+    return;
+  }
+  write_f64(dev_, list, rank_ == 0 ? ints : std::vector<double>(ints.size(), -1.0));
+  comm_.broadcast(list, {.root = 0});
+  if (to_f64(dev_, list) != ints) {
+    throw UsageError(fmt::format("ZeRO-3's trace check: rank {}'s module or param order differs from rank 0's: "
+                                 "every rank must run the same modules in the same order", rank_));
+  }
+}
+
+void Zero3Optimizer::reset_step() {
+  if (trace_mode_ == TraceMode::complete) return;
+  std::vector<double> modules;
+  for (const Module* m : submodule_order_) modules.push_back(module_ids_.at(m));
+  assert_ints_same_as_other_ranks(modules);
+  if (trace_mode_ == TraceMode::record) {
+    std::vector<double> ids, last_used;
+    for (std::size_t step = 0; step < submodule_order_.size(); ++step) {
+      for (Parameter* p : params_of(*const_cast<Module*>(submodule_order_[step]))) {
+        ids.push_back(static_cast<double>(find_shard(*p)));
+        last_used.push_back(static_cast<double>(step));
+      }
+    }
+    assert_ints_same_as_other_ranks(ids);
+    assert_ints_same_as_other_ranks(last_used);
+    trace_mode_ = TraceMode::complete;
+  } else {
+    trace_mode_ = TraceMode::record;
+  }
+  submodule_order_.clear();
 }
 
 // `why`: gathered_params for a module about to use it, prefetch ahead of use; a persistent

@@ -77,6 +77,11 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   };
 
   void install_hooks(Module& m);
+  // PartitionedParameterCoordinator.reset_step's trace checks (Note [ZeRO-3's trace checks]).
+  void reset_step();
+  void record_fetch(Module& m);
+  void number_modules(const Module& m);
+  void assert_ints_same_as_other_ranks(const std::vector<double>& ints);
   void fetch_module(Module& m);
   void release_module(Module& m);
   void prefetch_after(Module& m);
@@ -119,6 +124,11 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   bool epilogue_ran_ = false;
   bool any_partitioned_grads_ = false;
   std::int64_t prefetched_ = 0;
+  // The trace DeepSpeed records and checks across ranks (Note [ZeRO-3's trace checks]).
+  enum class TraceMode { invalid, record, complete };
+  TraceMode trace_mode_ = TraceMode::invalid;
+  std::map<const Module*, double> module_ids_;  // DeepSpeed's ds_id: the module's pre-order index
+  std::vector<const Module*> submodule_order_;  // fetches recorded in RECORD mode (forward and backward)
 };
 
 }  // namespace zc

@@ -330,7 +330,12 @@ Verdict check_cross_rank(const Scenario& s, const CheckContext& ctx) {
   return v;
 }
 
-std::int64_t calls(const RunResult& r) { return r.comm.at(0).total_calls(); }
+// Collectives of the reduction pass: all but broadcasts, which are the initial model broadcasts and
+// ZeRO-3's trace checks, issued at the first two forwards whatever the reduction does (Note
+// [ZeRO-3's trace checks]).
+std::int64_t calls(const RunResult& r) {
+  return r.comm.at(0).total_calls() - r.comm.at(0)[CollectiveKind::broadcast].calls;
+}
 
 Verdict check_one_pass(const Scenario& s, const CheckContext& ctx) {
   Scenario co = s, co1 = s, base = s;

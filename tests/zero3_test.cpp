@@ -119,6 +119,55 @@ TEST(Zero3, MicroStepIdFollowsTheSpecOverSeveralSteps) {
   EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 0, 0, 1, 2, 0, 0, 1, 2, 0}));
 }
 
+// Note [ZeRO-3's trace checks], counted by hand for an MLP of 3 Linear layers (6 params, 171
+// elements) at world 2, 3 steps of 2 backwards: construction broadcasts every param twice (the
+// engine's model broadcast and zero.Init's, 2 x 171 x 4 B) and places 3 barriers; the first
+// forward checks the empty module list (8 B, 0 B); the second checks the 8 recorded fetches (the
+// root and 3 layers, forward and backward: 8 B, 64 B), then the 12 param entries twice (8 B, 96 B
+// each); later forwards check nothing. DeepSpeed's counts for the same pattern are checked against
+// DeepSpeed itself by the reference tests (label deepspeed).
+TEST(Zero3, TraceChecksAreDeepSpeedsBroadcasts) {
+  const RunResult r = run_on_sim(mlp_spec(z3_config(0, 0), 2));
+  ASSERT_TRUE(r.ranks_agree) << r.disagreement;
+  for (int rank = 0; rank < 2; ++rank) {
+    const CommStats& init = r.comm_after_init.at(static_cast<std::size_t>(rank));
+    EXPECT_EQ(init[CollectiveKind::broadcast].calls, 12);
+    EXPECT_EQ(init[CollectiveKind::broadcast].bytes, 2 * 171 * 4);
+    EXPECT_EQ(init[CollectiveKind::barrier].calls, 3);
+    const CommStats& all = r.comm.at(static_cast<std::size_t>(rank));
+    EXPECT_EQ(all[CollectiveKind::broadcast].calls - init[CollectiveKind::broadcast].calls, 2 + 6);
+    EXPECT_EQ(all[CollectiveKind::broadcast].bytes - init[CollectiveKind::broadcast].bytes, 8 + 0 + 8 + 64 + 2 * (8 + 96));
+    EXPECT_EQ(all[CollectiveKind::barrier].calls, 3);
+  }
+}
+
+// A rank whose recorded fetches differ from rank 0's is named at the next forward's check.
+TEST(Zero3, ARankThatRecordsAnotherModuleOrderIsNamed) {
+  try {
+    sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
+      Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}}}}, 2);
+      Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
+      Rng rng(1);
+      model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+      Engine e(cfg, model, ctx.device, ctx.world);
+      Rng r(2);
+      const Batch b = upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32);
+      e.backward(e.forward(b));  // the first forward starts recording
+      if (ctx.rank == 1) {       // a module rank 0 does not run
+        Module& layer = *layers_of(model)[0];
+        layer.run_pre_forward();
+        layer.run_post_forward();
+      }
+      e.backward(e.forward(b));  // the second checks the recording
+    });
+    FAIL() << "accepted";
+  } catch (const RankFailure& f) {
+    EXPECT_NE(std::string(f.what()).find("rank 1 failed: UsageError: ZeRO-3's trace check: rank 0 recorded 6 module fetches or params, "
+                                         "rank 1 7: every rank must run the same modules in the same order"),
+              std::string::npos) << f.what();
+  }
+}
+
 TEST(Zero3, ReleasingAnInflightParamIsAnError) {
   try {
     sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
