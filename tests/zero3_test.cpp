@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 namespace zc::props {
 namespace {
 
@@ -142,16 +144,25 @@ TEST(Zero3, TraceChecksAreDeepSpeedsBroadcasts) {
 }
 
 // A rank whose recorded fetches differ from rank 0's is named at the next forward's check.
+// On each of 2 simulated ranks: an Mlp{4, 4, 4} under ZeRO-3 with these zero_optimization keys,
+// its engine and one exact batch, handed to `body`.
+void on_small_z3_mlp(nlohmann::json zero, const std::function<void(sim::RankContext&, Engine&, Mlp&, const Batch&)>& body) {
+  zero["stage"] = 3;
+  sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
+    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", zero}}, 2);
+    Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
+    Rng rng(1);
+    model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    Rng r(2);
+    const Batch b = upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32);
+    body(ctx, e, model, b);
+  });
+}
+
 TEST(Zero3, ARankThatRecordsAnotherModuleOrderIsNamed) {
   try {
-    sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
-      Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}}}}, 2);
-      Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
-      Rng rng(1);
-      model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
-      Engine e(cfg, model, ctx.device, ctx.world);
-      Rng r(2);
-      const Batch b = upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32);
+    on_small_z3_mlp(nlohmann::json::object(), [](sim::RankContext& ctx, Engine& e, Mlp& model, const Batch& b) {
       e.backward(e.forward(b));  // the first forward starts recording
       if (ctx.rank == 1) {       // a module rank 0 does not run
         Module& layer = *layers_of(model)[0];
@@ -170,15 +181,8 @@ TEST(Zero3, ARankThatRecordsAnotherModuleOrderIsNamed) {
 
 TEST(Zero3, ReleasingAnInflightParamIsAnError) {
   try {
-    sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
-      Config cfg = Config::from_json(
-          {{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 100000}, {"stage3_param_persistence_threshold", 0}}}}, 2);
-      Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
-      Rng rng(1);
-      model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
-      Engine e(cfg, model, ctx.device, ctx.world);
-      Rng r(2);
-      const Batch b = upload_batch(ctx.device, model.make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32);
+    on_small_z3_mlp({{"stage3_prefetch_bucket_size", 100000}, {"stage3_param_persistence_threshold", 0}},
+                    [](sim::RankContext&, Engine& e, Mlp& model, const Batch& b) {
       e.backward(e.forward(b));  // records the module order for prefetch
       std::vector<Module*> layers = layers_of(model);
       model.run_pre_forward();
