@@ -1,6 +1,7 @@
 #!/bin/bash
-# Runs one probe of probes.py on W ranks outside zerocheck's pool (for probes not yet wired into
-# `zerocheck verify --against deepspeed`, such as i3): reference/deepspeed/probe.sh NAME [W].
+# Runs one probe of probes.py on W ranks outside zerocheck's pool, to debug it (`zerocheck verify
+# --against deepspeed` runs i3 and i4 through the pool): reference/deepspeed/probe.sh NAME [W];
+# ZC_I3_RUNS="autosp:1,autotp:3" narrows i3.
 # Rank 0 writes the facts to ${ZC_PROBE_LOGS:-/tmp}/probe-NAME.json and prints the path; each rank's
 # output goes to probe-NAME-rankR.log there.
 set -euo pipefail
