@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
                          "pass:stage (autosp:0,autotp:0)")
       ->check([](const std::string& v) -> std::string {
         if (v == "all" || v == "off") return "";
+        if (v.empty() || v.back() == ',') return "an empty entry: give pass:stage items separated by commas";
         std::istringstream list(v);
         for (std::string item; std::getline(list, item, ',');) {
           const auto colon = item.find(':');

@@ -203,21 +203,26 @@ nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools, i
 nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, double timeout_s) {
   nlohmann::json row = {
       {"name", "deepspeed-I3-no-deepcompile-runtime-for-parallel-passes"},
-      {"explanation", "On DeepSpeed itself, world 2: with compile.deepcompile and only the autosp or autotp pass, "
-                      "stages 0-3, through initialize, compile, two forward/backward/step and destroy, "
+      {"explanation", "On DeepSpeed itself, world 2: with compile.deepcompile and only the autosp or autotp pass "
+                      "(the lifecycles in lifecycles_asked), through initialize, compile, two forward/backward/step and destroy, "
                       "DeepCompile's handle (compile/util.py get_deepcompile_handle, its builder replaced by a "
                       "recorder) is never requested; positive controls: DeepCompile's ZeRO-1 pass, and B1's and "
                       "B2's historical gates put back, must request it."}};
   // A pool of its own, before and after: earlier scenarios' state must not reach the probe, and
   // the probe's (AutoTP's process-wide TP groups) must not reach later scenarios.
-  pools.retire(2);
+  struct Retire {  // before and after, whatever the probe throws
+    ReferencePools& pools;
+    explicit Retire(ReferencePools& p) : pools(p) { pools.retire(2); }
+    ~Retire() { pools.retire(2); }
+  } retire(pools);
+  // The list always goes explicitly, so that nothing in the workers' environment (probe.sh's
+  // ZC_I3_RUNS) narrows "all".
+  const std::string list = runs.empty() ? "autosp:0,autosp:1,autosp:2,autosp:3,autotp:0,autotp:1,autotp:2,autotp:3" : runs;
+  row["lifecycles_asked"] = list;
   try {
     pools.get(2).set_timeout(timeout_s);
-    nlohmann::json args = nlohmann::json::object();
-    if (!runs.empty()) args["runs"] = runs;
-    const nlohmann::json facts = probe_deepspeed("i3", pools, 2, args);
-    const nlohmann::json& lifecycles = facts.at("runs");
-    row["cases"] = lifecycles.size();
+    const nlohmann::json facts = probe_deepspeed("i3", pools, 2, {{"runs", list}});
+    row["cases"] = facts.at("complete_lifecycles").size();
     row["holds"] = facts.value("holds", false);
     row["facts"] = facts;
     if (!row["holds"].get<bool>()) {
@@ -234,14 +239,19 @@ nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, d
           why.push_back(fmt::format("the handle was requested with {}", r.get<std::string>()));
         }
       }
+      if (facts.contains("unexpectedly_incomplete")) {
+        for (const auto& [lifecycle, where] : facts["unexpectedly_incomplete"].items()) {
+          why.push_back(fmt::format("{} stopped at {}, where DeepSpeed is not known to stop: {}", lifecycle,
+                                    where.value("reached", "?"), where.value("error", "")));
+        }
+      }
       row["failure"] = fmt::format("{}", fmt::join(why, "; "));
     }
-  } catch (const ZcError& e) {
+  } catch (const std::exception& e) {  // a worker failure, or facts without a field the row reads
     row["holds"] = false;
     row["cases"] = 0;
     row["failure"] = e.what();
   }
-  pools.retire(2);
   return row;
 }
 

@@ -134,7 +134,9 @@ std::string md_reference(const VerifyReport& r) {
     auto lifecycle = [&](const nlohmann::json& run, const std::string& label) {
       const std::string stopped = run.contains("stopped")
                                       ? fmt::format("{} ({})", run["stopped"].value("error", "").substr(0, 120),
-                                                    run["stopped"].value("deepspeed_frame", std::string("-")))
+                                                    run["stopped"].contains("deepspeed_frame") && run["stopped"]["deepspeed_frame"].is_string()
+                                                        ? run["stopped"]["deepspeed_frame"].get<std::string>()
+                                                        : std::string("-"))
                                       : "";
       const nlohmann::json requests = run.value("handle_requests", nlohmann::json::array());
       s += fmt::format("| {} | {} | {} | {} | {} | {} |\n", md_text(label),

@@ -245,8 +245,8 @@ def _error(e):
         return f"{path}:{f.lineno} {f.name}"
 
     ds = [f for f in frames if "site-packages/deepspeed/" in f.filename]
-    return {"error": f"{type(e).__name__}: {e}"[:400], "deepspeed_frame": site(ds[-1]) if ds else None,
-            "innermost_frame": site(frames[-1]) if frames else None}
+    return {"error": f"{type(e).__name__}: {e}"[:400], "deepspeed_frame": site(ds[-1]) if ds else "-",
+            "innermost_frame": site(frames[-1]) if frames else "-"}
 
 
 def _b1_gate(engine_cls):
@@ -342,8 +342,16 @@ def _i3_run(stage, passes, steps=2, mutant=None):
     return out
 
 
+# Lifecycles DeepSpeed 0.19.8 itself cannot finish: AutoTP at stage 3, whose forward under
+# fullgraph=True Dynamo refuses (PartitionedParameterCoordinator.reset_step, runtime/engine.py:3007).
+# Each must still get through compile; every other lifecycle must complete, or the probe fails.
+_I3_EXPECTED_INCOMPLETE = {"stage 3 autotp": "compile"}
+
+
 def probe_i3(runs=None):
-    """runs: "pass:stage,..." (for instance "autosp:0,autotp:0"), else ZC_I3_RUNS, else all eight."""
+    """runs: "pass:stage,..." (for instance "autosp:0,autotp:0"); zerocheck always sends it. Without
+    it (probe.sh), ZC_I3_RUNS, else all eight. AutoSP lifecycles run before AutoTP ones whatever the
+    order given (an AutoTP engine leaves DeepSpeed's TP groups behind)."""
     import importlib
 
     facts = {}
@@ -355,9 +363,10 @@ def probe_i3(runs=None):
         facts["recorder_sees_every_site"] = sorted(set(rec.requests)) == sorted(_HANDLE_SITES) and rec.loads == 1
     finally:
         restore()
-    only = runs or os.environ.get("ZC_I3_RUNS")
-    pairs = ([(p.split(":")[0], int(p.split(":")[1])) for p in only.split(",")] if only else
+    only = runs if runs is not None else os.environ.get("ZC_I3_RUNS")
+    pairs = ([(p.split(":")[0], int(p.split(":")[1])) for p in only.split(",") if p] if only else
              [(p, stage) for p in ("autosp", "autotp") for stage in (0, 1, 2, 3)])
+    pairs.sort(key=lambda ps: (ps[0] != "autosp", ps[1]))
     # Positive control: DeepCompile's own ZeRO-1 pass must request the handle on the same model. It
     # runs first: an AutoTP engine leaves DeepSpeed's process-wide TP groups (runtime/engine.py:957,
     # groups._init_tp_mesh_device) behind, and a later engine without TP then fails in
@@ -379,9 +388,13 @@ def probe_i3(runs=None):
                                     if r.get("lifecycle_complete_before_destroy") and r.get("destroyed")]
     facts["incomplete_lifecycles"] = {name(r): {"reached": r["reached"], **r.get("stopped", {})}
                                       for r in runs if name(r) not in facts["complete_lifecycles"]}
+    # A lifecycle that stopped where DeepSpeed is not known to stop proves nothing about I3.
+    facts["unexpectedly_incomplete"] = {n: v for n, v in facts["incomplete_lifecycles"].items()
+                                        if _I3_EXPECTED_INCOMPLETE.get(n) != v["reached"]}
     facts["holds"] = bool(facts["recorder_sees_every_site"] and facts["control_detected"] and
                           all(facts["mutants_detected"].values()) and
-                          not facts["handle_requested_with_parallel_passes"])
+                          not facts["handle_requested_with_parallel_passes"] and
+                          not facts["unexpectedly_incomplete"])
     return facts
 
 
