@@ -446,6 +446,35 @@ TEST_F(ReportsTest, MarkdownNamesEveryInvariantAndTheVerdict) {
   EXPECT_EQ(markdown_report(passing_report()).rfind("# zerocheck verify: PASS\n", 0), 0u);
 }
 
+// The DeepSpeed section's I3 table: a lifecycle per row, a stop with DeepSpeed's frame, one
+// without any (null, as a probe wrote it before: the table says "-"), and the controls.
+TEST(ReportsMarkdown, TheI3OnDeepSpeedTableShowsEachLifecycle) {
+  props::VerifyReport r = passing_report();
+  const nlohmann::json complete = {{"stage", 0}, {"passes", {"autosp"}}, {"reached", "step 2"}, {"deepcompile_active", true},
+                                   {"destroyed", true}, {"handle_requested", false}, {"handle_requests", nlohmann::json::array()}};
+  nlohmann::json stopped = {{"stage", 3}, {"passes", {"autotp"}}, {"reached", "compile"}, {"deepcompile_active", true},
+                            {"destroyed", true}, {"handle_requested", false}, {"handle_requests", nlohmann::json::array()},
+                            {"stopped", {{"error", "Unsupported: reset_step"}, {"deepspeed_frame", "deepspeed/runtime/engine.py:3007 forward"}}}};
+  nlohmann::json no_frame = stopped;
+  no_frame["stage"] = 2;
+  no_frame["stopped"]["deepspeed_frame"] = nullptr;
+  const nlohmann::json mutant = {{"stage", 0}, {"passes", {"autosp"}}, {"mutant", "b1"}, {"reached", "step 1"},
+                                 {"deepcompile_active", true}, {"destroyed", true}, {"handle_requested", true},
+                                 {"handle_requests", {"deepspeed.compile.util"}}};
+  r.reference = {{"deepspeed", "0.19.8"}, {"holds", true},
+                 {"invariants_on_deepspeed",
+                  {{{"name", "deepspeed-I3-no-deepcompile-runtime-for-parallel-passes"}, {"holds", true}, {"cases", 1},
+                    {"facts", {{"runs", {complete, stopped, no_frame}}, {"mutants", {mutant}}}}},
+                   {{"name", "deepspeed-I9-not-run"}, {"not_run", "--deepspeed-i3 off"}, {"cases", 0}}}}};
+  const std::string md = markdown_report(r);
+  EXPECT_NE(md.find("| autosp stage 0 | yes | step 2 | yes | no | - |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| autotp stage 3 | yes | compile | yes | no | Unsupported: reset\\_step (deepspeed/runtime/engine.py:3007 forward) |"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("| autotp stage 2 | yes | compile | yes | no | Unsupported: reset\\_step (-) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| control: autosp stage 0 with b1's historical gate | yes | step 1 | yes | **yes**"), std::string::npos) << md;
+  EXPECT_NE(md.find("| `deepspeed-I9-not-run` | not run (--deepspeed-i3 off) | 0 | - |"), std::string::npos) << md;
+}
+
 // ---- errors ----
 
 TEST_F(ReportsTest, UnwritablePathsAreUsageErrorsNamingPathAndReason) {
