@@ -243,7 +243,7 @@ void Zero3Optimizer::reset_step() {
   if (trace_mode_ == TraceMode::record) {
     std::vector<double> ids, last_used;
     for (std::size_t step = 0; step < submodule_order_.size(); ++step) {
-      for (Parameter* p : params_of(*const_cast<Module*>(submodule_order_[step]))) {
+      for (Parameter* p : params_of(*submodule_order_[step])) {
         ids.push_back(static_cast<double>(find_shard(*p)));
         last_used.push_back(static_cast<double>(step));
       }

@@ -128,7 +128,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   enum class TraceMode { invalid, record, complete };
   TraceMode trace_mode_ = TraceMode::invalid;
   std::map<const Module*, double> module_ids_;  // DeepSpeed's ds_id: the module's pre-order index
-  std::vector<const Module*> submodule_order_;  // fetches recorded in RECORD mode (forward and backward)
+  std::vector<Module*> submodule_order_;  // fetches recorded in RECORD mode (forward and backward)
 };
 
 }  // namespace zc

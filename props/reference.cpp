@@ -200,9 +200,11 @@ nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools, i
   return j;
 }
 
-nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, double timeout_s) {
+nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& lifecycles, double timeout_s) {
+  const std::string name = "deepspeed-I3-no-deepcompile-runtime-for-parallel-passes";
+  if (lifecycles == "off") return {{"name", name}, {"not_run", "--deepspeed-i3 off"}, {"cases", 0}};
   nlohmann::json row = {
-      {"name", "deepspeed-I3-no-deepcompile-runtime-for-parallel-passes"},
+      {"name", name},
       {"explanation", "On DeepSpeed itself, world 2: with compile.deepcompile and only the autosp or autotp pass "
                       "(the lifecycles in lifecycles_asked), through initialize, compile, two forward/backward/step and destroy, "
                       "DeepCompile's handle (compile/util.py get_deepcompile_handle, its builder replaced by a "
@@ -217,7 +219,8 @@ nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, d
   } retire(pools);
   // The list always goes explicitly, so that nothing in the workers' environment (probe.sh's
   // ZC_I3_RUNS) narrows "all".
-  const std::string list = runs.empty() ? "autosp:0,autosp:1,autosp:2,autosp:3,autotp:0,autotp:1,autotp:2,autotp:3" : runs;
+  const std::string list =
+      lifecycles == "all" ? "autosp:0,autosp:1,autosp:2,autosp:3,autotp:0,autotp:1,autotp:2,autotp:3" : lifecycles;
   row["lifecycles_asked"] = list;
   try {
     pools.get(2).set_timeout(timeout_s);

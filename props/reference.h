@@ -75,13 +75,14 @@ nlohmann::json probe_deepspeed(const std::string& name, ReferencePools& pools, i
                                const nlohmann::json& args = nlohmann::json::object());
 
 // I3 on DeepSpeed: the i3 probe at world 2 on a pool of its own, retired after it (AutoTP leaves
-// DeepSpeed's process-wide TP groups behind), with a deadline of `timeout_s`. runs: "" for all eight
-// lifecycles (autosp, autotp x stages 0-3), else the probe's list. The report's invariant row:
+// DeepSpeed's process-wide TP groups behind), with a deadline of `timeout_s`. lifecycles: "all" (autosp,
+// autotp x stages 0-3), "off" (a row saying it did not run, probe untouched), or the probe's list
+// of pass:stage. The report's invariant row:
 // holds when the recorder sees every site, the three positive controls (DeepCompile's ZeRO-1 pass;
 // B1's and B2's historical gates put back) request the handle, no autosp/autotp lifecycle does, and
 // every lifecycle completes but where DeepSpeed itself is known to stop (AutoTP at stage 3, after
 // compile). `cases`: the complete lifecycles.
-nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& runs, double timeout_s);
+nlohmann::json i3_on_deepspeed(ReferencePools& pools, const std::string& lifecycles, double timeout_s);
 
 // A known divergence between the engine and DeepSpeed 0.19.8.
 struct DivergenceClass {

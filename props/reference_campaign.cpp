@@ -627,14 +627,9 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   }
   if (!i4.value("holds", false)) j["holds"] = false;
   j["invariants_on_deepspeed"].push_back(i4);
-  if (opts.i3 == "off") {
-    j["invariants_on_deepspeed"].push_back({{"name", "deepspeed-I3-no-deepcompile-runtime-for-parallel-passes"},
-                                            {"not_run", "--deepspeed-i3 off"}, {"cases", 0}});
-  } else {
-    nlohmann::json i3 = i3_on_deepspeed(pools, opts.i3 == "all" ? "" : opts.i3, 900);
-    if (!i3.value("holds", false)) j["holds"] = false;
-    j["invariants_on_deepspeed"].push_back(std::move(i3));
-  }
+  nlohmann::json i3 = i3_on_deepspeed(pools, opts.i3, 900);
+  if (!i3.contains("not_run") && !i3.value("holds", false)) j["holds"] = false;
+  j["invariants_on_deepspeed"].push_back(std::move(i3));
   for (const nlohmann::json& k : j["classes"]) {
     if (!k.value("witness_diverges", false)) j["holds"] = false;
   }
