@@ -54,6 +54,8 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
   p.ranks = o.ranks == "all"              ? plan::PlanOptions::Ranks::all
             : o.ranks == "representative" ? plan::PlanOptions::Ranks::representative
                                           : plan::PlanOptions::Ranks::automatic;
+  if (o.schedule == "decoupled") p.schedule = sim::Schedule::decoupled;
+  if (o.schedule == "interleaved") p.schedule = sim::Schedule::interleaved;
   return p;
 }
 

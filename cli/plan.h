@@ -27,6 +27,7 @@ struct PlanCliOptions {
   bool json = false;
   bool no_deepspeed = false;
   std::string ranks = "auto";  // auto | all | representative
+  std::string schedule = "auto";  // auto | decoupled | interleaved (Note [Decoupled schedule])
   HfCliArgs hf;  // fill the config's "auto" values (the batch from --micro-batch, the buckets from the model)
 };
 

@@ -9,6 +9,7 @@
 #include "engine/comm.h"
 #include "engine/memory.h"
 #include "models/transformer.h"
+#include "sim/sim_cluster.h"
 
 #include <nlohmann/json.hpp>
 
@@ -64,8 +65,13 @@ struct PlanOptions {
   // Simulate every rank, or only a few representative ones (Note [Representative ranks]);
   // auto: all up to kFullSimulationRanks.
   enum class Ranks : std::uint8_t { automatic, all, representative } ranks = Ranks::automatic;
+  // How the simulated ranks take turns (Note [Decoupled schedule] in sim/sim_cluster.h); unset:
+  // decoupled, or interleaved for an MoE model (its expert-parallel groups need split()).
+  std::optional<sim::Schedule> schedule;
 };
 inline constexpr int kFullSimulationRanks = 1024;
+// Threads a decoupled plan runs its ranks on (SimOptions::threads; the figures do not depend on it).
+inline constexpr int kPlanThreads = 2;
 inline constexpr std::size_t kTimelineSamples = 240;  // per device, over the steps  // above it, automatic mode is representative
 
 // Note [Representative ranks] (sim/sim_cluster.h): the ranks a representative plan simulates,
@@ -93,6 +99,7 @@ struct PlanResult {
   std::int64_t micro_batch = 1, seq = 1;
   std::string dtype, offload;  // "bf16", "none" | "optimizer" | "optimizer+param" | "param"
   bool representative = false;
+  sim::Schedule schedule = sim::Schedule::decoupled;
   std::vector<int> simulated_ranks;
   int worst_rank = 0;            // the simulated rank with the largest device peak
   // Every simulated rank's figures (by simulated_ranks), the clock split of its last step.

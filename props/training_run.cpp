@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <tuple>
 
@@ -134,6 +135,7 @@ class BatchCache {
  public:
   BatchCache(const RunSpec& spec, int consumers) : spec_(spec), consumers_(consumers) {}
   HostBatch slice_for(const Model& model, int s, int m, int c, int rank) {
+    const std::lock_guard<std::mutex> lock(mutex_);  // ranks on threads (SimOptions::threads)
     const auto key = std::make_tuple(s, m, c);
     auto it = batches_.find(key);
     if (it == batches_.end()) it = batches_.emplace(key, std::make_pair(global_batch(spec_, model, s, m, c), 0)).first;
@@ -145,6 +147,7 @@ class BatchCache {
  private:
   const RunSpec& spec_;
   int consumers_;
+  std::mutex mutex_;
   std::map<std::tuple<int, int, int>, std::pair<HostBatch, int>> batches_;
 };
 
@@ -336,22 +339,22 @@ RunResult run_on_sim(const RunSpec& spec) {
   std::vector<RankRecord> recs(n);
   BatchCache cache(spec, static_cast<int>(n));
   sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, spec.sim);
-  result.timing.assign(n, {});
   result.comm_after_init.assign(n, CommStats{});
   result.sim = cluster.run([&](sim::RankContext& ctx) {
     const auto r = static_cast<std::size_t>(slot[static_cast<std::size_t>(ctx.rank)]);
     RunSpec mine = spec;  // the clock read after construction and after every step
     mine.after_init = [&, r](int rank, Engine& e) {
-      result.timing[r].push_back(ctx.timing);
+      ctx.sample_clock();
       result.comm_after_init[r] = e.comm().stats();
       if (spec.after_init) spec.after_init(rank, e);
     };
     mine.after_step = [&, r](int rank, int step, Engine& e, double loss) {
-      result.timing[r].push_back(ctx.timing);
+      ctx.sample_clock();
       if (spec.after_step) spec.after_step(rank, step, e, loss);
     };
     recs[r] = train(mine, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache, &ctx.cpu);
   });
+  result.timing = result.sim.clock_samples;  // Note [Decoupled schedule]: known after the run
   const RankRecord& r0 = recs[0];
   result.params = r0.params;
   result.grads = r0.grads;

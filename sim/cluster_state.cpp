@@ -51,9 +51,19 @@ std::string CallSig::describe_call() const {
 std::string Rendezvous::where() const { return fmt::format("group {} seq {}", group->name, seq); }
 
 ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions& options)
-    : world_size_(world_size), seed_(seed), options_(options), sched_rng_(Rng(seed).split(0)) {
+    : world_size_(world_size), seed_(seed), options_(options), sched_rng_(Rng(seed).split(0)),
+      decoupled_(options.schedule == Schedule::decoupled) {
   if (world_size < 1) {
     throw UsageError(fmt::format("SimCluster: world size {} must be at least 1", world_size));
+  }
+  if (decoupled_ && !options.meta) {
+    throw UsageError("SimOptions::schedule = decoupled needs SimOptions::meta: with data, a rank's "
+                     "results depend on the other ranks' inputs (Note [Decoupled schedule])");
+  }
+  if (decoupled_ && !options.faults.empty()) {
+    throw UsageError(fmt::format("SimOptions::schedule = decoupled with faults ({}): a fault needs the "
+                                 "interleaved scheduler (Note [Decoupled schedule])",
+                                 options.faults.front().str()));
   }
   const std::size_t fibers =
       options.simulated_ranks.empty() ? static_cast<std::size_t>(world_size) : options.simulated_ranks.size();
@@ -136,6 +146,10 @@ void check_faults(const std::vector<Fault>& faults, int world_size) {
   }
 }
 
+std::string_view schedule_name(Schedule s) {
+  return s == Schedule::decoupled ? "decoupled" : "interleaved";
+}
+
 std::string_view fault_kind_name(FaultKind k) {
   switch (k) {
     case FaultKind::slow_rank: return "slow_rank";
@@ -212,6 +226,22 @@ std::shared_ptr<Group> ClusterState::make_group(std::string name, std::vector<in
   return g;
 }
 
+RankContext ClusterState::context(RankState& rs) {
+  return RankContext{rs.rank, world_size_, *rs.device, *rs.cpu, *rs.world, rs.trace,
+                     Rng(seed_).split(1 + static_cast<std::uint64_t>(rs.rank)), rs.timing,
+                     [this, r = rs.rank] { sample_clock(r); }};
+}
+
+void ClusterState::sample_clock(int rank) {
+  RankState& rs = rank_state(rank);
+  if (!decoupled_) {
+    rs.samples.push_back(rs.timing);
+    return;
+  }
+  log_event(rs, ClockEvent::sample, *rs.world->group(), 0);
+  rs.sample_compute_us.push_back(rs.timing.compute_us);
+}
+
 void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
   for (auto& owned : ranks_) {
     RankState& rs = *owned;
@@ -220,8 +250,7 @@ void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
       if (tearing_down_) return std::move(sink);
       rs.sink = std::move(sink);
       try {
-        RankContext rc{rs.rank, world_size_, *rs.device, *rs.cpu, *rs.world, rs.trace,
-                       Rng(seed_).split(1 + static_cast<std::uint64_t>(rs.rank)), rs.timing};
+        RankContext rc = context(rs);
         fn(rc);
         drain(rs);
       } catch (const ctx::detail::forced_unwind&) {
@@ -248,6 +277,7 @@ void ClusterState::drain(RankState& rs) {
 SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
   std::exception_ptr failure;
   try {
+    if (decoupled_) return run_decoupled(fn);
     start_fibers(fn);
     while (finished_ < static_cast<int>(ranks_.size())) step_once();
   } catch (...) {
@@ -265,7 +295,10 @@ SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
       throw;
     }
   }
+  return result();
+}
 
+SimResult ClusterState::result() {
   SimResult result;
   result.schedule_hash = schedule_hash_;
   result.scheduler_steps = steps_;
@@ -277,6 +310,7 @@ SimResult ClusterState::run(const std::function<void(RankContext&)>& fn) {
     result.rank_comm_us.push_back(rs->timing.comm_us);
     result.rank_wait_us.push_back(rs->timing.wait_us);
     result.traces.push_back(std::move(rs->trace));
+    result.clock_samples.push_back(std::move(rs->samples));
   }
   return result;
 }
@@ -362,6 +396,7 @@ void ClusterState::on_device_op(int rank, std::int64_t flops, std::int64_t bytes
   const double t = options_.cost.compute_us(flops, bytes) * rs.slowdown;
   rs.timing.now_us += t;
   rs.timing.compute_us += t;
+  rs.since_event_us += t;  // Schedule::decoupled's record
   rs.trace.set_time(rs.timing.now_us);
 }
 

@@ -98,6 +98,30 @@ struct Rendezvous {
   std::shared_ptr<const TraceLine> issue_line, done_line;
 };
 
+// Schedule::decoupled (Note [Decoupled schedule]): a group's collective at one seq, fixed by the
+// first rank to issue it, and what the replay of the clocks keeps about it.
+struct DecoupledCall {
+  CallSig sig;
+  int first_rank = 0;
+  std::shared_ptr<const TraceLine> issue_line, done_line;  // as Note [One trace line per rendezvous]
+  // The replay: members issued so far, their latest issue time, and when it completes.
+  std::int64_t replay_issued = 0;
+  double replay_issue_us = 0.0;
+  bool replay_computed = false;
+  double replay_done_us = 0.0;
+  std::vector<int> replay_waiting;  // rank slots blocked on it
+};
+
+// One entry of a rank's record under Schedule::decoupled: what happened, on which collective, and
+// the compute time charged since the previous entry.
+struct ClockEvent {
+  enum Kind : std::uint8_t { issue, wait, sample };
+  double compute_us = 0.0;
+  std::uint32_t seq = 0;
+  std::uint16_t group = 0;
+  Kind kind = issue;
+};
+
 struct Group {
   std::uint64_t id = 0;
   std::string name;
@@ -106,6 +130,7 @@ struct Group {
   int size = 0;              // ranks in the group, simulated or not
   int first_rank = 0, last_rank = 0;  // the lowest and highest global rank of the whole group
   std::map<std::int64_t, std::shared_ptr<Rendezvous>> open;  // by seq, until computed
+  std::vector<DecoupledCall> calls;  // by seq, Schedule::decoupled only
 };
 
 struct RankState {
@@ -133,6 +158,12 @@ struct RankState {
   std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
   double slowdown = 1.0;         // FaultKind::slow_rank
   std::map<const Group*, std::int64_t> swapped_seq;  // FaultKind::reorder: the seq the next call takes
+  std::vector<RankTiming> samples;  // RankContext::sample_clock()
+  // Schedule::decoupled: the rank's record, the compute charged since its last entry, and the
+  // exact compute_us at each sample (the replay gives the rest of each sample).
+  std::vector<ClockEvent> clock_log;
+  double since_event_us = 0.0;
+  std::vector<double> sample_compute_us;
   explicit RankState(std::size_t max_events) : trace(max_events) {}
 };
 
@@ -160,8 +191,26 @@ class ClusterState {
     return *ranks_[static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(rank)])];
   }
   std::shared_ptr<Group> make_group(std::string name, std::vector<int> members);
+  void sample_clock(int rank);
 
  private:
+  RankContext context(RankState& rs);
+  // Note [Decoupled schedule] (sim/decoupled.cpp)
+  SimResult run_decoupled(const std::function<void(RankContext&)>& fn);
+  void run_one(const std::function<void(RankContext&)>& fn, RankState& rs);
+  int running_rank() const;  // whose code runs on this thread
+  WorkPtr issue_decoupled(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
+                          bool async_op);
+  void wait_decoupled(SimWork& work);
+  void log_event(RankState& rs, ClockEvent::Kind kind, const Group& group, std::int64_t seq);
+  void check_decoupled_counts() const;
+  void replay_clocks();
+  // The interleaved timing rules, shared with the replay: a collective of `group` whose last
+  // issue was at `issued_us` starts when every member's stream is free; a wait moves the clock.
+  double schedule_on(const Group& group, const CallSig& sig, double issued_us);
+  static void advance_to(RankState& rs, double done_us);
+  SimResult result();
+
   void start_fibers(const std::function<void(RankContext&)>& fn);
   void step_once();
   void block(int rank);
@@ -198,6 +247,8 @@ class ClusterState {
   int finished_ = 0;
   int current_ = -1;
   bool tearing_down_ = false;  // fibers never started must not run user code when destroyed
+  bool decoupled_ = false;     // Note [Decoupled schedule]
+  bool calls_fixed_ = false;   // decoupled: the first rank has run; groups' calls are read-only
 };
 
 class SimWork final : public Work, public std::enable_shared_from_this<SimWork> {

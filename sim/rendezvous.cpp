@@ -82,6 +82,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   if (in.defined()) check_read(r, op, in);
   if (out.defined()) check_write(r, op, out);
 
+  if (decoupled_) return issue_decoupled(comm, sig, in, out, async_op);  // Note [Decoupled schedule]
   Group* group = comm.group().get();
   const Fault* fault = fault_at(r, rs.collectives++);  // Note [Injected faults]
   if (fault != nullptr) {
@@ -170,9 +171,13 @@ void ClusterState::snapshot_live_inputs(RankState& rs) {
 
 void ClusterState::wait(SimWork& work) {
   if (work.waited_) return;
-  if (current_ != work.rank_) {
+  if (running_rank() != work.rank_) {
     throw UsageError(fmt::format("wait() on rank {}'s Work called from rank {}", work.rank_,
-                                 current_));
+                                 running_rank()));
+  }
+  if (decoupled_) {
+    wait_decoupled(work);
+    return;
   }
   RankState& rs = rank_state(work.rank_);
   Rendezvous& rv = *work.rv_;
@@ -197,8 +202,7 @@ void ClusterState::wait(SimWork& work) {
   // must not free this rank's memory (per-rank live-byte accounting).
   work.in_ = Tensor();
   work.out_ = Tensor();
-  if (rv.done_us > rs.timing.now_us) rs.timing.wait_us += rv.done_us - rs.timing.now_us;
-  rs.timing.now_us = std::max(rs.timing.now_us, rv.done_us);
+  advance_to(rs, rv.done_us);
   rs.trace.set_time(rs.timing.now_us);
   if (!rv.done_line) {
     rv.done_line = std::make_shared<const TraceLine>("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()));
@@ -292,20 +296,28 @@ void ClusterState::compute(Rendezvous& rv) {
 // The collective starts when every member has issued it and every member's communication stream
 // is free, and takes the cost model's time over the whole group (Note [Plan time model]).
 void ClusterState::schedule(Rendezvous& rv) {
-  const CallSig& sig = rv.members[0].sig;
-  double start = 0.0;
-  for (std::size_t g = 0; g < rv.members.size(); ++g) {
-    start = std::max({start, rv.members[g].issue_us, rank_state(rv.group->members[g]).comm_free_us});
-  }
+  double issued = 0.0;
+  for (const Member& m : rv.members) issued = std::max(issued, m.issue_us);
+  rv.done_us = schedule_on(*rv.group, rv.members[0].sig, issued);
+}
+
+double ClusterState::schedule_on(const Group& group, const CallSig& sig, double issued_us) {
+  double start = issued_us;
+  for (int member : group.members) start = std::max(start, rank_state(member).comm_free_us);
   const double duration = options_.cost.collective_us(
-      sig.kind, sig.bytes(), rv.group->size,
-      options_.cost.nodes_spanned(rv.group->first_rank, rv.group->last_rank));
-  rv.done_us = start + duration;
-  for (int member : rv.group->members) {
+      sig.kind, sig.bytes(), group.size, options_.cost.nodes_spanned(group.first_rank, group.last_rank));
+  const double done = start + duration;
+  for (int member : group.members) {
     RankState& ms = rank_state(member);
-    ms.comm_free_us = rv.done_us;
+    ms.comm_free_us = done;
     ms.timing.comm_us += duration;
   }
+  return done;
+}
+
+void ClusterState::advance_to(RankState& rs, double done_us) {
+  if (done_us > rs.timing.now_us) rs.timing.wait_us += done_us - rs.timing.now_us;
+  rs.timing.now_us = std::max(rs.timing.now_us, done_us);
 }
 
 // Each distinct result is hashed once (an all_reduce's is shared by every member).

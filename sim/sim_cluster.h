@@ -67,6 +67,12 @@ class InjectedCrash : public ZcError {
   using ZcError::ZcError;
 };
 
+// Note [Decoupled schedule]: how ranks take turns. interleaved: the seeded scheduler, a switch at
+// every collective. decoupled: meta mode only, each rank runs to its end in turn, and the clocks
+// are solved afterwards from each rank's record of its collectives.
+enum class Schedule : std::uint8_t { interleaved, decoupled };
+std::string_view schedule_name(Schedule s);
+
 struct SimOptions {
   // Meta mode (Note [Meta mode] in engine/model.h): every rank's device is a MetaDevice and its CPU
   // side too; collectives meet, check, count and take simulated time, and move no data.
@@ -82,7 +88,40 @@ struct SimOptions {
   // Note [Representative ranks]: simulate only these ranks of the world (sorted, distinct; empty:
   // every rank). Needs meta mode.
   std::vector<int> simulated_ranks;
+  Schedule schedule = Schedule::interleaved;  // Note [Decoupled schedule]
+  // Schedule::decoupled: threads the ranks after the first run on (the rank function must then be
+  // safe to run for different ranks at once); the results do not depend on it.
+  int threads = 1;
 };
+
+// Note [Decoupled schedule]
+// In meta mode no collective moves data, so what one rank computes never depends on another:
+// only its clock does (a collective completes when the last member issues it and its members'
+// communication streams are free). Schedule::decoupled uses that: the first simulated rank runs
+// to its end, then the others, each to its end, on SimOptions::threads threads (no fibers, no
+// switch at every collective, one rank's state hot in cache; a rank's results do not depend on
+// the threads), every collective returns a Work that wait() completes at once, and each
+// rank keeps a record of its issues, waits and clock samples with the compute time charged
+// between them. After the last rank, the record is replayed with the interleaved scheduler's own
+// timing rules (ClusterState::schedule_on and advance_to: a collective starts when every member
+// has issued it and every member's stream is free, and a wait moves the clock to its completion),
+// so each rank's clock is what the interleaved run gives it. What is checked where:
+//   - agreement: the first rank fixes every call, and a later rank with another call is a
+//     CollectiveMismatch naming both ranks and calls;
+//   - a rank that issues a collective the first rank did not, or fewer than it, is a Deadlock
+//     naming the collective and who issued it (found when the rank runs or after the last one,
+//     not while it waits); with several failing ranks, the lowest one's error is raised;
+//   - races: each rank's Work stays in its inflight list until waited, so the race detector is
+//     the interleaved one;
+//   - the trace: each rank records the same issue and done lines in the same order, so the trace
+//     hashes equal the interleaved run's.
+// Exact: memory, collectives, the trace hash, compute_us and comm_us (the same sums in the same
+// order). now_us and wait_us add each segment's compute as one sum instead of op by op, so they
+// may differ from the interleaved clock in the last bits (a relative 1e-12 for a 20,000-op step;
+// tests/sim_decoupled_test.cpp bounds it at 1e-9). Refused, with the reason: data (meta mode only),
+// faults (they need the interleaving), and split() (a rank would need its subgroup before the
+// ranks after it have named their colors). Kept event times (TraceEvent::time_us) are the
+// compute-only clock of the run, not the replayed one.
 
 // Note [Representative ranks]
 // Data-parallel ranks do the same work on their own partition, so a meta run can simulate a few
@@ -112,7 +151,10 @@ struct RankContext {
   Comm& world;     // the world group
   Trace& trace;    // this rank's event trace
   Rng rng;         // this rank's stream of the root seed
-  const RankTiming& timing;  // this rank's clock, read-only
+  const RankTiming& timing;  // this rank's clock, read-only (provisional under Schedule::decoupled)
+  // Records the rank's clock now into SimResult::clock_samples (under Schedule::decoupled, the
+  // clock the replay gives this point).
+  std::function<void()> sample_clock;
 };
 
 struct SimResult {
@@ -125,6 +167,8 @@ struct SimResult {
   // Per rank: compute charged, time its communication stream was busy, and time blocked in
   // wait() (communication not hidden behind compute).
   std::vector<double> rank_compute_us, rank_comm_us, rank_wait_us;
+  // Per simulated rank, the clock at each RankContext::sample_clock() call, in call order.
+  std::vector<std::vector<RankTiming>> clock_samples;
 };
 
 class SimCluster {
