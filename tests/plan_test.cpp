@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace zc::plan {
 namespace {
 
@@ -172,6 +174,66 @@ TEST(Plan, RepresentativeRanksGiveTheFullSimulationsFigures) {
         EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
       }
     }
+  }
+}
+
+// Note [Decoupled schedule]: every rank's figures are the interleaved scheduler's; memory,
+// collectives, compute and communication exactly, the clock (which adds a segment's compute as
+// one sum) to a relative 1e-9.
+TEST(Plan, TheDecoupledScheduleGivesTheInterleavedSchedulesFigures) {
+  auto close = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({std::abs(a), std::abs(b), 1.0}); };
+  for (int stage : {0, 1, 2, 3}) {
+    for (int world : {1, 8, 12, 16}) {
+      for (const nlohmann::json& extra : {nlohmann::json{{"overlap_comm", stage >= 2}},
+                                          nlohmann::json{{"offload_optimizer", {{"device", "cpu"}}}}}) {
+        if (stage == 0 && extra.contains("offload_optimizer")) continue;
+        PlanOptions inter = tiny(stage, world, extra);
+        inter.ranks = PlanOptions::Ranks::all;
+        inter.schedule = sim::Schedule::interleaved;
+        PlanOptions dec = inter;
+        dec.schedule = sim::Schedule::decoupled;
+        const PlanResult a = run_plan(inter, hardware()), b = run_plan(dec, hardware());
+        ASSERT_EQ(b.schedule, sim::Schedule::decoupled);
+        ASSERT_EQ(a.ranks.size(), b.ranks.size());
+        for (std::size_t i = 0; i < a.ranks.size(); ++i) {
+          const PlanResult::RankFigures &ra = a.ranks[i], &rb = b.ranks[i];
+          const std::string what = fmt::format("stage {} world {} {} rank {}", stage, world, extra.dump(), ra.rank);
+          EXPECT_EQ(ra.device.peak, rb.device.peak) << what;
+          EXPECT_EQ(ra.device.at_peak, rb.device.at_peak) << what;
+          EXPECT_EQ(ra.device.category_peaks, rb.device.category_peaks) << what;
+          EXPECT_EQ(ra.device.construction_peak, rb.device.construction_peak) << what;
+          EXPECT_EQ(ra.cpu.peak, rb.cpu.peak) << what;
+          EXPECT_EQ(ra.cpu.category_peaks, rb.cpu.category_peaks) << what;
+          ASSERT_EQ(ra.collectives.size(), rb.collectives.size()) << what;
+          for (std::size_t c = 0; c < ra.collectives.size(); ++c) {
+            EXPECT_EQ(ra.collectives[c].calls, rb.collectives[c].calls) << what;
+            EXPECT_EQ(ra.collectives[c].bytes, rb.collectives[c].bytes) << what;
+          }
+          EXPECT_EQ(ra.compute_us, rb.compute_us) << what;
+          EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
+          EXPECT_TRUE(close(ra.wait_us, rb.wait_us)) << what << ": " << ra.wait_us << " vs " << rb.wait_us;
+          EXPECT_TRUE(close(ra.step_us, rb.step_us)) << what << ": " << ra.step_us << " vs " << rb.step_us;
+        }
+        EXPECT_TRUE(close(a.step_us, b.step_us)) << stage << " " << world;
+        EXPECT_TRUE(close(a.exposed_comm_us, b.exposed_comm_us)) << stage << " " << world;
+      }
+    }
+  }
+}
+
+TEST(Plan, AnMoePlanKeepsTheInterleavedScheduleItsGroupsNeed) {
+  PlanOptions o = tiny(2, 4);
+  o.model = transformer_preset("mixtral-tiny");
+  o.ds_config["moe"] = {{"ep_size", 2}};
+  o.ranks = PlanOptions::Ranks::all;
+  EXPECT_EQ(run_plan(o, hardware()).schedule, sim::Schedule::interleaved);
+  o.schedule = sim::Schedule::decoupled;
+  try {
+    run_plan(o, hardware());
+    ADD_FAILURE() << "a decoupled MoE plan ran";
+  } catch (const RankFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("split() on world under SimOptions::schedule = decoupled"),
+              std::string::npos) << e.what();
   }
 }
 

@@ -1,0 +1,179 @@
+// Schedule::decoupled (Note [Decoupled schedule] in sim/sim_cluster.h): the interleaved run's
+// clocks, traces and counts from ranks that run to their end in turn, on one thread or two, and
+// the errors it still names (mismatch, deadlock, race, the lowest failing rank) or refuses to run.
+#include "engine/errors.h"
+#include "sim/sim_cluster.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace zc::sim {
+namespace {
+
+using Body = std::function<void(RankContext&)>;
+
+SimOptions options(Schedule schedule, int threads = 1) {
+  SimOptions o;
+  o.meta = true;
+  o.schedule = schedule;
+  o.threads = threads;
+  o.cost.gpus_per_node = 4;  // worlds past 4 cross the network: collectives take longer
+  return o;
+}
+
+Tensor meta(RankContext& ctx, std::int64_t n, const char* label) {
+  return ctx.device.alloc(DType::f32, {n}, label, MemCategory::unattributed);
+}
+
+// Ranks whose compute differs (rank r's buffers are r + 1 times rank 0's), with async gathers and
+// reduce-scatters overlapping compute, blocking all-reduces and barriers, and a clock sample per
+// round: the waits, and so the clocks, depend on the other ranks.
+void program(RankContext& ctx) {
+  const std::int64_t W = ctx.world_size, r = ctx.rank;
+  for (int round = 0; round < 5; ++round) {
+    const std::int64_t n = 4096 * (round + 1);
+    Tensor work = meta(ctx, (r + 1) * (1 << 18), "work");
+    Tensor shard = meta(ctx, n, "shard"), gathered = meta(ctx, n * W, "gathered");
+    WorkPtr gather = ctx.world.all_gather(gathered, shard, {.async_op = true});
+    ctx.device.fill(work, 1.0);
+    ctx.device.axpy(work, 0.5, work);
+    Tensor flag = meta(ctx, 1000, "flag");
+    ctx.world.all_reduce(flag);
+    gather->wait();
+    Tensor grads = meta(ctx, n * W, "grads"), part = meta(ctx, n, "part");
+    WorkPtr rs = ctx.world.reduce_scatter(part, grads, {.async_op = true});
+    ctx.device.scale(work, 2.0);
+    if (round % 2 == 1) ctx.world.barrier();
+    rs->wait();
+    ctx.sample_clock();
+  }
+  Tensor tail = meta(ctx, (W - r) * (1 << 16), "tail");  // compute after the last collective
+  ctx.device.fill(tail, 0.0);
+}
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({std::abs(a), std::abs(b), 1.0}); }
+
+void expect_same_run(const SimResult& a, const SimResult& b, const std::string& what) {
+  EXPECT_EQ(a.trace_hash, b.trace_hash) << what;
+  ASSERT_EQ(a.rank_time_us.size(), b.rank_time_us.size()) << what;
+  for (std::size_t i = 0; i < a.rank_time_us.size(); ++i) {
+    EXPECT_TRUE(close(a.rank_time_us[i], b.rank_time_us[i])) << what << " rank " << i << ": "
+                                                            << a.rank_time_us[i] << " vs " << b.rank_time_us[i];
+    EXPECT_EQ(a.rank_compute_us[i], b.rank_compute_us[i]) << what << " rank " << i;
+    EXPECT_EQ(a.rank_comm_us[i], b.rank_comm_us[i]) << what << " rank " << i;
+    EXPECT_TRUE(close(a.rank_wait_us[i], b.rank_wait_us[i])) << what << " rank " << i;
+    ASSERT_EQ(a.clock_samples[i].size(), b.clock_samples[i].size()) << what << " rank " << i;
+    for (std::size_t s = 0; s < a.clock_samples[i].size(); ++s) {
+      const RankTiming &x = a.clock_samples[i][s], &y = b.clock_samples[i][s];
+      EXPECT_TRUE(close(x.now_us, y.now_us)) << what << " rank " << i << " sample " << s << ": " << x.now_us
+                                             << " vs " << y.now_us;
+      EXPECT_EQ(x.compute_us, y.compute_us) << what << " rank " << i << " sample " << s;
+      EXPECT_EQ(x.comm_us, y.comm_us) << what << " rank " << i << " sample " << s;
+      EXPECT_TRUE(close(x.wait_us, y.wait_us)) << what << " rank " << i << " sample " << s;
+    }
+  }
+}
+
+TEST(SimDecoupled, GivesTheInterleavedClocksTraceHashesAndCounts) {
+  for (int world : {1, 2, 3, 5, 8, 9}) {
+    const SimResult inter = SimCluster(world, 11, options(Schedule::interleaved)).run(program);
+    ASSERT_EQ(inter.clock_samples.size(), static_cast<std::size_t>(world));
+    ASSERT_EQ(inter.clock_samples[0].size(), 5u);
+    if (world > 1) {  // the clocks depend on the other ranks: the slowest rank sets the pace
+      EXPECT_GT(inter.rank_wait_us[0], 0.0) << "world " << world;
+      EXPECT_NE(inter.rank_time_us[0], inter.rank_compute_us[0] + inter.rank_comm_us[0]);
+    }
+    for (int threads : {1, 2}) {
+      const SimResult dec = SimCluster(world, 11, options(Schedule::decoupled, threads)).run(program);
+      expect_same_run(inter, dec, fmt::format("world {} threads {}", world, threads));
+      EXPECT_EQ(dec.scheduler_steps, 0);
+    }
+  }
+}
+
+TEST(SimDecoupled, ThreadsDoNotChangeABit) {
+  const SimResult one = SimCluster(7, 3, options(Schedule::decoupled, 1)).run(program);
+  const SimResult two = SimCluster(7, 3, options(Schedule::decoupled, 2)).run(program);
+  EXPECT_EQ(one.trace_hash, two.trace_hash);
+  EXPECT_EQ(one.rank_time_us, two.rank_time_us);
+  EXPECT_EQ(one.rank_wait_us, two.rank_wait_us);
+}
+
+template <class E>
+std::string error_of(const SimOptions& o, int world, const Body& body) {
+  try {
+    SimCluster(world, 1, o).run(body);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception: ") + e.what();
+  }
+  return "no exception";
+}
+
+TEST(SimDecoupled, AMismatchNamesBothRanksAndCalls) {
+  const std::string e = error_of<CollectiveMismatch>(options(Schedule::decoupled, 2), 4, [](RankContext& ctx) {
+    Tensor t = meta(ctx, ctx.rank == 2 ? 8 : 16, "t");
+    ctx.world.all_reduce(t);
+  });
+  EXPECT_NE(e.find("collective mismatch on group world seq 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0 called all_reduce(16 -> 16 x f32, sum, meta)"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 2 called all_reduce(8 -> 8 x f32, sum, meta)"), std::string::npos) << e;
+}
+
+TEST(SimDecoupled, ASkippedCollectiveIsADeadlockNamingIt) {
+  auto skip = [](int who) {
+    return [who](RankContext& ctx) {
+      Tensor t = meta(ctx, 4, "t");
+      ctx.world.all_reduce(t);
+      if (ctx.rank != who) ctx.world.barrier();
+    };
+  };
+  const std::string later = error_of<Deadlock>(options(Schedule::decoupled, 2), 5, skip(3));
+  EXPECT_NE(later.find("rank 3 never issued barrier() on group world seq 1, which rank 0 issued"),
+            std::string::npos) << later;
+  // The first rank skips it: the others issue a collective it never did.
+  const std::string first = error_of<Deadlock>(options(Schedule::decoupled, 2), 5, skip(0));
+  EXPECT_NE(first.find("rank 1 issued barrier() on group world seq 1, which rank 0 never issued"),
+            std::string::npos) << first;
+}
+
+TEST(SimDecoupled, WritingAPendingOutputIsStillARace) {
+  const std::string e = error_of<DataRace>(options(Schedule::decoupled, 2), 3, [](RankContext& ctx) {
+    Tensor in = meta(ctx, 4, "in"), out = meta(ctx, 12, "out");
+    WorkPtr w = ctx.world.all_gather(out, in, {.async_op = true});
+    if (ctx.rank == 1) ctx.device.fill(out, 0.0);
+    w->wait();
+  });
+  EXPECT_NE(e.find("rank 1: fill writes"), std::string::npos) << e;
+  EXPECT_NE(e.find("call wait() on that Work"), std::string::npos) << e;
+}
+
+TEST(SimDecoupled, TheLowestFailingRankIsReportedWhateverTheThreads) {
+  for (int threads : {1, 2}) {
+    const std::string e = error_of<RankFailure>(options(Schedule::decoupled, threads), 8, [](RankContext& ctx) {
+      Tensor t = meta(ctx, 4, "t");
+      ctx.world.all_reduce(t);
+      if (ctx.rank == 3 || ctx.rank == 6) throw ConfigError(fmt::format("rank {} refuses", ctx.rank));
+    });
+    EXPECT_NE(e.find("rank 3 failed: ConfigError: rank 3 refuses"), std::string::npos) << e;
+  }
+}
+
+TEST(SimDecoupled, WhatItCannotRunIsRefusedWithTheReason) {
+  SimOptions data = options(Schedule::decoupled);
+  data.meta = false;
+  EXPECT_NE(error_of<UsageError>(data, 2, program).find("needs SimOptions::meta"), std::string::npos);
+  SimOptions faulty = options(Schedule::decoupled);
+  faulty.faults.push_back(Fault{FaultKind::crash, 1, 0});
+  EXPECT_NE(error_of<UsageError>(faulty, 2, program).find("a fault needs the interleaved scheduler"),
+            std::string::npos);
+  const std::string split = error_of<RankFailure>(options(Schedule::decoupled), 4, [](RankContext& ctx) {
+    ctx.world.split(ctx.rank % 2, ctx.rank);
+  });
+  EXPECT_NE(split.find("split() on world under SimOptions::schedule = decoupled"), std::string::npos) << split;
+}
+
+}  // namespace
+}  // namespace zc::sim
