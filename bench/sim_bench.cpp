@@ -5,6 +5,8 @@
 //     (collective time) / (memcpy time).
 //   - SchedulerCost: the scheduler's cost per rank per collective (a 1-element all_reduce) at
 //     worlds 8 to 4096, with cluster start-up measured separately and subtracted.
+//   - SchedulerCostDecoupled: the same for a meta all_reduce under Schedule::decoupled, against the
+//     interleaved scheduler on the same meta program.
 #include "sim/sim_cluster.h"
 
 #include <benchmark/benchmark.h>
@@ -83,7 +85,7 @@ BENCHMARK(SimReduceScatter)->Arg(1 << 12)->Arg(1 << 16)->Arg(1 << 20)->UseManual
 // x C). Small fiber stacks so that 4096 ranks fit comfortably.
 void SchedulerCost(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
-  const int collectives = world >= 1024 ? 16 : 32;
+  const int collectives = world >= 1024 ? 64 : 32;
   SimOptions opts;
   opts.fiber_stack_bytes = 64 * 1024;
   auto run = [&](int count) {
@@ -108,6 +110,44 @@ void SchedulerCost(benchmark::State& state) {
       setup_s / static_cast<double>(state.iterations()) / world * 1e6;
 }
 BENCHMARK(SchedulerCost)->Arg(8)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The same per rank per collective under Schedule::decoupled (Note [Decoupled schedule]), the
+// schedule meta runs (zerocheck plan) use: a meta all_reduce, one thread and two, the replay of
+// the clocks included, no trace events kept (as the plan runs). "x_interleaved_meta" divides it by the interleaved scheduler's cost for the
+// same meta program in the same run.
+void SchedulerCostDecoupled(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const int collectives = 64;
+  auto run = [&](int count, zc::sim::Schedule schedule) {
+    SimOptions opts;
+    opts.meta = true;
+    opts.fiber_stack_bytes = 64 * 1024;
+    opts.schedule = schedule;
+    opts.threads = threads;
+    opts.limits.max_trace_events_kept = 0;  // as zerocheck plan runs (the hash covers every event)
+    const auto t0 = Clock::now();
+    SimCluster(world, 3, opts).run([&](RankContext& ctx) {
+      zc::Tensor t = ctx.device.alloc(zc::DType::f32, {1});
+      for (int i = 0; i < count; ++i) ctx.world.all_reduce(t);
+    });
+    return seconds_since(t0);
+  };
+  double per = 0, inter = 0;
+  for (auto _ : state) {
+    const double setup = run(0, zc::sim::Schedule::decoupled);
+    const double t = run(collectives, zc::sim::Schedule::decoupled);
+    state.SetIterationTime(t);
+    per += (t - setup) / (static_cast<double>(world) * collectives);
+    const double isetup = run(0, zc::sim::Schedule::interleaved);
+    inter += (run(collectives, zc::sim::Schedule::interleaved) - isetup) / (static_cast<double>(world) * collectives);
+  }
+  state.counters["ns_per_rank_collective"] = per / static_cast<double>(state.iterations()) * 1e9;
+  state.counters["interleaved_meta_ns"] = inter / static_cast<double>(state.iterations()) * 1e9;
+  state.counters["x_interleaved_meta"] = per / inter;
+}
+BENCHMARK(SchedulerCostDecoupled)->Args({1024, 1})->Args({4096, 1})->Args({4096, 2})->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -331,7 +331,7 @@ void ClusterState::step_once() {
   schedule_hash_ = mix64(schedule_hash_, static_cast<std::uint64_t>(r));
   RankState& rs = rank_state(r);
   rs.device_ops_since_yield = 0;
-  if (rs.live_inputs) snapshot_live_inputs(rs);  // Note [Inputs read at issue]
+  if (rs.live_inputs > 0) snapshot_live_inputs(rs);  // Note [Inputs read at issue]
   current_ = r;
   set_current_rank(r);
   rs.fiber = std::move(rs.fiber).resume();

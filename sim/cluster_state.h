@@ -133,30 +133,33 @@ struct Group {
   std::vector<DecoupledCall> calls;  // by seq, Schedule::decoupled only
 };
 
-struct RankState {
+// Laid out hot first: what the scheduler and a collective touch on every switch shares the first
+// cache lines (at thousands of ranks every switch finds the rank's state cold).
+struct alignas(64) RankState {
   int rank = 0;
-  boost::context::fiber fiber;  // resumes the rank
-  boost::context::fiber sink;   // resumes the scheduler
   bool finished = false;
   bool blocked = false;
-  std::shared_ptr<Rendezvous> blocked_on;
-  int blocked_member = -1;  // its slot in blocked_on; the call is described only for an error
-  std::exception_ptr error;
-  Trace trace;
-  std::unique_ptr<Device> inner;  // HostDevice, or MetaDevice with SimOptions::meta
-  std::unique_ptr<Device> cpu;    // the CPU side of offload (RankContext::cpu), same kind
-  std::unique_ptr<SimDevice> device;
-  std::unique_ptr<SimComm> world;
+  // Inflight collectives whose input is still read in place (Note [Inputs read at issue]).
+  int live_inputs = 0;
+  boost::context::fiber fiber;  // resumes the rank
+  boost::context::fiber sink;   // resumes the scheduler
   std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
-  bool live_inputs = false;  // an inflight collective may read its input in place (Note [Inputs read at issue])
+  std::int64_t device_ops_since_yield = 0;
+  double comm_free_us = 0.0;  // when the rank's communication stream is next free
   // The simulated clock and its split (zerocheck plan): compute charged, collective time on
   // this rank's communication stream (collectives run one after another on it, as NCCL's do),
   // and time spent blocked in wait() past the rank's own clock (exposed communication).
   RankTiming timing;
-  double comm_free_us = 0.0;  // when the rank's communication stream is next free
-  std::int64_t device_ops_since_yield = 0;
   std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
   double slowdown = 1.0;         // FaultKind::slow_rank
+  Trace trace;
+  std::shared_ptr<Rendezvous> blocked_on;
+  int blocked_member = -1;  // its slot in blocked_on; the call is described only for an error
+  std::exception_ptr error;
+  std::unique_ptr<Device> inner;  // HostDevice, or MetaDevice with SimOptions::meta
+  std::unique_ptr<Device> cpu;    // the CPU side of offload (RankContext::cpu), same kind
+  std::unique_ptr<SimDevice> device;
+  std::unique_ptr<SimComm> world;
   std::map<const Group*, std::int64_t> swapped_seq;  // FaultKind::reorder: the seq the next call takes
   std::vector<RankTiming> samples;  // RankContext::sample_clock()
   // Schedule::decoupled: the rank's record, the compute charged since its last entry, and the
@@ -240,7 +243,8 @@ class ClusterState {
   std::vector<int> rank_slot_;  // global rank -> index in ranks_, -1 when not simulated
   std::vector<int> runnable_;
   std::vector<int> runnable_pos_;  // index in runnable_, or -1
-  std::vector<std::shared_ptr<SimWork>> ready_;  // computed, not yet completed
+  // Computed, not yet completed; each is owned by its rank's inflight list until completed and waited.
+  std::vector<SimWork*> ready_;
   std::vector<std::shared_ptr<Group>> groups_;
   std::uint64_t schedule_hash_ = 0;
   std::int64_t steps_ = 0;

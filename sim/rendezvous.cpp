@@ -129,11 +129,10 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   m.split_key = split_key;
   const bool corrupts =
       fault != nullptr && (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan);
-  const bool last = rv->arrived + 1 == static_cast<int>(rv->members.size());
   if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // Note [Inputs read at issue]
     if (!corrupts) {
       m.live_input = static_cast<const std::byte*>(in.raw());
-      if (!last) rs.live_inputs = true;  // the last is computed below, before any yield
+      ++rs.live_inputs;  // compute() counts it off (the last member's below, before any yield)
     } else {
       m.input.resize(static_cast<std::size_t>(in.nbytes()));
       std::memcpy(m.input.data(), in.raw(), m.input.size());
@@ -165,8 +164,9 @@ void ClusterState::snapshot_live_inputs(RankState& rs) {
     ZC_ASSERT(!w->rv_->computed, "{} kept a live input after it was computed", w->rv_->where());
     m.input.assign(m.live_input, m.live_input + w->in_.nbytes());
     m.live_input = nullptr;
+    --rs.live_inputs;
   }
-  rs.live_inputs = false;
+  ZC_ASSERT(rs.live_inputs == 0, "rank {}: {} live inputs left after the snapshot", rs.rank, rs.live_inputs);
 }
 
 void ClusterState::wait(SimWork& work) {
@@ -281,13 +281,18 @@ void ClusterState::compute(Rendezvous& rv) {
       case CollectiveKind::split: break;
     }
   }
-  for (Member& m : rv.members) m.live_input = nullptr;  // read; it may change after this call
+  for (std::size_t g = 0; g < rv.members.size(); ++g) {  // read; it may change after this call
+    Member& m = rv.members[g];
+    if (m.live_input == nullptr) continue;
+    m.live_input = nullptr;
+    --rank_state(rv.group->members[g]).live_inputs;
+  }
   if (sig.kind == CollectiveKind::split) compute_split(rv);
   hash_results(rv);
   for (Member& m : rv.members) {
     ZC_ASSERT(m.work != nullptr, "member of {} has no Work", rv.where());
     m.work->ready_pos_ = static_cast<int>(ready_.size());
-    ready_.push_back(m.work->shared_from_this());
+    ready_.push_back(m.work);
   }
   for (int waiter : rv.waiting) make_runnable(waiter);
   rv.waiting.clear();
@@ -383,9 +388,9 @@ void ClusterState::complete(SimWork& work) {
 void ClusterState::drop_ready(SimWork& work) {
   const int pos = work.ready_pos_;
   ZC_ASSERT(pos >= 0 && pos < static_cast<int>(ready_.size()), "Work not in the ready list");
-  std::shared_ptr<SimWork> last = ready_.back();
+  SimWork* last = ready_.back();
   last->ready_pos_ = pos;
-  ready_[static_cast<std::size_t>(pos)] = std::move(last);
+  ready_[static_cast<std::size_t>(pos)] = last;
   ready_.pop_back();
   work.ready_pos_ = -1;
 }
