@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--hardware", plan.hardware, "Device, network and host figures (default: plan/hardware.json)");
   plan_cmd->add_flag("--json", plan.json, "Print JSON instead of the table");
   plan_cmd->add_flag("--no-deepspeed", plan.no_deepspeed, "Do not run DeepSpeed's estimators beside the plan");
-  plan_cmd->add_option("--ranks", plan.ranks, "auto (all up to 1024, else representative) | all | representative")
+  plan_cmd->add_option("--ranks", plan.ranks, "auto (all up to 4096, else representative) | all | representative")
       ->check(CLI::IsMember({"auto", "all", "representative"}));
   plan_cmd->add_option("--schedule", plan.schedule,
                        "auto (decoupled, interleaved for MoE) | decoupled | interleaved (Note [Decoupled schedule])")

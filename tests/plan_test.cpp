@@ -239,7 +239,7 @@ TEST(Plan, AnMoePlanKeepsTheInterleavedScheduleItsGroupsNeed) {
 
 TEST(Plan, RepresentativeRanksPlanAWorldTheFullSimulatorCannotHold) {
   PlanOptions o = tiny(3, 65536);
-  const PlanResult r = run_plan(o, hardware());  // automatic: representative above 1,024 ranks
+  const PlanResult r = run_plan(o, hardware());  // automatic: representative above 4,096 ranks
   EXPECT_TRUE(r.representative);
   EXPECT_EQ(r.simulated_ranks.size(), 4u);
   EXPECT_GT(r.comm_us, 0);
