@@ -2,6 +2,7 @@
 #include "engine/dense_optimizer.h"
 
 #include "engine/errors.h"
+#include "engine/torch_reductions.h"
 
 #include <cmath>
 
@@ -77,13 +78,20 @@ std::string_view DenseOptimizer::name() const {
 // below 1 (clip_tensors_by_global_norm), which torch computes as (norm + 1e-6).reciprocal() *
 // max_norm (Tensor.__rtruediv__), two roundings; a norm that is not finite skips the step.
 double DenseOptimizer::norm_sum_sq(const StepPrep& prep) {
-  if (use_hp_) {
-    float total = 0.0f;
+  if (use_hp_) {  // torch's reductions, bit for bit (Note [torch's f32 norm] in engine/torch_reductions.h)
+    std::vector<float> squares;
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const float norm = std::sqrt(static_cast<float>(dev_.sum_sq(hp_.narrow(layout_.offsets[i], params_[i]->numel()))));
-      total = total + norm * norm;
+      const Tensor g = hp_.narrow(layout_.offsets[i], params_[i]->numel());
+      const double sum_sq = dev_.sum_sq(g);  // the kernel's cost; its value only in meta mode (0)
+      float norm = std::sqrt(static_cast<float>(sum_sq));
+      if (!g.is_meta()) {
+        const std::vector<double> v = to_f64(dev_, g);  // f32 values, exact
+        const std::vector<float> f(v.begin(), v.end());
+        norm = torch_norm2_f32(f);
+      }
+      squares.push_back(norm * norm);
     }
-    return total;
+    return torch_sum_f32(squares);
   }
   if (dtype_ == DType::f32) return ZeroOptimizer::norm_sum_sq(prep);
   if (!unfused_) {
@@ -195,7 +203,12 @@ Tensor DenseOptimizer::grads_flat() {
 //
 // BF16_Optimizer (the ZeRO-1 wrapper) is different (Note [BF16_Optimizer's norm and clip]).
 StepPlan DenseOptimizer::step_plan() const {
-  return StepPlan{.sum_sq_before_overflow = false,
+  // FP16_Optimizer.step always tests its 16-bit grads, on this rank only (CheckOverflow.has_overflow
+  // all-reduces nothing without an mpu, MoE or zero_reduce_scatter); BF16_Optimizer tests nothing
+  // but its norm (clip_by_coefficient).
+  const OverflowCheck overflow = !use_hp_ && is_16bit(dtype_) ? OverflowCheck::local : OverflowCheck::none;
+  return StepPlan{.overflow = overflow,
+                  .sum_sq_before_overflow = false,
                   .fp32_grads_before_norm = true,
                   .norm_partitioned = false,
                   .norm_dtype = use_hp_ ? DType::f32 : DType::f64,
