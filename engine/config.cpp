@@ -301,7 +301,7 @@ void read_precision(Config& c, Reader& top) {
     if (b == nullptr) continue;
     Reader r(*b, key, c.warnings);
     c.bf16.enabled = r.boolean("enabled", false);
-    c.bf16.check_grad_overflow = r.boolean("check_grad_overflow", false);
+    c.bf16.check_grad_overflow = r.boolean("check_grad_overflow", true);  // precision_config.py's default
     r.boolean("immediate_grad_update", false);
     r.warn_unknown();
   }

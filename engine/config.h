@@ -60,7 +60,7 @@ struct Fp16Config {
 
 struct Bf16Config {
   bool enabled = false;
-  bool check_grad_overflow = false;
+  bool check_grad_overflow = true;  // DeepSpeed's default; DeepSpeedZeroOptimizer only (StepPlan::overflow)
 };
 
 enum class OffloadDevice : std::uint8_t { none, cpu };

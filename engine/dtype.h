@@ -10,7 +10,10 @@
 
 namespace zc {
 
-enum class DType : std::uint8_t { f32, f16, bf16, f64 };
+// u8: an unsigned byte, for flags (DeepSpeed's overflow flag is a torch.uint8 all-reduced with
+// MAX). A store truncates toward zero and wraps modulo 256, as torch's float -> uint8 cast does on
+// a CPU for finite values; NaN and infinities store 0.
+enum class DType : std::uint8_t { f32, f16, bf16, f64, u8 };
 
 constexpr int dtype_size(DType t) {
   switch (t) {
@@ -18,6 +21,7 @@ constexpr int dtype_size(DType t) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::f64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -27,6 +31,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::f64: return "f64";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -37,6 +42,7 @@ constexpr int dtype_mantissa_bits(DType t) {
     case DType::f16: return 11;
     case DType::bf16: return 8;
     case DType::f64: return 53;
+    case DType::u8: return 8;  // 0..255 only
   }
   return 0;
 }
@@ -110,6 +116,13 @@ constexpr float bf16_bits_to_f32(std::uint16_t b) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
+// ---- u8 -------------------------------------------------------------------------------------------
+constexpr float u8_to_f32(std::uint8_t v) { return static_cast<float>(v); }
+constexpr std::uint8_t f32_to_u8(float v) {
+  if (!(v > -9.2e18f && v < 9.2e18f)) return 0;  // NaN, infinities, past int64
+  return static_cast<std::uint8_t>(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)) & 0xffu);
+}
+
 // ---- element access on raw storage (Device implementations only) --------------------------------
 inline float load_as_f32(const void* base, DType t, std::int64_t i) {
   switch (t) {
@@ -117,6 +130,7 @@ inline float load_as_f32(const void* base, DType t, std::int64_t i) {
     case DType::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
     case DType::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
     case DType::f64: return static_cast<float>(static_cast<const double*>(base)[i]);
+    case DType::u8: return u8_to_f32(static_cast<const std::uint8_t*>(base)[i]);
   }
   return 0.0f;
 }
@@ -131,6 +145,7 @@ inline void store_from_f32(void* base, DType t, std::int64_t i, float v) {
     case DType::f16: static_cast<std::uint16_t*>(base)[i] = f32_to_f16_bits(v); return;
     case DType::bf16: static_cast<std::uint16_t*>(base)[i] = f32_to_bf16_bits(v); return;
     case DType::f64: static_cast<double*>(base)[i] = static_cast<double>(v); return;
+    case DType::u8: static_cast<std::uint8_t*>(base)[i] = f32_to_u8(v); return;
   }
 }
 // Stores an f64 value: exact into f64, one rounding into f32, f32 then 16-bit otherwise.

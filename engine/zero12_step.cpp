@@ -134,7 +134,10 @@ void Zero12Optimizer::check_partition_buffers() const {
 // step takes the whole norm after check_overflow (scaled_global_norm): the values are the same,
 // only this rank's device ops come in another order (kept from the MoE split step).
 StepPlan Zero12Optimizer::step_plan() const {
-  return StepPlan{.sum_sq_before_overflow = true,
+  const bool check = checks_grad_overflow(cfg_);
+  return StepPlan{.overflow = check ? OverflowCheck::all_reduce : OverflowCheck::none,
+                  .skip_on_invalid_norm = check,
+                  .sum_sq_before_overflow = true,
                   .fp32_grads_before_norm = false,
                   .norm_partitioned = true,
                   .norm_dtype = DType::f32,

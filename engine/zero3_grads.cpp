@@ -161,10 +161,13 @@ void Zero3Optimizer::independent_gradient_partition_epilogue() {
 
 // stage3.py: the norm is a double tensor (get_norm_dtype()), or a FloatTensor under
 // offload_optimizer, and the combined scale is torch arithmetic on it (unscale_and_clip_grads);
-// the f32 copy is made after the norm.
+// the f32 copy is made after the norm. Only fp16 tests for overflow (a one-byte all_reduce MAX);
+// a bf16 norm that is not finite is stepped on.
 StepPlan Zero3Optimizer::step_plan() const {
   const DType dt = cfg_.zero.offload_optimizer == OffloadDevice::cpu ? DType::f32 : DType::f64;
-  return StepPlan{.sum_sq_before_overflow = false,
+  // _overflow_check_and_loss_scale_update: fp16 only, whatever bf16.check_grad_overflow says.
+  return StepPlan{.overflow = cfg_.fp16.enabled ? OverflowCheck::all_reduce : OverflowCheck::none,
+                  .sum_sq_before_overflow = false,
                   .fp32_grads_before_norm = false,
                   .norm_partitioned = true,
                   .norm_dtype = dt,

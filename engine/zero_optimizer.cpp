@@ -31,7 +31,7 @@ bool checks_grad_overflow(const Config& cfg) {
 
 // Note [Step sequence]
 // Every wrapper's step is one sequence, DeepSpeed's: (1) this rank's inf/NaN test of the grads
-// and (2) one all-reduce MAX of it, both only when checks_grad_overflow; (3) the loss scaler's
+// and (2) one all-reduce MAX of it as a one-byte flag, as StepPlan::overflow says; (3) the loss scaler's
 // update; (4) on overflow, drop the grads and skip; (5) the global norm from each rank's sum of
 // squares; (6) the combined unscale-and-clip factor from the loss scale before the update; (7)
 // the grads in f32 divided by it and the base optimizer's step. The wrappers differ only in
@@ -44,7 +44,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
   ZC_ASSERT(!groups.empty(), "a step over no param groups");
   ZeroOptimizer& lead = *groups[0];
   const StepPlan plan = lead.step_plan();
-  const bool check = checks_grad_overflow(lead.cfg_);
+  const bool check = plan.overflow != OverflowCheck::none;
   std::vector<StepPrep> preps;
   bool local_overflow = false;
   for (ZeroOptimizer* g : groups) {
@@ -56,7 +56,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     local_overflow = local_overflow || mine;
     if (plan.sum_sq_before_overflow) prep.local_sum_sq = g->norm_sum_sq(prep);
   }
-  const bool overflow = check && lead.any_rank_overflow(local_overflow);
+  const bool overflow = plan.overflow == OverflowCheck::all_reduce ? lead.any_rank_overflow(local_overflow)
+                                                                   : local_overflow;
   const double prev_scale = lead.scaler_.cur_scale();
   for (ZeroOptimizer* g : groups) g->scaler_.update_scale(overflow);
   if (overflow) {
@@ -82,12 +83,15 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
   const double norm = lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype);
+  // is_invalid_grad_norm: overflow, the step is skipped. DeepSpeed updates the loss scale after
+  // this test, with the overflow; here it was updated without it, which differs only for a
+  // dynamic (fp16) scale, whose finite grads cannot give an f32 norm that is not finite.
+  if ((plan.clip_by_coefficient || plan.skip_on_invalid_norm) && !std::isfinite(norm)) {
+    lead.record(fmt::format("step skipped: gradient norm {}", norm));
+    for (ZeroOptimizer* g : groups) g->skip_step();
+    return false;
+  }
   if (plan.clip_by_coefficient) {
-    if (!std::isfinite(norm)) {  // is_invalid_grad_norm: overflow, the step is skipped
-      lead.record(fmt::format("step skipped: gradient norm {}", norm));
-      for (ZeroOptimizer* g : groups) g->skip_step();
-      return false;
-    }
     // max_norm / (global_norm + eps) on an f32 tensor is Tensor.__rtruediv__: reciprocal() * max_norm.
     const float coef = (1.0f / (static_cast<float>(norm) + static_cast<float>(1e-6))) *
                        static_cast<float>(lead.cfg_.gradient_clipping);
@@ -139,7 +143,7 @@ std::vector<double> ZeroOptimizer::gather_flat_partition(const FlatLayout& layou
 }
 
 bool ZeroOptimizer::any_rank_overflow(bool local) {
-  Tensor flag = dev_.alloc(DType::f32, {1}, "overflow_flag", MemCategory::temporaries);  // [1] f32
+  Tensor flag = dev_.alloc(DType::u8, {1}, "overflow_flag", MemCategory::temporaries);  // [1] u8
   dev_.fill(flag, local ? 1.0 : 0.0);
   comm_.all_reduce(flag, {.op = ReduceOp::max});
   return item(dev_, flag, 0.0) != 0.0;  // meta: no overflow

@@ -47,15 +47,24 @@ struct Options {
 // process group: the dense params, or the MoE expert params).
 enum class ParamSelect : std::uint8_t { all, dense, expert };
 
-// Whether a step tests the grads for inf/NaN and may skip: fp16 always, bf16 when
-// bf16.check_grad_overflow (DeepSpeed: `dtype == torch.float16 or check_grad_overflow`). The same
-// predicate at every stage and for every param group.
+// DeepSpeedZeroOptimizer's predicate (stage_1_and_2.py, engine.py _configure_zero_optimizer):
+// fp16 always, bf16 when bf16.check_grad_overflow (DeepSpeed's default: true), fp32 never. The
+// other wrappers decide otherwise (StepPlan::overflow).
 bool checks_grad_overflow(const Config& cfg);
+
+// How a step tests the grads for inf/NaN (Note [Step sequence] (1)-(2)): not at all; on this rank
+// only (the grads are the same on every rank); or this rank's test, then one all_reduce MAX of a
+// one-byte flag over the group (DeepSpeed's ByteTensor / torch.uint8 overflow flag).
+enum class OverflowCheck : std::uint8_t { none, local, all_reduce };
 
 // The per-stage parameters of the step sequence (Note [Step sequence] in zero_optimizer.cpp).
 // Each one models a difference between DeepSpeed's wrappers; every wrapper says which in its
 // step_plan().
 struct StepPlan {
+  OverflowCheck overflow = OverflowCheck::none;
+  // A norm that is not finite skips the step (stage_1_and_2.py step: `(dtype != bfloat16 or
+  // check_grad_overflow) and is_invalid_grad_norm`).
+  bool skip_on_invalid_norm = false;
   // The norm's local sum of squares is taken before the overflow all-reduce, not after the
   // decision.
   bool sum_sq_before_overflow = false;

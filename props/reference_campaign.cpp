@@ -158,6 +158,7 @@ rc::Gen<Scenario> gen_reference_scenario() {
     if (s.dtype != "bf16" || s.stage == 0) s.grad_accum_dtype = "";
     if (comm < 2) s.comm_dtype = s.dtype == "bf16" ? "f32" : comm == 0 ? "bf16" : "f16";
     s.round_robin = (comm == 2 || comm == 3) && (s.stage == 1 || s.stage == 2);  // ZeRO-1/2 read it
+    s.check_grad_overflow = comm != 4 && comm != 5;  // one bf16 scenario in four tests nothing (Note [Step sequence])
     s.optimizer = std::get<1>(t);
     s.lr = s.optimizer != "SGD" ? 1e-3 : (variant & 2) != 0 ? 0.01 * std::get<2>(t) : std::ldexp(1.0, -std::get<2>(t));
     s.boundary = std::get<3>(t);

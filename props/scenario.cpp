@@ -45,7 +45,8 @@ nlohmann::json to_json(const Scenario& s) {
           {"weight_decay", s.weight_decay},
           {"momentum", s.momentum},
           {"torch_adam", s.torch_adam},
-          {"adam_w_mode", s.adam_w_mode}};
+          {"adam_w_mode", s.adam_w_mode},
+          {"check_grad_overflow", s.check_grad_overflow}};
   if (s.prescale) j["prescale_gradients"] = true;
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["reduce_scatter"] = false;
@@ -162,6 +163,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "grad_accum_dtype", "offload", "gradient_clipping", "gradient_accumulation_steps", "n_backward",
       "steps", "coalesce", "model", "shape", "compile_passes", "deepcompile", "domain", "seed", "sched_seed", "fault", "commands",
       "boundary", "optimizer", "lr", "betas", "eps", "weight_decay", "momentum", "torch_adam", "adam_w_mode",
+      "check_grad_overflow",
       "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
       "allgather_bucket_size", "communication_data_type", "round_robin_gradients",
       "use_multi_rank_bucket_allreduce"};
@@ -209,6 +211,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "momentum", s.momentum);
   read(j, "torch_adam", s.torch_adam);
   read(j, "adam_w_mode", s.adam_w_mode);
+  read(j, "check_grad_overflow", s.check_grad_overflow);
   read(j, "prescale_gradients", s.prescale);
   read(j, "gradient_predivide_factor", s.predivide);
   read(j, "reduce_scatter", s.reduce_scatter);
@@ -267,6 +270,7 @@ std::string describe(const Scenario& s) {
     if (s.torch_adam) out += " torch_adam";
     if (s.optimizer == "Adam" && !s.adam_w_mode) out += " adam_w_mode false";
   }
+  if (s.dtype == "bf16" && !s.check_grad_overflow) out += " check_grad_overflow false";
   if (s.prescale) out += " prescale_gradients";
   if (s.predivide != 1.0) out += fmt::format(" predivide {}", s.predivide);
   if (!s.reduce_scatter) out += " reduce_scatter false";
@@ -292,7 +296,7 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.offload == "optimizer" || s.offload == "both") j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   if (s.offload == "param" || s.offload == "both") j["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   if (!s.passes.empty()) j["tensor_parallel"] = {{"autotp_size", 2}};
-  if (s.dtype == "bf16") j["bf16"]["check_grad_overflow"] = false;  // explicit: DeepSpeed's default is true
+  if (s.dtype == "bf16") j["bf16"]["check_grad_overflow"] = s.check_grad_overflow;  // explicit either way
   if (s.prescale) j["prescale_gradients"] = true;
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["zero_optimization"]["reduce_scatter"] = false;

@@ -65,6 +65,7 @@ struct Scenario {
   double momentum = 0.0;                 // SGD
   bool torch_adam = false;               // Adam/AdamW: torch's implementation instead of DeepSpeed's
   bool adam_w_mode = true;               // Adam: decoupled weight decay (DeepSpeed's default)
+  bool check_grad_overflow = true;       // bf16.check_grad_overflow (DeepSpeed's default: true)
   // prescale_gradients and gradient_predivide_factor (Note [Stage 0 post-scaling]); written to the
   // ds_config and the JSON only when set. Not drawn by the generators.
   bool prescale = false;

@@ -26,6 +26,7 @@ __device__ __forceinline__ float ld32(View v, std::int64_t i) {
     case DType::bf16:
       return __bfloat162float(__ushort_as_bfloat16(static_cast<const unsigned short*>(v.p)[i]));
     case DType::f64: return __double2float_rn(static_cast<const double*>(v.p)[i]);
+    case DType::u8: return static_cast<float>(static_cast<const unsigned char*>(v.p)[i]);
   }
   return 0.0f;
 }
@@ -41,6 +42,12 @@ __device__ __forceinline__ void st32(View v, std::int64_t i, float x) {
       static_cast<unsigned short*>(v.p)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
       return;
     case DType::f64: static_cast<double*>(v.p)[i] = static_cast<double>(x); return;
+    case DType::u8: {  // dtype.h's f32_to_u8: truncate, wrap modulo 256; NaN and inf store 0
+      const bool ok = x > -9.2e18f && x < 9.2e18f;
+      static_cast<unsigned char*>(v.p)[i] =
+          ok ? static_cast<unsigned char>(static_cast<unsigned long long>(static_cast<long long>(x)) & 0xffu) : 0;
+      return;
+    }
   }
 }
 __device__ __forceinline__ void st64(View v, std::int64_t i, double x) {

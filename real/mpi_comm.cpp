@@ -53,6 +53,7 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
+    case DType::u8: return MPI_UINT8_T;  // MAX and MIN are exact; a SUM wraps, as torch's does
     default: return MPI_UINT16_T;
   }
 }

@@ -129,6 +129,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::f16: return ncclFloat16;
     case DType::bf16: return ncclBfloat16;
     case DType::f64: return ncclFloat64;
+    case DType::u8: return ncclUint8;
   }
   return ncclFloat32;
 }

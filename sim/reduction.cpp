@@ -42,6 +42,7 @@ using F64 = Format<double, double, same<double>, same<double>>;
 using F32 = Format<float, float, same<float>, same<float>>;
 using F16 = Format<float, std::uint16_t, f16_bits_to_f32, f32_to_f16_bits>;
 using BF16 = Format<float, std::uint16_t, bf16_bits_to_f32, f32_to_bf16_bits>;
+using U8 = Format<float, std::uint8_t, u8_to_f32, f32_to_u8>;
 
 // One combine of an accumulator with an input, as the op and the dtype define it.
 template <class F, ReduceOp Op>
@@ -142,6 +143,7 @@ void reduce_range(DType dtype, ReduceOp op, std::span<const std::byte* const> in
     case DType::f32: return reduce_range_as<F32>(op, inputs, offset, count, first, step, out);
     case DType::f16: return reduce_range_as<F16>(op, inputs, offset, count, first, step, out);
     case DType::bf16: return reduce_range_as<BF16>(op, inputs, offset, count, first, step, out);
+    case DType::u8: return reduce_range_as<U8>(op, inputs, offset, count, first, step, out);
   }
 }
 

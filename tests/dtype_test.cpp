@@ -165,6 +165,21 @@ TEST(Dtype, F32To16BitMatchesReferencesOnTenMillionRandomValues) {
   }
 }
 
+// u8 (DeepSpeed's torch.uint8 overflow flag): a store truncates toward zero and wraps modulo 256,
+// as torch's float -> uint8 cast does for finite values; NaN and infinities store 0.
+TEST(Dtype, U8StoresTruncateAndWrapAsTorchsCastDoes) {
+  const std::pair<float, double> cases[] = {{0.0f, 0}, {1.0f, 1}, {3.7f, 3}, {255.9f, 255}, {256.0f, 0},
+                                            {300.0f, 44}, {-1.0f, 255}, {-0.5f, 0}, {NAN, 0}, {INFINITY, 0}};
+  for (const auto& [v, want] : cases) {
+    std::uint8_t cell = 77;
+    store_from_f32(&cell, DType::u8, 0, v);
+    EXPECT_EQ(load_as_f64(&cell, DType::u8, 0), want) << v;
+  }
+  EXPECT_EQ(dtype_size(DType::u8), 1);
+  EXPECT_EQ(dtype_name(DType::u8), "u8");
+  EXPECT_EQ(parse_dtype("uint8"), DType::u8);
+}
+
 TEST(Dtype, ParsesDeepSpeedNamesAndRejectsOthers) {
   EXPECT_EQ(parse_dtype("fp16"), DType::f16);
   EXPECT_EQ(parse_dtype("bfloat16"), DType::bf16);

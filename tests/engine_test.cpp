@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <cmath>
 
 namespace zc::props {
@@ -237,6 +239,75 @@ void overflow_run(int hysteresis, double expect_scale_after) {
 
 TEST(Fp16, AnInfOnOneRankSkipsTheStepEverywhereAndHalvesTheScale) { overflow_run(1, 8.0); }
 TEST(Fp16, DefaultHysteresisSpendsOneOverflowBeforeHalving) { overflow_run(2, 16.0); }
+
+// bf16.check_grad_overflow (DeepSpeed's default true) where DeepSpeed applies it (Note [Step
+// sequence], StepPlan::overflow): ZeRO-1/2 all-reduce a one-byte flag with MAX each step, and an
+// inf on one rank skips the step everywhere; false, or ZeRO-3, or stage 0 (FP16_Optimizer tests on
+// the rank only) issue no such all_reduce.
+struct OverflowFlagRun {
+  std::int64_t u8_all_reduces = 0;  // one-byte all_reduce calls per step, rank 0
+  std::int64_t all_reduces = 0;
+  std::int64_t skipped = 0;
+};
+OverflowFlagRun bf16_overflow_run(int stage, std::optional<bool> check, bool inf_on_rank_1) {
+  const int world = 2;
+  OverflowFlagRun out;
+  std::vector<std::int64_t> skipped(world, -1);
+  sim::SimCluster(world, 2).run([&](sim::RankContext& ctx) {
+    nlohmann::json bf16 = {{"enabled", true}};
+    if (check) bf16["check_grad_overflow"] = *check;
+    Config cfg = cfg_of({{"bf16", bf16}, {"zero_optimization", {{"stage", stage}}}}, world);
+    Synthetic model(std::vector<Shape>{{3}, {5}});
+    Rng rng(3);
+    model.init_params(ctx.device, DType::bf16, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    Rng r(4);
+    HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {1, 0, world});
+    if (inf_on_rank_1 && ctx.rank == 1) hb.arrays.at("g1").values[3] = INFINITY;
+    const CommStats before = ctx.world.stats();
+    e.backward(e.forward(upload_batch(ctx.device, hb, DType::bf16)));
+    e.step();
+    const CommStats after = ctx.world.stats();
+    if (ctx.rank == 0) out.all_reduces = after[CollectiveKind::all_reduce].calls - before[CollectiveKind::all_reduce].calls;
+    skipped[static_cast<std::size_t>(ctx.rank)] = e.skipped_steps();
+  });
+  EXPECT_EQ(skipped[1], skipped[0]) << "stage " << stage << ": rank 1 decides as rank 0";
+  out.skipped = skipped[0];
+  return out;
+}
+
+TEST(Bf16Overflow, ZeroOneAndTwoAllReduceAOneByteFlagByDefaultAndSkipOnAnInf) {
+  for (int stage : {1, 2}) {
+    const OverflowFlagRun on = bf16_overflow_run(stage, std::nullopt, false);
+    const OverflowFlagRun off = bf16_overflow_run(stage, false, false);
+    EXPECT_EQ(on.all_reduces, off.all_reduces + 1) << "stage " << stage << ": the flag's all_reduce";
+    EXPECT_EQ(on.skipped, 0);
+    EXPECT_EQ(bf16_overflow_run(stage, std::nullopt, true).skipped, 1) << "stage " << stage;
+    EXPECT_EQ(bf16_overflow_run(stage, false, true).skipped, 0) << "stage " << stage << ": not tested";
+  }
+  // ZeRO-3 tests only fp16; stage 0's FP16_Optimizer tests on the rank, with no collective.
+  EXPECT_EQ(bf16_overflow_run(3, true, false).all_reduces, bf16_overflow_run(3, false, false).all_reduces);
+  EXPECT_EQ(bf16_overflow_run(3, true, true).skipped, 0);
+  EXPECT_EQ(bf16_overflow_run(0, true, false).all_reduces, bf16_overflow_run(0, false, false).all_reduces);
+  EXPECT_EQ(bf16_overflow_run(0, true, true).skipped, 1) << "the inf reaches every rank's reduced grads";
+}
+
+TEST(Bf16Overflow, TheFlagIsOneByte) {
+  RunSpec spec;
+  spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{4}, {4}}); };
+  spec.world = 2;
+  spec.steps = 1;
+  auto bytes = [&](bool check) {
+    spec.ds_config = {{"bf16", {{"enabled", true}, {"check_grad_overflow", check}}},
+                      {"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 1000}}}};
+    const RunResult r = run_on_sim(spec);
+    return std::make_pair(r.comm[0][CollectiveKind::all_reduce].calls, r.comm[0][CollectiveKind::all_reduce].bytes);
+  };
+  const auto [calls_on, bytes_on] = bytes(true);
+  const auto [calls_off, bytes_off] = bytes(false);
+  EXPECT_EQ(calls_on, calls_off + 1);
+  EXPECT_EQ(bytes_on, bytes_off + 1) << "DeepSpeed's ByteTensor flag";
+}
 
 TEST(LossScaler, GrowsAfterAWindowOfCleanSteps) {
   Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 3}, {"loss_scale_window", 2}, {"hysteresis", 1}}}}, 1);

@@ -24,7 +24,7 @@ std::string Case::name() const {
 
 std::vector<Case> table(int world) {
   std::vector<Case> cases;
-  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16, DType::f64};
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16, DType::f64, DType::u8};
   const std::int64_t counts[] = {0, 1, 7, 64, 1027};  // 7 and 1027 divide by few worlds
   const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min};
   const int roots[] = {0, world - 1};
@@ -52,24 +52,25 @@ std::vector<Case> table(int world) {
   return cases;
 }
 
-double input_value(int rank, std::int64_t i) {
-  return static_cast<double>((rank * 7 + i * 3 + (i / 5)) % 11 - 5);
+double input_value(int rank, std::int64_t i, DType dtype) {
+  // -5..5, or 0..10 for an unsigned dtype (a sum over 8 ranks stays below 256)
+  return static_cast<double>((rank * 7 + i * 3 + (i / 5)) % 11 - (dtype == DType::u8 ? 0 : 5));
 }
 
 namespace {
 
-double reduce_all(ReduceOp op, int world, std::int64_t i) {
-  double acc = input_value(0, i);
+double reduce_all(ReduceOp op, int world, std::int64_t i, DType dtype) {
+  double acc = input_value(0, i, dtype);
   for (int r = 1; r < world; ++r) {
-    const double v = input_value(r, i);
+    const double v = input_value(r, i, dtype);
     acc = op == ReduceOp::sum ? acc + v : op == ReduceOp::max ? std::max(acc, v) : std::min(acc, v);
   }
   return acc;
 }
 
-std::vector<double> inputs_for(int rank, std::int64_t n, std::int64_t offset = 0) {
+std::vector<double> inputs_for(int rank, std::int64_t n, DType dtype, std::int64_t offset = 0) {
   std::vector<double> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = input_value(rank, offset + i);
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = input_value(rank, offset + i, dtype);
   return v;
 }
 
@@ -85,30 +86,30 @@ Plan plan_for(const Case& c, int rank, int world) {
   switch (c.kind) {
     case CollectiveKind::all_reduce:
     case CollectiveKind::reduce:
-      p.input = inputs_for(rank, n);
+      p.input = inputs_for(rank, n, c.dtype);
       p.expected = p.input;  // non-roots of reduce keep their buffer
       if (c.kind == CollectiveKind::all_reduce || rank == c.root) {
-        for (std::int64_t i = 0; i < n; ++i) p.expected[static_cast<std::size_t>(i)] = reduce_all(c.op, world, i);
+        for (std::int64_t i = 0; i < n; ++i) p.expected[static_cast<std::size_t>(i)] = reduce_all(c.op, world, i, c.dtype);
       }
       break;
     case CollectiveKind::reduce_scatter:
-      p.input = inputs_for(rank, n * world);
-      for (std::int64_t i = 0; i < n; ++i) p.expected.push_back(reduce_all(c.op, world, rank * n + i));
+      p.input = inputs_for(rank, n * world, c.dtype);
+      for (std::int64_t i = 0; i < n; ++i) p.expected.push_back(reduce_all(c.op, world, rank * n + i, c.dtype));
       break;
     case CollectiveKind::all_gather:
-      p.input = inputs_for(rank, n);
+      p.input = inputs_for(rank, n, c.dtype);
       for (int r = 0; r < world; ++r) {
-        for (double v : inputs_for(r, n)) p.expected.push_back(v);
+        for (double v : inputs_for(r, n, c.dtype)) p.expected.push_back(v);
       }
       break;
     case CollectiveKind::broadcast:
-      p.input = inputs_for(rank, n);
-      p.expected = inputs_for(c.root, n);
+      p.input = inputs_for(rank, n, c.dtype);
+      p.expected = inputs_for(c.root, n, c.dtype);
       break;
     case CollectiveKind::all_to_all:
-      p.input = inputs_for(rank, n * world);
+      p.input = inputs_for(rank, n * world, c.dtype);
       for (int r = 0; r < world; ++r) {
-        for (double v : inputs_for(r, n, rank * n)) p.expected.push_back(v);
+        for (double v : inputs_for(r, n, c.dtype, rank * n)) p.expected.push_back(v);
       }
       break;
     default: break;

@@ -35,7 +35,7 @@ std::vector<Case> table(int world);
 
 // Rank `rank`'s input element i: a small integer in [-5, 5], so sums over up to 8 ranks fit the
 // mantissa of every dtype (bf16's 8 bits included) and every output is exact.
-double input_value(int rank, std::int64_t i);
+double input_value(int rank, std::int64_t i, DType dtype = DType::f32);
 
 // Runs one case on this rank and checks its output bit for bit against the exact expectation.
 // Returns "" on success, else a message naming the case, rank, element and both bit patterns.
