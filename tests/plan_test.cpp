@@ -145,6 +145,25 @@ TEST(Plan, TwoLevelTopologyChargesTheNetworkForRingsThatLeaveANode) {
                    alpha * 30 + static_cast<double>(bytes) * 2 * 15 / 16 / (40 * 1e3));
 }
 
+// The figures a rank's plan must share with another simulation of the same rank: memory (peak,
+// composition, every category, construction, the CPU side), collectives, compute and comm time.
+void expect_same_rank_figures(const PlanResult::RankFigures& ra, const PlanResult::RankFigures& rb,
+                              const std::string& what) {
+  EXPECT_EQ(ra.device.peak, rb.device.peak) << what;
+  EXPECT_EQ(ra.device.at_peak, rb.device.at_peak) << what;
+  EXPECT_EQ(ra.device.category_peaks, rb.device.category_peaks) << what;
+  EXPECT_EQ(ra.device.construction_peak, rb.device.construction_peak) << what;
+  EXPECT_EQ(ra.cpu.peak, rb.cpu.peak) << what;
+  EXPECT_EQ(ra.cpu.category_peaks, rb.cpu.category_peaks) << what;
+  ASSERT_EQ(ra.collectives.size(), rb.collectives.size()) << what;
+  for (std::size_t i = 0; i < ra.collectives.size(); ++i) {
+    EXPECT_EQ(ra.collectives[i].calls, rb.collectives[i].calls) << what;
+    EXPECT_EQ(ra.collectives[i].bytes, rb.collectives[i].bytes) << what;
+  }
+  EXPECT_EQ(ra.compute_us, rb.compute_us) << what;
+  EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
+}
+
 // Note [Representative ranks]: at sizes where both run, the simulated ranks' figures are the full
 // simulation's, byte for byte and collective for collective.
 TEST(Plan, RepresentativeRanksGiveTheFullSimulationsFigures) {
@@ -159,19 +178,7 @@ TEST(Plan, RepresentativeRanksGiveTheFullSimulationsFigures) {
       ASSERT_EQ(b.simulated_ranks, representative_ranks(world));
       for (const PlanResult::RankFigures& rb : b.ranks) {
         const PlanResult::RankFigures& ra = a.ranks.at(static_cast<std::size_t>(rb.rank));
-        const std::string what = fmt::format("stage {} world {} rank {}", stage, world, rb.rank);
-        EXPECT_EQ(ra.device.peak, rb.device.peak) << what;
-        EXPECT_EQ(ra.device.at_peak, rb.device.at_peak) << what;
-        EXPECT_EQ(ra.device.category_peaks, rb.device.category_peaks) << what;
-        EXPECT_EQ(ra.device.construction_peak, rb.device.construction_peak) << what;
-        EXPECT_EQ(ra.cpu.peak, rb.cpu.peak) << what;
-        ASSERT_EQ(ra.collectives.size(), rb.collectives.size()) << what;
-        for (std::size_t i = 0; i < ra.collectives.size(); ++i) {
-          EXPECT_EQ(ra.collectives[i].calls, rb.collectives[i].calls) << what;
-          EXPECT_EQ(ra.collectives[i].bytes, rb.collectives[i].bytes) << what;
-        }
-        EXPECT_EQ(ra.compute_us, rb.compute_us) << what;
-        EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
+        expect_same_rank_figures(ra, rb, fmt::format("stage {} world {} rank {}", stage, world, rb.rank));
       }
     }
   }
@@ -198,19 +205,7 @@ TEST(Plan, TheDecoupledScheduleGivesTheInterleavedSchedulesFigures) {
         for (std::size_t i = 0; i < a.ranks.size(); ++i) {
           const PlanResult::RankFigures &ra = a.ranks[i], &rb = b.ranks[i];
           const std::string what = fmt::format("stage {} world {} {} rank {}", stage, world, extra.dump(), ra.rank);
-          EXPECT_EQ(ra.device.peak, rb.device.peak) << what;
-          EXPECT_EQ(ra.device.at_peak, rb.device.at_peak) << what;
-          EXPECT_EQ(ra.device.category_peaks, rb.device.category_peaks) << what;
-          EXPECT_EQ(ra.device.construction_peak, rb.device.construction_peak) << what;
-          EXPECT_EQ(ra.cpu.peak, rb.cpu.peak) << what;
-          EXPECT_EQ(ra.cpu.category_peaks, rb.cpu.category_peaks) << what;
-          ASSERT_EQ(ra.collectives.size(), rb.collectives.size()) << what;
-          for (std::size_t c = 0; c < ra.collectives.size(); ++c) {
-            EXPECT_EQ(ra.collectives[c].calls, rb.collectives[c].calls) << what;
-            EXPECT_EQ(ra.collectives[c].bytes, rb.collectives[c].bytes) << what;
-          }
-          EXPECT_EQ(ra.compute_us, rb.compute_us) << what;
-          EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
+          expect_same_rank_figures(ra, rb, what);
           EXPECT_TRUE(close(ra.wait_us, rb.wait_us)) << what << ": " << ra.wait_us << " vs " << rb.wait_us;
           EXPECT_TRUE(close(ra.step_us, rb.step_us)) << what << ": " << ra.step_us << " vs " << rb.step_us;
         }
