@@ -156,8 +156,12 @@ void read_zero(Config& c, Reader& top) {
   require(zc.stage3_param_persistence_threshold >= 0, r, "stage3_param_persistence_threshold", "must be >= 0");
   zc.stage3_prefetch_bucket_size = r.integer("stage3_prefetch_bucket_size", zc.stage3_prefetch_bucket_size);
   require(zc.stage3_prefetch_bucket_size >= 0, r, "stage3_prefetch_bucket_size", "must be >= 0");
+  zc.stage3_max_live_parameters = r.integer("stage3_max_live_parameters", zc.stage3_max_live_parameters);
+  require(zc.stage3_max_live_parameters >= 0, r, "stage3_max_live_parameters", "must be >= 0");
+  zc.stage3_max_reuse_distance = r.integer("stage3_max_reuse_distance", zc.stage3_max_reuse_distance);
+  require(zc.stage3_max_reuse_distance >= 0, r, "stage3_max_reuse_distance", "must be >= 0");
   for (const char* k : {"allgather_partitions", "load_from_fp32_weights", "elastic_checkpoint",
-                        "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                        "sub_group_size",
                         "stage3_gather_16bit_weights_on_model_save", "ignore_unused_parameters"}) {
     if (r.has(k)) c.warnings.push_back(fmt::format("'zero_optimization.{}' accepted and ignored: it does not change what zerocheck models", k));
   }

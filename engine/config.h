@@ -79,6 +79,8 @@ struct ZeroConfig {
   OffloadDevice offload_param = OffloadDevice::none;
   std::int64_t stage3_param_persistence_threshold = 100'000;
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;  // caps the prefetch (numel available)
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;   // keeps params used again within it
 };
 
 struct CompileSection {

@@ -177,6 +177,7 @@ StepPlan Zero3Optimizer::step_plan() const {
 
 StepPrep Zero3Optimizer::prepare_step() {
   wait_all();
+  partition_all_parameters();  // stage3.py:2878, before the overflow check: a skipped step too
   micro_step_id_ = 0;      // _pre_step: the next forward must not count the last backward
   epilogue_ran_ = false;
   if (!any_partitioned_grads_) {
@@ -209,13 +210,7 @@ void Zero3Optimizer::update(const Tensor& grads32, double norm, double combined)
   } else {
     dev_.cast(fp16_partition_, master_);
   }
-  for (Shard& s : shards_) {  // persistent params hold full copies: refresh them
-    if (s.p->ds_status != ZeroStatus::available) continue;
-    s.p->data = Tensor();
-    s.p->ds_status = ZeroStatus::not_available;
-    begin_gather(s, MemCategory::gathered_params);
-    finish_gather(s);
-  }
+  gather_persistent_parameters();  // _post_step (Note [ZeRO-3's parameter coordinator])
   if (offload_opt) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
   any_partitioned_grads_ = false;
   record(fmt::format("step {}: norm {:.9g} combined scale {:.9g}", base_->steps(), norm, combined));

@@ -9,6 +9,10 @@
 
 namespace zc {
 
+namespace {
+constexpr std::int64_t kNeverFetched = -10'000'000'000;  // int(-1e10), the defaultdict's value
+}  // namespace
+
 Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
                                const Options& opts)
     : ZeroOptimizer(cfg, model, dev, comm, opts), world_(comm.size()), rank_(comm.rank()),
@@ -80,6 +84,15 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer",
                                         MemCategory::ipg_buckets);
   already_reduced_.assign(shards_.size(), 0);
+  // create_reduce_and_remove_grad_hooks (stage3.py:1487-1531): each trainable param is gathered
+  // (a single-param Init._all_gather, a call even at world 1) and partitioned again.
+  for (Shard& s : shards_) {
+    if (!s.p->requires_grad) continue;
+    gather_sequential(s, MemCategory::gathered_params);
+    release_param(s);
+  }
+  n_available_ = 0;
+  most_recent_.assign(shards_.size(), kNeverFetched);
   micro_step_id_ = 0;  // SPEC 5: 0 at init for ZeRO-3
   check_external_params(model_);  // registered before the engine (DeepSpeed's zero.Init idiom)
   number_modules(model_);
@@ -152,39 +165,27 @@ Module& Zero3Optimizer::current_module() {
 
 void Zero3Optimizer::all_gather(Parameter& p) {
   Shard& s = shard_of(p);
-  if (p.ds_status == ZeroStatus::not_available) begin_gather(s, MemCategory::gathered_params);
+  if (p.ds_status == ZeroStatus::not_available) all_gather_params({&s}, MemCategory::gathered_params, false);
   if (p.ds_status == ZeroStatus::inflight) finish_gather(s);
 }
 
 void Zero3Optimizer::install_hooks(Module& m) {
   m.add_pre_forward_hook([this](Module& mm) {
-    if (&mm == &model_) {  // a new forward: the previous one's module order drives prefetch
+    if (&mm == &model_) {  // _start_of_forward_hook, registered before the module hooks
       reset_step();
-      last_fwd_order_ = std::move(fwd_order_);
-      fwd_order_.clear();
       fwd_stack_.clear();  // a forward that threw left its modules behind
-      for (Shard& s : shards_) s.active = 0;
     }
-    fwd_order_.push_back(&mm);
     fwd_stack_.push_back(&mm);
-    record_fetch(mm);
-    fetch_module(mm);
-    prefetch_after(mm);
+    fetch_sub_module(mm, true);
   }, this);
   m.add_post_forward_hook([this](Module& mm) {
     // FWD_MODULE_STACK.pop(); by identity, so a hand-driven hook out of order pops its own module
     auto it = std::find(fwd_stack_.rbegin(), fwd_stack_.rend(), &mm);
     if (it != fwd_stack_.rend()) fwd_stack_.erase(std::next(it).base());
-    release_module(mm);
+    release_sub_module(mm, true);
   }, this);
-  m.add_pre_backward_hook([this](Module& mm) {
-    if (&mm == &model_) {
-      for (Shard& s : shards_) s.active = 0;  // the forward released every user
-    }
-    record_fetch(mm);
-    fetch_module(mm);
-  }, this);
-  m.add_post_backward_hook([this](Module& mm) { release_module(mm); }, this);
+  m.add_pre_backward_hook([this](Module& mm) { fetch_sub_module(mm, false); }, this);
+  m.add_post_backward_hook([this](Module& mm) { release_sub_module(mm, false); }, this);
   for (auto& c : m.children()) install_hooks(*c);
 }
 
@@ -206,10 +207,6 @@ void Zero3Optimizer::install_hooks(Module& m) {
 void Zero3Optimizer::number_modules(const Module& m) {
   module_ids_.emplace(&m, static_cast<double>(module_ids_.size()));
   for (const auto& c : m.children()) number_modules(*c);
-}
-
-void Zero3Optimizer::record_fetch(Module& m) {
-  if (trace_mode_ == TraceMode::record) submodule_order_.push_back(&m);
 }
 
 void Zero3Optimizer::assert_ints_same_as_other_ranks(const std::vector<double>& ints) {
@@ -236,110 +233,352 @@ void Zero3Optimizer::assert_ints_same_as_other_ranks(const std::vector<double>& 
 }
 
 void Zero3Optimizer::reset_step() {
-  if (trace_mode_ == TraceMode::complete) return;
-  std::vector<double> modules;
-  for (const Module* m : submodule_order_) modules.push_back(module_ids_.at(m));
-  assert_ints_same_as_other_ranks(modules);
-  if (trace_mode_ == TraceMode::record) {
-    std::vector<double> ids, last_used;
-    for (std::size_t step = 0; step < submodule_order_.size(); ++step) {
-      for (Parameter* p : params_of(*submodule_order_[step])) {
-        ids.push_back(static_cast<double>(find_shard(*p)));
-        last_used.push_back(static_cast<double>(step));
+  clean_inflight();
+  if (trace_mode_ != TraceMode::complete) {
+    std::vector<double> modules;
+    for (const Module* m : submodule_order_) modules.push_back(module_ids_.at(m));
+    assert_ints_same_as_other_ranks(modules);
+    if (trace_mode_ == TraceMode::record) {  // construct_parameter_trace_from_module_trace
+      param_order_.clear();
+      for (std::size_t step = 0; step < submodule_order_.size(); ++step) {
+        std::vector<std::size_t> mine;
+        for (Parameter* p : params_of(*submodule_order_[step])) mine.push_back(static_cast<std::size_t>(find_shard(*p)));
+        std::sort(mine.begin(), mine.end());  // sorted by ds_id
+        for (std::size_t k : mine) param_order_.push_back({k, static_cast<std::int64_t>(step)});
+      }
+      std::vector<double> ids, last_used;
+      for (const ParamInTrace& e : param_order_) {
+        ids.push_back(static_cast<double>(e.shard));
+        last_used.push_back(static_cast<double>(e.step));
+      }
+      assert_ints_same_as_other_ranks(ids);
+      assert_ints_same_as_other_ranks(last_used);
+      trace_mode_ = TraceMode::complete;
+    } else {
+      trace_mode_ = TraceMode::record;
+    }
+  }
+  queue_pos_ = 0;
+  most_recent_.assign(shards_.size(), kNeverFetched);
+  step_id_ = 0;
+  n_available_ = 0;
+}
+
+// Note [ZeRO-3's parameter coordinator]
+// DeepSpeed's PartitionedParameterCoordinator (partitioned_param_coordinator.py), modelled call
+// for call, since its all_gathers are the engine's: every module's pre-forward and pre-backward
+// hook fetches, its post-forward and post-backward hook releases.
+//   - fetch (:353-490): the module's params that are NOT_AVAILABLE in one all_gather (one param:
+//     into its own [ceil(numel/W) * W] buffer; several: one flat buffer of every rank's shards,
+//     unpacked param by param, partition_parameters.py:1540-1602); none at world 1, where a param
+//     is its shard. Then, once the trace is COMPLETE (the second forward on), the queue of
+//     (param, step) entries recorded in the first forward and backward: the module's own entries
+//     are discarded (a different order is a tracing error), and the next ones are prefetched in
+//     one async all_gather while fewer than min(stage3_max_live_parameters - available,
+//     stage3_prefetch_bucket_size) elements are chosen (the one that crosses the line included).
+//   - release (:494-533): while recording, all the module's params, persistent ones included;
+//     once COMPLETE, its non-persistent params that no module within stage3_max_reuse_distance
+//     elements of the rest of the trace uses and no prefetch has claimed for a later step, a set
+//     computed once per (module, step) and reused (functools.lru_cache); a param is released only
+//     when AVAILABLE and used by no other active module. (DeepSpeed never releases a param it
+//     marked is_external_param, which only a param returned from a module's forward becomes,
+//     parameter_offload.py:386; zerocheck's modules return no params, so it is not modelled.)
+//   - post-backward fires only through a grad-requiring positional input (parameter_offload.py
+//     :505-517): the models do not run it for a module whose input is data (the root, a first
+//     layer), and the backward epilogue releases those modules' params, persistent ones kept
+//     (release_backward_leftovers, :554-566).
+//   - the step partitions every param (release_and_reset_all) and then all-gathers the persistent
+//     ones again (stage3.py:2841, Init._all_gather: one param: one call; more: one call per param,
+//     none at world 1). At construction each trainable param is all-gathered once more and
+//     partitioned (create_reduce_and_remove_grad_hooks, stage3.py:1504, a single-param gather).
+// Counted as DeepSpeed's comm counter counts: each call's output, ceil(numel/W) * W elements of the
+// model dtype per param.
+void Zero3Optimizer::trace_prologue(Module& m) {
+  if (trace_mode_ != TraceMode::complete) return;
+  if (submodule_order_.size() <= static_cast<std::size_t>(step_id_) ||
+      submodule_order_[static_cast<std::size_t>(step_id_)] != &m) {
+    record(fmt::format("zero3: trace invalidated at step {} by module {}", step_id_, m.path()));
+    invalidate_trace();
+  }
+}
+
+void Zero3Optimizer::invalidate_trace() {
+  trace_mode_ = TraceMode::invalid;
+  submodule_order_.clear();  // _clear_trace_structures
+  param_order_.clear();
+  queue_pos_ = 0;
+  most_recent_.assign(shards_.size(), kNeverFetched);
+  clean_inflight();
+}
+
+void Zero3Optimizer::clean_inflight() {  // _clean_inflight_param_registry
+  std::vector<std::shared_ptr<Gather>> gathers = std::move(inflight_);
+  inflight_.clear();
+  for (const auto& g : gathers) {
+    if (!g->params.empty() && !g->done) finish_gather(*g->params.front());
+    for (Shard* s : g->params) release_param(*s);
+  }
+}
+
+void Zero3Optimizer::fetch_sub_module(Module& m, bool forward) {
+  trace_prologue(m);
+  if (trace_mode_ == TraceMode::record) submodule_order_.push_back(&m);
+  if (!forward && std::find(active_backward_.begin(), active_backward_.end(), &m) == active_backward_.end()) {
+    active_backward_.push_back(&m);
+  }
+  std::vector<Shard*> to_fetch;
+  for (Parameter* p : params_of(m)) to_fetch.push_back(&shard_of(*p));
+  std::vector<Shard*> missing;
+  for (Shard* s : to_fetch) {
+    if (s->p->ds_status == ZeroStatus::not_available) missing.push_back(s);
+  }
+  if (!missing.empty()) all_gather_params(missing, MemCategory::gathered_params, false);
+  for (Shard* s : to_fetch) {
+    if (std::find(s->users.begin(), s->users.end(), &m) == s->users.end()) s->users.push_back(&m);
+    if (s->p->ds_status == ZeroStatus::inflight) finish_gather(*s);
+    ZC_ASSERT(s->p->ds_status == ZeroStatus::available, "{} not available after its fetch", s->p->name);
+  }
+  if (trace_mode_ == TraceMode::complete) {
+    // Discard the module's own entries from the queue, unless a prefetch took them already.
+    std::vector<std::size_t> need, discarded;
+    for (Shard* s : to_fetch) {
+      const auto k = static_cast<std::size_t>(s - shards_.data());
+      if (most_recent_[k] < step_id_ && std::find(need.begin(), need.end(), k) == need.end()) need.push_back(k);
+    }
+    while (queue_pos_ < param_order_.size() && discarded.size() < need.size()) {
+      const ParamInTrace& e = param_order_[queue_pos_++];
+      most_recent_[e.shard] = e.step;
+      if (std::find(discarded.begin(), discarded.end(), e.shard) == discarded.end()) discarded.push_back(e.shard);
+    }
+    std::sort(need.begin(), need.end());
+    std::sort(discarded.begin(), discarded.end());
+    if (need != discarded) {
+      throw UsageError(fmt::format("rank {}: ZeRO-3 tracing error at step {}: module {} needs {} params the "
+                                   "recorded trace does not have next; the module order changed within a "
+                                   "forward/backward", rank_, step_id_, m.path(), need.size()));
+    }
+    const std::int64_t bucket = cfg_.zero.stage3_prefetch_bucket_size;
+    if (bucket > 0) {
+      const std::int64_t cap = std::min(cfg_.zero.stage3_max_live_parameters - n_available_, bucket);
+      std::vector<Shard*> chosen;
+      std::int64_t numel = 0;
+      while (queue_pos_ < param_order_.size() && numel < cap) {
+        const ParamInTrace& e = param_order_[queue_pos_++];
+        Shard& s = shards_[e.shard];
+        most_recent_[e.shard] = std::max(most_recent_[e.shard], e.step);
+        if (s.p->ds_status == ZeroStatus::not_available &&
+            std::find(chosen.begin(), chosen.end(), &s) == chosen.end()) {
+          chosen.push_back(&s);
+          numel += s.numel;
+        }
+      }
+      if (numel > 0) {
+        prefetched_ += static_cast<std::int64_t>(chosen.size());
+        all_gather_params(chosen, MemCategory::prefetch, true);
       }
     }
-    assert_ints_same_as_other_ranks(ids);
-    assert_ints_same_as_other_ranks(last_used);
-    trace_mode_ = TraceMode::complete;
-  } else {
-    trace_mode_ = TraceMode::record;
   }
-  submodule_order_.clear();
+  ++step_id_;
 }
 
-// `why`: gathered_params for a module about to use it, prefetch ahead of use; a persistent
-// param's buffer is counted as persistent either way (it is never released).
-void Zero3Optimizer::begin_gather(Shard& s, MemCategory why) {
-  Parameter& p = *s.p;
-  ZC_ASSERT(p.ds_status == ZeroStatus::not_available, "gather of {} in status {}", p.name,
-            zero_status_name(p.ds_status));
-  Tensor src = p.ds_shard;
-  if (cfg_.zero.offload_param == OffloadDevice::cpu) {  // bring the shard to the device first
-    src = dev_.alloc(dtype_, {s.shard_numel}, p.name + ".shard_on_device",
-                     MemCategory::comm_buffers);
-    cpu_->to_device(src, p.ds_shard);
+const std::vector<char>& Zero3Optimizer::params_to_release(Module& m, std::int64_t step) {
+  auto [it, fresh] = release_memo_.try_emplace({&m, step});
+  if (!fresh) return it->second;
+  std::vector<char>& out = it->second;
+  out.assign(shards_.size(), 0);
+  for (Parameter* p : params_of(m)) {
+    const auto k = static_cast<std::size_t>(find_shard(*p));
+    if (!shards_[k].persistent && most_recent_[k] <= step) out[k] = 1;
   }
-  s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, p.name + ".gathered",
-                            s.persistent ? MemCategory::persistent : why);
-  s.inflight = comm_.all_gather(s.gather_buf, src, {.async_op = true});
-  p.ds_status = ZeroStatus::inflight;
+  std::int64_t traversed = 0;
+  for (std::size_t t = static_cast<std::size_t>(step); t < submodule_order_.size(); ++t) {
+    if (traversed >= cfg_.zero.stage3_max_reuse_distance) break;
+    for (Parameter* p : params_of(*submodule_order_[t])) {
+      const auto k = static_cast<std::size_t>(find_shard(*p));
+      out[k] = 0;
+      traversed += shards_[k].numel;
+    }
+  }
+  return out;
 }
 
-void Zero3Optimizer::finish_gather(Shard& s) {
-  Parameter& p = *s.p;
-  ZC_ASSERT(p.ds_status == ZeroStatus::inflight && s.inflight, "finish_gather of {} in status {}",
-            p.name, zero_status_name(p.ds_status));
-  s.inflight->wait();
-  s.inflight.reset();
-  p.data = s.gather_buf.narrow(0, s.numel).view(p.shape);
-  p.ds_status = ZeroStatus::available;
-}
-
-void Zero3Optimizer::fetch_module(Module& m) {
+void Zero3Optimizer::release_sub_module(Module& m, bool forward) {
+  const std::vector<char>* memo = trace_mode_ == TraceMode::complete ? &params_to_release(m, step_id_) : nullptr;
+  if (!forward) {
+    auto it = std::find(active_backward_.begin(), active_backward_.end(), &m);
+    if (it != active_backward_.end()) active_backward_.erase(it);
+  }
   for (Parameter* p : params_of(m)) {
     Shard& s = shard_of(*p);
-    ++s.active;
-    if (p->ds_status == ZeroStatus::available) continue;
-    if (p->ds_status == ZeroStatus::not_available) begin_gather(s, MemCategory::gathered_params);
-    finish_gather(s);
+    std::erase(s.users, &m);
+    const bool listed = memo == nullptr || (*memo)[static_cast<std::size_t>(&s - shards_.data())];
+    if (listed) release_param(s);
   }
 }
 
-void Zero3Optimizer::release(Shard& s) {
-  Parameter& p = *s.p;
-  if (s.persistent || p.ds_status == ZeroStatus::not_available) return;
-  if (p.ds_status == ZeroStatus::inflight) {
-    throw UsageError(fmt::format("releasing param {} while its all-gather is INFLIGHT: wait for "
-                                 "the gather before release", p.name));
+void Zero3Optimizer::release_backward_leftovers() {
+  while (!active_backward_.empty()) {
+    Module& m = *active_backward_.back();  // popitem(): the last inserted
+    active_backward_.pop_back();
+    for (Parameter* p : params_of(m)) {
+      Shard& s = shard_of(*p);
+      std::erase(s.users, &m);
+      if (!s.persistent) release_param(s);
+    }
   }
+}
+
+// __release_param: AVAILABLE and used by no active module -> partitioned.
+void Zero3Optimizer::release_param(Shard& s) {
+  Parameter& p = *s.p;
+  if (p.ds_status != ZeroStatus::available || !s.users.empty()) return;
   p.data = Tensor();
   s.gather_buf = Tensor();
   p.ds_status = ZeroStatus::not_available;
+  n_available_ -= s.numel;
 }
 
-void Zero3Optimizer::release_module(Module& m) {
-  // A param gathered outside the hooks (the getter's eager path) has no count: released here.
-  for (Parameter* p : params_of(m)) {
-    Shard& s = shard_of(*p);
-    if (s.active > 0) --s.active;
-    if (s.active == 0) release(s);
+// The params' shards into full params: one call for one param, one coalesced call (this rank's
+// shards in a row, every rank's section in one flat buffer) for several; at world 1 no call.
+void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory why, bool async) {
+  std::sort(params.begin(), params.end());  // by ds_id (shards_ is in param order)
+  for (Shard* s : params) {
+    ZC_ASSERT(s->p->ds_status == ZeroStatus::not_available, "gather of {} in status {}", s->p->name,
+              zero_status_name(s->p->ds_status));
+    n_available_ += s->numel;
   }
-  if (&m == &model_) {  // end of the model's forward/backward: no prefetch may stay in flight
-    for (Shard& s : shards_) {
-      if (s.p->ds_status == ZeroStatus::inflight) {
-        finish_gather(s);
-        release(s);
+  const bool offload = cfg_.zero.offload_param == OffloadDevice::cpu;
+  if (world_ == 1) {  // _no_gather_coalesced: the shard is the param
+    for (Shard* s : params) {
+      Parameter& p = *s->p;
+      if (offload) {
+        s->gather_buf = dev_.alloc(dtype_, {s->numel}, p.name + ".on_device", s->persistent ? MemCategory::persistent : why);
+        cpu_->to_device(s->gather_buf, p.ds_shard.narrow(0, s->numel));
+        p.data = s->gather_buf.view(p.shape);
+      } else {
+        p.data = p.ds_shard.narrow(0, s->numel).view(p.shape);
       }
+      p.ds_status = ZeroStatus::available;
     }
+    return;
+  }
+  auto g = std::make_shared<Gather>();
+  g->params = params;
+  g->why = why;
+  if (params.size() == 1) {  // _all_gather_sequential: straight into the param's buffer
+    Shard& s = *params.front();
+    Tensor src = s.p->ds_shard;
+    if (offload) {
+      src = dev_.alloc(dtype_, {s.shard_numel}, s.p->name + ".shard_on_device", MemCategory::comm_buffers);
+      cpu_->to_device(src, s.p->ds_shard);
+    }
+    g->in = src;
+    s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, s.p->name + ".gathered",
+                              s.persistent ? MemCategory::persistent : why);
+    g->work = comm_.all_gather(s.gather_buf, src, {.async_op = true});
+  } else {  // _all_gather_dtype: one flat buffer
+    std::int64_t psz = 0;
+    for (Shard* s : params) psz += s->shard_numel;
+    g->in = dev_.alloc(dtype_, {psz}, "allgather_partition", MemCategory::comm_buffers);
+    std::int64_t at = 0;
+    for (Shard* s : params) {
+      Tensor dst = g->in.narrow(at, s->shard_numel);
+      if (offload) {
+        cpu_->to_device(dst, s->p->ds_shard);
+      } else {
+        dev_.copy(dst, s->p->ds_shard);
+      }
+      at += s->shard_numel;
+    }
+    g->flat = dev_.alloc(dtype_, {psz * world_}, "allgather_flat", MemCategory::comm_buffers);
+    g->work = comm_.all_gather(g->flat, g->in, {.async_op = true});
+  }
+  for (Shard* s : params) {
+    s->pending = g;
+    s->p->ds_status = ZeroStatus::inflight;
+  }
+  if (async) {
+    inflight_.push_back(g);
+  } else {
+    finish_gather(*params.front());
   }
 }
 
-// Starts the gathers of the modules that followed `m` in the previous forward, up to
-// stage3_prefetch_bucket_size elements (DeepSpeed's trace-based prefetch, forward only).
-void Zero3Optimizer::prefetch_after(Module& m) {
-  std::int64_t budget = cfg_.zero.stage3_prefetch_bucket_size;
-  if (budget <= 0) return;
-  auto it = std::find(last_fwd_order_.begin(), last_fwd_order_.end(), &m);
-  if (it == last_fwd_order_.end()) return;
-  for (++it; it != last_fwd_order_.end() && budget > 0; ++it) {
-    for (Parameter* p : params_of(**it)) {
-      Shard& s = shard_of(*p);
-      if (p->ds_status != ZeroStatus::not_available || s.numel > budget) continue;
-      begin_gather(s, MemCategory::prefetch);
-      budget -= s.numel;
-      ++prefetched_;
+// Waits for the gather `s` is part of, and makes each of its params AVAILABLE (a coalesced
+// gather's params are cut out of the flat buffer: the chunks of ranks whose shard is all real,
+// then the partial one).
+void Zero3Optimizer::finish_gather(Shard& s) {
+  ZC_ASSERT(s.p->ds_status == ZeroStatus::inflight && s.pending, "finish_gather of {} in status {}",
+            s.p->name, zero_status_name(s.p->ds_status));
+  std::shared_ptr<Gather> g = s.pending;
+  g->work->wait();
+  g->done = true;
+  const std::int64_t psz = g->in.numel();
+  std::int64_t col = 0;
+  for (Shard* t : g->params) {
+    Parameter& p = *t->p;
+    if (g->flat.defined()) {
+      t->gather_buf = dev_.alloc(dtype_, {t->numel}, p.name + ".gathered",
+                                 t->persistent ? MemCategory::persistent : g->why);
+      const std::int64_t full = t->numel / t->shard_numel;  // ranks whose chunk is all real
+      dev_.copy_2d(t->gather_buf, g->flat.narrow(col, g->flat.numel() - col), full, t->shard_numel,
+                   t->shard_numel, psz);
+      const std::int64_t rest = t->numel - full * t->shard_numel;
+      if (rest > 0) {
+        dev_.copy(t->gather_buf.narrow(full * t->shard_numel, rest), g->flat.narrow(full * psz + col, rest));
+      }
+      col += t->shard_numel;
     }
+    p.data = t->gather_buf.narrow(0, t->numel).view(p.shape);
+    p.ds_status = ZeroStatus::available;
+    t->pending.reset();
   }
+  g->work.reset();
+  g->in = Tensor();
+  g->flat = Tensor();
+  std::erase(inflight_, g);
+}
+
+// release_and_reset_all, at the start of every step: every param partitioned, persistent included.
+void Zero3Optimizer::partition_all_parameters() {
+  for (Shard& s : shards_) {
+    if (s.p->ds_status == ZeroStatus::inflight) finish_gather(s);
+    s.users.clear();
+    release_param(s);
+  }
+  inflight_.clear();
+}
+
+// Init._all_gather of exactly one param (_allgather_params_sequential): one call at any world.
+void Zero3Optimizer::gather_sequential(Shard& s, MemCategory why) {
+  if (world_ > 1) {
+    all_gather_params({&s}, why, false);
+    return;
+  }
+  Tensor src = s.p->ds_shard;
+  if (cfg_.zero.offload_param == OffloadDevice::cpu) {
+    src = dev_.alloc(dtype_, {s.shard_numel}, s.p->name + ".shard_on_device", MemCategory::comm_buffers);
+    cpu_->to_device(src, s.p->ds_shard);
+  }
+  s.gather_buf = dev_.alloc(dtype_, {s.shard_numel}, s.p->name + ".gathered", s.persistent ? MemCategory::persistent : why);
+  comm_.all_gather(s.gather_buf, src);
+  s.p->data = s.gather_buf.narrow(0, s.numel).view(s.p->shape);
+  s.p->ds_status = ZeroStatus::available;
+  n_available_ += s.numel;
+}
+
+// _post_step: persistent_parameters[0].all_gather(persistent_parameters) (Init._all_gather): one
+// persistent param is a single gather at any world; several are one call each, none at world 1.
+void Zero3Optimizer::gather_persistent_parameters() {
+  std::vector<Shard*> persistent;
+  for (Shard& s : shards_) {
+    if (s.persistent && s.p->ds_status == ZeroStatus::not_available) persistent.push_back(&s);
+  }
+  if (persistent.size() == 1) {
+    gather_sequential(*persistent.front(), MemCategory::persistent);
+    return;
+  }
+  for (Shard* s : persistent) all_gather_params({s}, MemCategory::persistent, false);
 }
 
 // All-gathers a [partition_numel] tensor of every rank's flat partition and reassembles each

@@ -35,6 +35,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   std::vector<double> gathered_grads() override;
   bool supports_coalescing() const override { return true; }
   void flush_coalesced_reduction() override;
+  void backward_epilogue() override { release_backward_leftovers(); }
   // ---- ParamCoordinator ----
   const BugSet& bugs() const override { return opts_.bugs; }
   Module& current_module() override;
@@ -59,15 +60,25 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
  private:
   void reduce_ready_partitions_and_remove_grads(Parameter& p);
   void independent_gradient_partition_epilogue();
+  struct Gather;
   struct Shard {
     Parameter* p = nullptr;
     std::int64_t numel = 0;
     std::int64_t shard_numel = 0;  // ceil(numel / world)
     std::int64_t offset = 0;       // position in the rank's flat partition
-    bool persistent = false;
-    int active = 0;                // modules whose hooks fetched it and have not released it
-    WorkPtr inflight;              // the pending gather while INFLIGHT
-    Tensor gather_buf;             // [shard_numel * world] model dtype
+    bool persistent = false;       // ds_persist
+    std::vector<const Module*> users;  // ds_active_sub_modules: modules fetched, not yet released
+    std::shared_ptr<Gather> pending;   // the all_gather it is part of while INFLIGHT
+    Tensor gather_buf;             // the full param while AVAILABLE (empty at world 1: ds_shard)
+  };
+  // One all_gather of one or more params (DeepSpeed's AllGatherHandle / AllGatherCoalescedHandle):
+  // waiting for any of them makes them all AVAILABLE.
+  struct Gather {
+    WorkPtr work;
+    Tensor in, flat;  // coalesced: this rank's shards in a row, and [world * their sum]
+    std::vector<Shard*> params;
+    MemCategory why = MemCategory::gathered_params;
+    bool done = false;
   };
   struct Pending {
     WorkPtr work;
@@ -79,15 +90,22 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void install_hooks(Module& m);
   // PartitionedParameterCoordinator.reset_step's trace checks (Note [ZeRO-3's trace checks]).
   void reset_step();
-  void record_fetch(Module& m);
   void number_modules(const Module& m);
   void assert_ints_same_as_other_ranks(const std::vector<double>& ints);
-  void fetch_module(Module& m);
-  void release_module(Module& m);
-  void prefetch_after(Module& m);
-  void begin_gather(Shard& s, MemCategory why);
+  // Note [ZeRO-3's parameter coordinator]
+  void trace_prologue(Module& m);
+  void invalidate_trace();
+  void fetch_sub_module(Module& m, bool forward);
+  void release_sub_module(Module& m, bool forward);
+  void release_backward_leftovers();
+  const std::vector<char>& params_to_release(Module& m, std::int64_t step);
+  void all_gather_params(std::vector<Shard*> params, MemCategory why, bool async);
   void finish_gather(Shard& s);
-  void release(Shard& s);
+  void release_param(Shard& s);
+  void partition_all_parameters();
+  void gather_persistent_parameters();
+  void gather_sequential(Shard& s, MemCategory why);
+  void clean_inflight();
   void reduce_independent_p_g_buckets_and_remove_grads(Shard& s);
   void reduce_and_partition_ipg_grads();
   void finish(Pending& pend);
@@ -119,16 +137,28 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   std::vector<Shard*> bucket_params_;
   std::vector<char> already_reduced_;
   std::vector<Pending> pending_;
-  std::vector<Module*> fwd_order_, last_fwd_order_;  // module pre-forward order, for prefetch
   std::vector<Module*> fwd_stack_;  // FWD_MODULE_STACK: modules whose forward is running
   bool epilogue_ran_ = false;
   bool any_partitioned_grads_ = false;
   std::int64_t prefetched_ = 0;
-  // The trace DeepSpeed records and checks across ranks (Note [ZeRO-3's trace checks]).
+  // The trace DeepSpeed records, checks across ranks and prefetches from (Note [ZeRO-3's trace
+  // checks], Note [ZeRO-3's parameter coordinator]).
   enum class TraceMode { invalid, record, complete };
   TraceMode trace_mode_ = TraceMode::invalid;
   std::map<const Module*, double> module_ids_;  // DeepSpeed's ds_id: the module's pre-order index
   std::vector<Module*> submodule_order_;  // fetches recorded in RECORD mode (forward and backward)
+  struct ParamInTrace {
+    std::size_t shard = 0;
+    std::int64_t step = 0;  // step_id_last_used_at
+  };
+  std::vector<ParamInTrace> param_order_;  // frozen at RECORD -> COMPLETE
+  std::size_t queue_pos_ = 0;              // __param_queue: param_order_[queue_pos_..]
+  std::vector<std::int64_t> most_recent_;  // __most_recent_step_id_param_fetched_for, by shard
+  std::int64_t step_id_ = 0;
+  std::int64_t n_available_ = 0;           // __n_available_params (full numels)
+  std::vector<Module*> active_backward_;   // __active_backward_submodules, in insertion order
+  std::map<std::pair<const Module*, std::int64_t>, std::vector<char>> release_memo_;  // lru_cache
+  std::vector<std::shared_ptr<Gather>> inflight_;  // __inflight_param_registry's handles
 };
 
 }  // namespace zc

@@ -108,7 +108,7 @@ void Contrastive::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.scale(dy, loss_scale);
   dev.div(dy, static_cast<double>(ga));
   encoder().backward_from(dev, dy);
-  run_post_backward();
+  // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }
 
 double gradcache_step(Engine& engine, Contrastive& model, Device& dev, const HostBatch& local,

@@ -194,10 +194,11 @@ void Mlp::backward_from(Device& dev, Tensor dy) {
     }
     accumulate_grad(dev, l.weight(), dw);
     accumulate_grad(dev, l.bias(), db);
-    l.run_post_backward();
+    // DeepSpeed's post-backward hook fires only through an input that requires grad: the first
+    // layer's is data (Note [ZeRO-3's parameter coordinator]), and so is the model's.
+    if (li > 0) l.run_post_backward();
     dy = dx;
   }
-  run_post_backward();
 }
 
 }  // namespace zc

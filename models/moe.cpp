@@ -189,7 +189,7 @@ void SimpleMoE::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.sum_rows(dbp, dh, false);
   accumulate_grad(dev, pre().weight(), dwp);
   accumulate_grad(dev, pre().bias(), dbp);
-  run_post_backward();
+  // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }
 
 }  // namespace zc

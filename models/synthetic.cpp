@@ -85,7 +85,7 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
     Parameter& p = param(i);
     accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
   }
-  run_post_backward();
+  // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }
 
 }  // namespace zc

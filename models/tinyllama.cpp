@@ -470,7 +470,7 @@ void TinyLlama::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.embedding_backward(dtok, dx, ids_);
   accumulate_grad(dev, param_of(*this, "pos_emb"), dpos);
   accumulate_grad(dev, param_of(*this, "tok_emb"), dtok);
-  run_post_backward();
+  // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input (token ids) is data (Note [ZeRO-3's parameter coordinator]).
 }
 
 std::vector<double> TinyLlama::gather_tp(const TinyLlamaSpec& spec,

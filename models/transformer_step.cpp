@@ -302,8 +302,8 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
     accumulate_grad(dev, *emb.params().get("pos"), dpos);
   }
   accumulate_grad(dev, *emb.params().get("tok"), dtok);
-  emb.run_post_backward();
-  run_post_backward();
+  // No post-backward hook for the embedding or the model: DeepSpeed's fires only through an input
+  // that requires grad, and theirs are token ids (Note [ZeRO-3's parameter coordinator]).
 }
 
 }  // namespace zc

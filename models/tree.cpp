@@ -269,7 +269,8 @@ void TreeModel::node_backward(Device& dev, Module& m, double loss_scale, std::in
     const Tensor& g = held_.at(fmt::format("g{}", p.id));
     accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
   }
-  m.run_post_backward();
+  // The root has no post-backward hook: DeepSpeed's fires only through an input that requires grad, and the root's input is data (Note [ZeRO-3's parameter coordinator]).
+  if (&m != this) m.run_post_backward();
 }
 
 void TreeModel::backward(Device& dev, double loss_scale, std::int64_t ga) {

@@ -154,8 +154,17 @@ def load_batches(spec, directory, rank, dtype):
 def gathered(engine, params, stage):
     """The full model params (16-bit or fp32) on every rank; ZeRO-3 gathers them."""
     if stage == 3:
+        # GatheredParameters' exit partitions every param it was given, persistent ones too
+        # (partition_parameters.py:2544), which DeepSpeed's own step never does: the params that
+        # were AVAILABLE before the read are gathered back (the caller has counting off), so the
+        # next forward runs from the state training left, as it would without the recorder.
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        available = [p for p in params if p.ds_status == ZeroParamStatus.AVAILABLE]
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return [p.detach().clone() for p in params]
+            out = [p.detach().clone() for p in params]
+        if available:
+            available[0].all_gather(param_list=available)
+        return out
     return [p.detach().clone() for p in params]
 
 
