@@ -200,10 +200,9 @@ void Zero3Optimizer::install_hooks(Module& m) {
 // Each check (assert_ints_same_as_other_ranks, zero/utils.py:80-125) is two broadcasts from rank 0
 // of int64 tensors, the list's length [1] and the list itself [n] (an empty list still broadcasts),
 // and raises when a rank's list differs from rank 0's. DeepSpeed's tensors are int64; these are
-// f64, which holds the same small integers exactly in the same 8 bytes. zerocheck does not model
-// the COMPLETE trace's prefetch, nor a trace invalidated by a changed module order (DeepSpeed then
-// records again); its fetches are the per-module ones below (the listed divergence
-// stage3-collective-schedule covers the all_gathers).
+// f64, which holds the same small integers exactly in the same 8 bytes. What the trace drives
+// (fetch, prefetch, release) is Note [ZeRO-3's parameter coordinator]; a module order that
+// departs from the complete trace invalidates it, and the next forward records again.
 void Zero3Optimizer::number_modules(const Module& m) {
   module_ids_.emplace(&m, static_cast<double>(module_ids_.size()));
   for (const auto& c : m.children()) number_modules(*c);

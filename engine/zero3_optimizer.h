@@ -1,15 +1,19 @@
 // Zero3Optimizer: DeepSpeed's DeepSpeedZeroOptimizer_Stage3 (SPEC 5). Every param is padded to a
-// multiple of the world and sharded; module hooks all-gather a module's params before its forward
-// and backward (NOT_AVAILABLE -> INFLIGHT -> AVAILABLE) and release them after, except persistent
-// params (numel <= stage3_param_persistence_threshold). Grads are reduce-scattered in ipg buckets
-// (divide by world first) and partition_grads copies into the rank's grad partition when
-// micro_step_id == 0 and adds otherwise; ranks whose slice is padding only skip.
+// multiple of the world and sharded; module hooks fetch a module's params before its forward and
+// backward (NOT_AVAILABLE -> INFLIGHT -> AVAILABLE) and release them after, as DeepSpeed's
+// PartitionedParameterCoordinator does: one coalesced all_gather per fetch, the recorded trace's
+// prefetch once it is complete, releases by trace mode and persistence (Note [ZeRO-3's parameter
+// coordinator] in zero3_optimizer.cpp). Grads are reduce-scattered in ipg buckets (divide by
+// world first) and partition_grads copies into the rank's grad partition when micro_step_id == 0
+// and adds otherwise; ranks whose slice is padding only skip.
 // It is the tree's ParamCoordinator: ParamDict::get gathers a NOT_AVAILABLE param read in an
 // eager forward through it, registered as external on the innermost module in forward.
-// A param used by several modules (aliases, external params) counts its active users
-// (DeepSpeed's ds_active_sub_modules) and is released when the last one releases it.
-// Invariants: outside a module's forward/backward only shards and persistent params are held; a
-// param is released only when AVAILABLE; micro_step_id is 0 at the first reduction of a step.
+// A param used by several modules (aliases, external params) keeps the set of its active users
+// (DeepSpeed's ds_active_sub_modules) and is released only when none is left.
+// Invariants: outside a forward/backward only shards and params the coordinator keeps (persistent
+// ones, and those a complete trace reuses) are held; a param is released only when AVAILABLE;
+// micro_step_id is 0 at the first reduction of a step; the step leaves exactly the persistent
+// params gathered.
 #pragma once
 
 #include "engine/offload.h"
