@@ -1,6 +1,7 @@
 // ZeRO-3 and offload behaviour beyond parity: what a rank holds outside forward/backward, that
-// prefetch and persistence never change results, micro_step_id over several steps, the INFLIGHT
-// release error, external parameters, offload transfers, and the B3 chunk loss.
+// prefetch and persistence never change results, the all_gathers DeepSpeed issues over a run,
+// micro_step_id over several steps, a release during a prefetch, external parameters, offload
+// transfers, and the B3 chunk loss.
 #include "engine/errors.h"
 #include "engine/zero12_optimizer.h"
 #include "engine/zero3_optimizer.h"
@@ -11,6 +12,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <fmt/ranges.h>
 
 #include <functional>
 
@@ -97,6 +100,80 @@ TEST(Zero3, PrefetchAndPersistenceNeverChangeResults) {
     EXPECT_EQ(first_difference(persist.params[s], plain.params[s], DType::f32), "") << s;
     EXPECT_EQ(first_difference(prefetch.grads[s], plain.grads[s], DType::f32), "") << s;
     EXPECT_EQ(first_difference(persist.grads[s], plain.grads[s], DType::f32), "") << s;
+  }
+}
+
+// ZeRO-3's all_gathers over a whole run (construction included), calls and output bytes on
+// rank 0, against what DeepSpeed 0.19.8 issued on CPU/gloo for the same model and config:
+// reference/deepspeed/gather_trace.py, which logs every collective of a plain training loop
+// (2026-12-02). The run: SGD lr 0.125, micro-batch 2, reduce_bucket_size 1000, contiguous
+// gradients, no overlap, f32; GA micro-steps of N forward/backward chunks, a step per micro-step.
+struct GatherCase {
+  std::vector<std::int64_t> dims = {};  // an MLP (ReLU between layers), or
+  std::vector<std::int64_t> synthetic = {};  // a Synthetic model of these param sizes
+  int world = 2, ga = 1, n = 1, steps = 2;
+  nlohmann::json zero_extra = nlohmann::json::object();
+  std::int64_t ds_calls = 0, ds_bytes = 0;  // DeepSpeed's, measured
+};
+
+OpStats z3_gathers(const GatherCase& c) {
+  OpStats out;
+  sim::SimCluster(c.world, 3).run([&](sim::RankContext& ctx) {
+    nlohmann::json zero = {{"stage", 3}, {"contiguous_gradients", true}, {"overlap_comm", false}, {"reduce_bucket_size", 1000}};
+    zero.update(c.zero_extra);
+    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", c.ga},
+                                    {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.125}}}}},
+                                    {"zero_allow_untested_optimizer", true}, {"zero_optimization", zero}}, c.world);
+    std::unique_ptr<Model> model;
+    if (c.dims.empty()) {
+      std::vector<Shape> shapes;
+      for (std::int64_t n : c.synthetic) shapes.push_back({n});
+      model = std::make_unique<Synthetic>(shapes);
+    } else {
+      model = std::make_unique<Mlp>(MlpSpec{c.dims, c.dims.size() > 2, LossKind::linear});
+    }
+    Rng rng(1);
+    model->init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
+    Engine e(cfg, *model, ctx.device, ctx.world);
+    Rng r(2);
+    const Batch b = upload_batch(ctx.device, model->make_batch(r, 2, DataDomain::exact, {1, 0, 2}), DType::f32);
+    for (int s = 0; s < c.steps; ++s) {
+      for (int m = 0; m < c.ga; ++m) {
+        for (int k = 0; k < c.n; ++k) e.backward(e.forward(b));
+        e.step();
+      }
+    }
+    if (ctx.rank == 0) out = ctx.world.stats()[CollectiveKind::all_gather];
+  });
+  return out;
+}
+
+TEST(Zero3, AllGathersAreDeepSpeedsCallForCallOverARun) {
+  const std::vector<GatherCase> cases = {
+      // 4 at construction, 2 + 2 coalesced fetches in the recording pass, 4 per step after it.
+      {.dims = {3, 4, 2}, .steps = 3, .ds_calls = 20, .ds_bytes = 624},
+      // The second micro-step's forward prefetches layer 1 in one call (layer 0 stayed: its
+      // post-backward never fires and the epilogue keeps persistent params).
+      {.dims = {3, 4, 2}, .ga = 2, .steps = 2, .ds_calls = 17, .ds_bytes = 560},
+      // Non-persistent params: every later forward prefetches everything in one call.
+      {.dims = {3, 4, 2, 2}, .n = 2, .zero_extra = {{"stage3_param_persistence_threshold", 0}}, .ds_calls = 15, .ds_bytes = 768},
+      // No prefetch: a fetch per module in every forward, none in the complete trace's backward.
+      {.dims = {3, 4, 2, 2}, .n = 2,
+       .zero_extra = {{"stage3_param_persistence_threshold", 0}, {"stage3_prefetch_bucket_size", 0}},
+       .ds_calls = 21, .ds_bytes = 768},
+      // World 1: the construction's gathers are calls; the coordinator's are not; one persistent
+      // param is re-gathered by a call after each step, several are not.
+      {.synthetic = {3}, .world = 1, .ds_calls = 3, .ds_bytes = 36},
+      {.synthetic = {3, 5, 7}, .world = 1, .ds_calls = 3, .ds_bytes = 60},
+      {.synthetic = {3, 5}, .world = 2, .ga = 2, .n = 2, .ds_calls = 8, .ds_bytes = 200},
+  };
+  for (const GatherCase& c : cases) {
+    const OpStats got = z3_gathers(c);
+    EXPECT_EQ(got.calls, c.ds_calls) << fmt::format("dims [{}] synthetic [{}] world {} ga {} n {} steps {} zero {}",
+                                                    fmt::join(c.dims, ","), fmt::join(c.synthetic, ","), c.world, c.ga,
+                                                    c.n, c.steps, c.zero_extra.dump());
+    EXPECT_EQ(got.bytes, c.ds_bytes) << fmt::format("dims [{}] synthetic [{}] world {}", fmt::join(c.dims, ","),
+                                                    fmt::join(c.synthetic, ","), c.world);
   }
 }
 
