@@ -281,6 +281,30 @@ TEST(Zero3, AReleaseOfAnInflightParamLeavesItsPrefetchToTheNextFetch) {
   });
 }
 
+// A complete trace that a module order departs from is invalidated, not an error
+// (trace_prologue, partitioned_param_coordinator.py:202-219): the prefetch in flight is waited
+// and released, the fetch goes on, and the next forward records the trace again.
+TEST(Zero3, AModuleOrderThatLeavesTheTraceInvalidatesItAndTheNextForwardRecordsAgain) {
+  on_small_z3_mlp({{"stage3_prefetch_bucket_size", 100000}, {"stage3_param_persistence_threshold", 0}},
+                  [](sim::RankContext& ctx, Engine& e, Mlp& model, const Batch& b) {
+    e.backward(e.forward(b));  // records
+    std::vector<Module*> layers = layers_of(model);
+    Parameter& w0 = *layers[0]->params().get("weight");
+    Parameter& w1 = *layers[1]->params().get("weight");
+    model.run_pre_forward();  // COMPLETE: prefetches every later use
+    EXPECT_EQ(w0.ds_status, ZeroStatus::inflight);
+    layers[1]->run_pre_forward();  // the trace expects layer 0 here
+    EXPECT_EQ(w1.ds_status, ZeroStatus::available);
+    EXPECT_EQ(w0.ds_status, ZeroStatus::not_available) << "the prefetch is waited and released";
+    layers[1]->run_post_forward();
+    model.run_post_forward();
+    const std::int64_t gathers = ctx.world.stats()[CollectiveKind::all_gather].calls;
+    e.backward(e.forward(b));  // records again: one fetch per module, forward and backward
+    EXPECT_EQ(ctx.world.stats()[CollectiveKind::all_gather].calls - gathers, 4);
+    e.step();
+  });
+}
+
 TEST(Zero3, AnExternalParameterIsGatheredByTheModuleThatUsesIt) {
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
     Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}}, 2);
