@@ -163,9 +163,10 @@ Module& Zero3Optimizer::current_module() {
   return fwd_stack_.empty() ? model_ : *fwd_stack_.back();
 }
 
+// The getter's param.all_gather() (parameter_offload.py:89): Init._all_gather of one param.
 void Zero3Optimizer::all_gather(Parameter& p) {
   Shard& s = shard_of(p);
-  if (p.ds_status == ZeroStatus::not_available) all_gather_params({&s}, MemCategory::gathered_params, false);
+  if (p.ds_status == ZeroStatus::not_available) gather_sequential(s, MemCategory::gathered_params);
   if (p.ds_status == ZeroStatus::inflight) finish_gather(s);
 }
 
@@ -549,9 +550,13 @@ void Zero3Optimizer::partition_all_parameters() {
 }
 
 // Init._all_gather of exactly one param (_allgather_params_sequential): one call at any world.
+// It is not the coordinator's gather, so __n_available_params does not count it (a release by
+// the coordinator later does subtract it, as DeepSpeed's does).
 void Zero3Optimizer::gather_sequential(Shard& s, MemCategory why) {
   if (world_ > 1) {
+    const std::int64_t available = n_available_;
     all_gather_params({&s}, why, false);
+    n_available_ = available;
     return;
   }
   Tensor src = s.p->ds_shard;
@@ -563,7 +568,6 @@ void Zero3Optimizer::gather_sequential(Shard& s, MemCategory why) {
   comm_.all_gather(s.gather_buf, src);
   s.p->data = s.gather_buf.narrow(0, s.numel).view(s.p->shape);
   s.p->ds_status = ZeroStatus::available;
-  n_available_ += s.numel;
 }
 
 // _post_step: persistent_parameters[0].all_gather(persistent_parameters) (Init._all_gather): one
@@ -577,7 +581,9 @@ void Zero3Optimizer::gather_persistent_parameters() {
     gather_sequential(*persistent.front(), MemCategory::persistent);
     return;
   }
+  const std::int64_t available = n_available_;  // Init's path, not the coordinator's
   for (Shard* s : persistent) all_gather_params({s}, MemCategory::persistent, false);
+  n_available_ = available;
 }
 
 // All-gathers a [partition_numel] tensor of every rank's flat partition and reassembles each
