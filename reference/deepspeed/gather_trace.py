@@ -53,40 +53,19 @@ for m, a in KINDS.items():
     if hasattr(be, m):
         setattr(be, m, wrap(m, a, getattr(be, m)))
 
-class Mlp(torch.nn.Module):
-    def __init__(self, dims, relu):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(dims[i], dims[i + 1]) for i in range(len(dims) - 1))
-        self.relu = relu
-    def forward(self, x, c):
-        h = x
-        for i, l in enumerate(self.layers):
-            h = l(h)
-            if self.relu and i + 1 < len(self.layers):
-                h = torch.relu(h)
-        return (c * h).sum() / x.shape[0]
-class Syn(torch.nn.Module):
-    def __init__(self, shapes):
-        super().__init__()
-        for i, s in enumerate(shapes):
-            self.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(s)))
-        self.count = len(shapes)
-    def forward(self, **b):
-        loss = None
-        for i in range(self.count):
-            g = b[f"g{i}"]
-            t = (getattr(self, f"p{i}").flatten() * (g.sum(0) / g.shape[0])).sum()
-            loss = t if loss is None else loss + t
-        return loss
+# The reference's own twin models (importing twin also applies its one patch to DeepSpeed, which
+# only round_robin_gradients reaches).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from twin import MlpTwin, SyntheticTwin  # noqa: E402
 
 torch.manual_seed(0)
 dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[cfg.get("dtype", "f32")]
 if cfg["model"] == "mlp":
-    dims = cfg["dims"]; model = Mlp(dims, len(dims) > 2)
+    dims = cfg["dims"]; model = MlpTwin(dims, len(dims) > 2)
     def batch():
         return {"x": torch.ones(2, dims[0], dtype=dtype), "c": torch.ones(2, dims[-1], dtype=dtype)}
 else:
-    shapes = cfg["shapes"]; model = Syn(shapes)
+    shapes = cfg["shapes"]; model = SyntheticTwin([(n,) for n in shapes])
     def batch():
         return {f"g{i}": torch.ones(2, n, dtype=dtype) for i, n in enumerate(shapes)}
 ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": cfg.get("ga", 1), "gradient_clipping": 0.0,
