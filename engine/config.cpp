@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -255,6 +256,7 @@ void read_optimizer(Config& c, Reader& top) {
   r.warn_unknown();
   if (p == nullptr) return;
   Reader pr(*p, "optimizer.params", c.warnings);
+  for (const auto& [key, value] : p->items()) oc.param_keys.push_back(key);
   oc.lr = pr.number("lr", oc.lr);
   require(oc.lr >= 0, pr, "lr", fmt::format("learning rate {} is negative", oc.lr));
   if (pr.has("betas")) {
@@ -277,8 +279,62 @@ void read_optimizer(Config& c, Reader& top) {
   oc.dampening = pr.number("dampening", 0.0);
   oc.nesterov = pr.boolean("nesterov", false);
   oc.torch_adam = pr.boolean("torch_adam", false);
-  pr.boolean("fused", false);
-  pr.warn_unknown();
+  oc.amsgrad = pr.boolean("amsgrad", false);
+  // Every other key is checked against the constructor DeepSpeed calls (check_optimizer_params).
+}
+
+// engine.py _configure_basic_optimizer: 'max_grad_norm' is refused first; the other params are
+// the chosen optimizer's keyword arguments (adam_w_mode, torch_adam and fp32_optimizer_states
+// popped for Adam/AdamW), so a key its constructor does not take is the TypeError Python raises,
+// and FusedAdam / DeepSpeedCPUAdam refuse amsgrad. Keys the constructor takes but zerocheck does
+// not model are refused where they would change the arithmetic.
+void check_optimizer_params(const Config& c) {
+  const OptimizerConfig& o = c.optimizer;
+  const auto given = [&](std::string_view k) { return std::find(o.param_keys.begin(), o.param_keys.end(), k) != o.param_keys.end(); };
+  if (given("max_grad_norm")) {
+    throw ConfigError("'max_grad_norm' is not supported as an optimizer parameter, please switch to using the deepspeed "
+                      "parameter 'gradient_clipping' (DeepSpeed's ValueError, engine.py _configure_basic_optimizer)");
+  }
+  const bool adam = o.type != OptimizerType::sgd;
+  const bool cpu_adam = adam && !o.torch_adam && c.zero.stage > 0 && c.zero.offload_optimizer == OffloadDevice::cpu;
+  std::string impl;
+  std::vector<std::string_view> takes;
+  if (!adam) {
+    impl = "SGD";
+    takes = {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable", "fused"};
+  } else if (o.torch_adam) {
+    impl = o.adam_w_mode ? "AdamW" : "Adam";
+    takes = {"lr", "betas", "eps", "weight_decay", "amsgrad", "foreach", "maximize", "capturable", "differentiable",
+             "fused", "decoupled_weight_decay"};
+  } else if (cpu_adam) {
+    impl = "DeepSpeedCPUAdam";
+    takes = {"lr", "bias_correction", "betas", "eps", "weight_decay", "amsgrad"};
+  } else {
+    impl = "FusedAdam";
+    takes = {"lr", "bias_correction", "betas", "eps", "weight_decay", "amsgrad", "set_grad_none"};
+  }
+  if (adam) takes.insert(takes.end(), {"adam_w_mode", "torch_adam", "fp32_optimizer_states"});  // popped first
+  for (const std::string& k : o.param_keys) {
+    if (std::find(takes.begin(), takes.end(), k) == takes.end()) {
+      throw ConfigError(fmt::format("'optimizer.params.{}': DeepSpeed passes optimizer.params to {} as keyword arguments, "
+                                    "and {}.__init__() got an unexpected keyword argument '{}' (TypeError); remove it",
+                                    k, impl, impl, k));
+    }
+  }
+  if (o.amsgrad && !o.torch_adam && adam) {
+    throw ConfigError(fmt::format("{} does not support the AMSGrad variant. (DeepSpeed's RuntimeError)", impl));
+  }
+  if (o.amsgrad) throw NotImplementedError("'optimizer.params.amsgrad': torch's AMSGrad is not modelled");
+  for (const char* k : {"maximize", "capturable", "differentiable", "decoupled_weight_decay", "foreach", "fused"}) {
+    if (given(k)) {
+      throw NotImplementedError(fmt::format("'optimizer.params.{}' ({}'s keyword argument) is not modelled: it selects "
+                                            "another kernel or update; remove it", k, impl));
+    }
+  }
+  if (given("fp32_optimizer_states") && cpu_adam) {
+    throw NotImplementedError("'optimizer.params.fp32_optimizer_states' under offload is not modelled (DeepSpeedCPUAdam's "
+                              "state dtype); remove it");
+  }
 }
 
 void read_precision(Config& c, Reader& top) {
@@ -444,6 +500,7 @@ void check_gradient_scaling(Config& c) {
 }
 
 void check_combinations(Config& c) {
+  check_optimizer_params(c);  // DeepSpeed builds the optimizer before its ZeRO sanity check
   if (c.zero.stage > 0 && c.optimizer.type == OptimizerType::sgd) {  // engine.py _do_optimizer_sanity_check
     if (!c.zero_allow_untested_optimizer) {
       throw ConfigError("You are using an untested ZeRO Optimizer. Please add <\"zero_allow_untested_optimizer\": true> in "

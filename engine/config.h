@@ -45,6 +45,10 @@ struct OptimizerConfig {
   // optimizer.params.torch_adam: torch.optim.Adam/AdamW in place of DeepSpeed's FusedAdam (and in
   // place of DeepSpeedCPUAdam under offload, as DeepSpeed's get_optimizer_configuration decides).
   bool torch_adam = false;
+  bool amsgrad = false;  // refused when true where DeepSpeed refuses it (check_optimizer_params)
+  // Every key of optimizer.params as given: DeepSpeed passes them to the optimizer's constructor
+  // as keyword arguments, so which are accepted depends on the implementation it picks.
+  std::vector<std::string> param_keys;
   LrSchedule schedule;  // the top-level "scheduler" block
 };
 

@@ -51,6 +51,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (s.predivide != 1.0) j["gradient_predivide_factor"] = s.predivide;
   if (!s.reduce_scatter) j["reduce_scatter"] = false;
   if (!s.allow_untested_optimizer) j["zero_allow_untested_optimizer"] = false;
+  if (!s.extra_optimizer_params.empty()) j["extra_optimizer_params"] = s.extra_optimizer_params;
   if (s.allgather_bucket_size >= 0) j["allgather_bucket_size"] = s.allgather_bucket_size;
   if (!s.comm_dtype.empty()) j["communication_data_type"] = s.comm_dtype;
   if (s.round_robin) j["round_robin_gradients"] = true;
@@ -166,7 +167,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "check_grad_overflow",
       "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
       "allgather_bucket_size", "communication_data_type", "round_robin_gradients",
-      "use_multi_rank_bucket_allreduce"};
+      "use_multi_rank_bucket_allreduce", "extra_optimizer_params"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -216,6 +217,12 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "gradient_predivide_factor", s.predivide);
   read(j, "reduce_scatter", s.reduce_scatter);
   read(j, "zero_allow_untested_optimizer", s.allow_untested_optimizer);
+  if (j.contains("extra_optimizer_params")) {
+    if (!j["extra_optimizer_params"].is_object()) {
+      throw ConfigError("scenario key 'extra_optimizer_params' must be an object of optimizer.params keys");
+    }
+    s.extra_optimizer_params = j["extra_optimizer_params"];
+  }
   read_int(j, "allgather_bucket_size", s.allgather_bucket_size, 0, std::int64_t{1} << 62);
   read(j, "communication_data_type", s.comm_dtype);
   read(j, "round_robin_gradients", s.round_robin);
@@ -275,6 +282,7 @@ std::string describe(const Scenario& s) {
   if (s.predivide != 1.0) out += fmt::format(" predivide {}", s.predivide);
   if (!s.reduce_scatter) out += " reduce_scatter false";
   if (!s.allow_untested_optimizer) out += " without zero_allow_untested_optimizer";
+  if (!s.extra_optimizer_params.empty()) out += " optimizer params " + s.extra_optimizer_params.dump();
   if (s.allgather_bucket_size >= 0) out += fmt::format(" allgather_bucket_size {}", s.allgather_bucket_size);
   if (!s.comm_dtype.empty()) out += fmt::format(" comm {}", s.comm_dtype);
   if (s.round_robin) out += " round_robin_gradients";
@@ -317,6 +325,7 @@ nlohmann::json ds_config(const Scenario& s) {
       params["torch_adam"] = s.torch_adam;
       if (s.optimizer == "Adam") params["adam_w_mode"] = s.adam_w_mode;
     }
+    params.update(s.extra_optimizer_params);
     j["optimizer"] = {{"type", s.optimizer}, {"params", params}};
   }
   return j;

@@ -74,6 +74,10 @@ struct Scenario {
   // SGD writes zero_allow_untested_optimizer (DeepSpeed's ZeRO requires it); false leaves it out,
   // and both sides must then refuse ZeRO. Written to the JSON only when false; not drawn.
   bool allow_untested_optimizer = true;
+  // More optimizer.params keys, merged into the ds_config's (DeepSpeed's refusals: max_grad_norm,
+  // amsgrad, a key the chosen constructor does not take). Written to the JSON only when non-empty;
+  // not drawn.
+  nlohmann::json extra_optimizer_params = nlohmann::json::object();
   // communication_data_type: "" = not written (DeepSpeed's default, the model's 16-bit dtype or
   // f32), else f32 | f16 | bf16 (Note [The communication dtype]).
   std::string comm_dtype;

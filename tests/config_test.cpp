@@ -83,6 +83,49 @@ TEST(Config, OffloadWhereNothingIsPartitionedIsIgnoredWithAWarning) {
   EXPECT_NE(o.warnings[0].find("'zero_optimization.offload_optimizer' ignored at stage 0"), std::string::npos) << o.warnings[0];
 }
 
+// DeepSpeed passes optimizer.params to the optimizer it picks as keyword arguments, after
+// refusing max_grad_norm: a key that constructor does not take is Python's TypeError, and
+// FusedAdam / DeepSpeedCPUAdam refuse amsgrad. Each case names what DeepSpeed raises.
+TEST(Config, OptimizerParamsAreRefusedWhereDeepSpeedsConstructorRefusesThem) {
+  struct Case {
+    const char* type;
+    const char* params;
+    const char* zero;
+    const char* error;  // "" = accepted
+  };
+  const Case cases[] = {
+      {"Adam", R"("max_grad_norm": 1.0)", R"({"stage": 1})", "'max_grad_norm' is not supported as an optimizer parameter"},
+      {"SGD", R"("max_grad_norm": 1.0)", R"({"stage": 0})", "'max_grad_norm' is not supported as an optimizer parameter"},
+      {"Adam", R"("amsgrad": true)", R"({"stage": 1})", "FusedAdam does not support the AMSGrad variant."},
+      {"AdamW", R"("amsgrad": true)", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+       "DeepSpeedCPUAdam does not support the AMSGrad variant."},
+      {"Adam", R"("amsgrad": false)", R"({"stage": 1})", ""},
+      {"Adam", R"("momentum": 0.9)", R"({"stage": 0})", "FusedAdam.__init__() got an unexpected keyword argument 'momentum'"},
+      {"Adam", R"("set_grad_none": true)", R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})",
+       "DeepSpeedCPUAdam.__init__() got an unexpected keyword argument 'set_grad_none'"},
+      {"SGD", R"("amsgrad": false)", R"({"stage": 0})", "SGD.__init__() got an unexpected keyword argument 'amsgrad'"},
+      {"SGD", R"("betas": [0.9, 0.99])", R"({"stage": 0})", "SGD.__init__() got an unexpected keyword argument 'betas'"},
+      {"Adam", R"("torch_adam": true, "bias_correction": true, "adam_w_mode": false)", R"({"stage": 0})",
+       "Adam.__init__() got an unexpected keyword argument 'bias_correction'"},
+  };
+  for (const Case& k : cases) {
+    const std::string text = fmt::format(
+        R"({{"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": true, "zero_optimization": {},
+            "optimizer": {{"type": "{}", "params": {{"lr": 0.1, {}}}}}}})", k.zero, k.type, k.params);
+    SCOPED_TRACE(text);
+    if (*k.error == '\0') {
+      EXPECT_NO_THROW(Config::from_json_text(text, 2));
+      continue;
+    }
+    try {
+      Config::from_json_text(text, 2);
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(k.error), std::string::npos) << e.what();
+    }
+  }
+}
+
 // DeepSpeed's ZeRO asserts on an optimizer outside ZERO_SUPPORTED_OPTIMIZERS (SGD here) unless
 // zero_allow_untested_optimizer is set, and then warns; stage 0 does not ask. DeepSpeed
 // lower-cases its own optimizers' names and takes SGD from torch.optim by its exact name.

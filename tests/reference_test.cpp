@@ -463,6 +463,43 @@ TEST(DeepSpeedReference, ZeroWithSgdWithoutZeroAllowUntestedOptimizerIsRefusedBy
   }
 }
 
+// optimizer.params where DeepSpeed's optimizer construction refuses them (max_grad_norm; a key
+// the chosen constructor does not take; amsgrad on FusedAdam and DeepSpeedCPUAdam): both sides
+// refuse, naming the same thing, or both run and match.
+TEST(DeepSpeedReference, OptimizerParamsAreRefusedWhereDeepSpeedRefusesThem) {
+  struct Case {
+    const char* optimizer;
+    int stage;
+    const char* offload;
+    nlohmann::json extra;
+    const char* refusal;  // in both errors; "" = both run
+  };
+  const Case cases[] = {
+      {"Adam", 1, "none", {{"max_grad_norm", 1.0}}, "max_grad_norm"},
+      {"Adam", 0, "none", {{"amsgrad", true}}, "FusedAdam does not support the AMSGrad variant"},
+      {"AdamW", 2, "optimizer", {{"amsgrad", true}}, "DeepSpeedCPUAdam does not support the AMSGrad variant"},
+      {"Adam", 1, "none", {{"amsgrad", false}}, ""},
+      {"Adam", 0, "none", {{"momentum", 0.9}}, "unexpected keyword argument 'momentum'"},
+      {"SGD", 0, "none", {{"amsgrad", false}}, "unexpected keyword argument 'amsgrad'"},
+  };
+  for (const Case& k : cases) {
+    Scenario s = sgd(k.stage, 2);
+    s.optimizer = k.optimizer;
+    s.offload = k.offload;
+    s.lr = 0.001;
+    s.extra_optimizer_params = k.extra;
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    if (*k.refusal == '\0') {
+      EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+      for (const FieldDiff& d : c.diffs) EXPECT_TRUE(d.field.rfind("comm:", 0) == 0) << d.field << ": " << d.detail;
+    } else {
+      EXPECT_NE(c.ds_error.find(k.refusal), std::string::npos) << c.ds_error;
+      EXPECT_NE(c.sim_error.find(k.refusal), std::string::npos) << c.sim_error;
+    }
+  }
+}
+
 // The bucket sizes where DeepSpeed refuses them: reduce_bucket_size 0 (its config's gt=0, every
 // stage) and an odd allgather_bucket_size at ZeRO-1/2 (DeepSpeedZeroOptimizer's alignment
 // assertion; not the BF16_Optimizer wrapper, not stage 0 or 3). Both sides refuse or both run,
