@@ -399,3 +399,38 @@ def probe_i3(runs=None):
 
 
 PROBES["i3"] = probe_i3
+
+
+def probe_no_optimizer():
+    """What DeepSpeed 0.19.8 does with a config that names no optimizer (and none passed to
+    initialize): per stage and dtype, whether initialize succeeds, the wrapper it builds, and what
+    the first forward, backward and step raise. zerocheck takes its default Adam there instead
+    (README, "DeepSpeed fidelity", point 10)."""
+    facts = {}
+    for name, stage, bf16 in (("stage0_f32", 0, False), ("stage0_bf16", 0, True), ("stage1", 1, False),
+                              ("stage2", 2, False), ("stage3", 3, False)):
+        model = twin.SyntheticTwin([(3,), (5,)])
+        config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage}}
+        if bf16:
+            config["bf16"] = {"enabled": True}
+        fact = {}
+        try:
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+            fact["initialize"] = "ok"
+            fact["optimizer"] = type(engine.optimizer).__name__
+            dtype = torch.bfloat16 if bf16 else torch.float32
+            batch = {"g0": torch.ones(2, 3, dtype=dtype), "g1": torch.ones(2, 5, dtype=dtype)}
+            fact["failed_at"] = "forward"
+            loss = engine(**batch)
+            fact["failed_at"] = "backward"
+            engine.backward(loss)
+            fact["failed_at"] = "step"
+            engine.step()
+            fact["failed_at"] = None
+        except Exception as e:  # noqa: BLE001 - the fact is which error, and where
+            fact["error"] = f"{type(e).__name__}: {e}"
+        facts[name] = fact
+    return facts
+
+
+PROBES["no_optimizer"] = probe_no_optimizer
