@@ -69,6 +69,7 @@ class CommCounter:
             if outer and self.counting:
                 self.seen.add(method)
                 self.calls[kind] += 1
+                tensor = None
                 if arg is not None:
                     if len(args) > arg:
                         tensor = args[arg]
@@ -83,7 +84,7 @@ class CommCounter:
                     site = [f for f in traceback.extract_stack()[:-1] if "/deepspeed/" in f.filename and "/comm/" not in f.filename]
                     depth = 4 if os.environ.get("ZC_DS_TRACE_COMM") == "2" else 1  # 2: the four innermost DeepSpeed frames
                     where = " < ".join(f"{f.filename.split('/deepspeed/')[-1]}:{f.lineno} {f.name}" for f in reversed(site[-depth:])) if site else "?"
-                    print(f"zc-comm {kind} {method} {_nbytes(args[arg] if arg is not None and len(args) > arg else None)} B at {where}",
+                    print(f"zc-comm {kind} {method} {_nbytes(tensor)} B at {where}",  # the counted tensor
                           file=sys.stderr)
             self.depth += 1
             try:
