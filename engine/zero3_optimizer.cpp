@@ -88,7 +88,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   // (a single-param Init._all_gather, a call even at world 1) and partitioned again.
   for (Shard& s : shards_) {
     if (!s.p->requires_grad) continue;
-    gather_sequential(s, MemCategory::gathered_params);
+    all_gather_params({&s}, MemCategory::gathered_params, false, GatherVia::init_one);
     release_param(s);
   }
   n_available_ = 0;
@@ -166,7 +166,7 @@ Module& Zero3Optimizer::current_module() {
 // The getter's param.all_gather() (parameter_offload.py:89): Init._all_gather of one param.
 void Zero3Optimizer::all_gather(Parameter& p) {
   Shard& s = shard_of(p);
-  if (p.ds_status == ZeroStatus::not_available) gather_sequential(s, MemCategory::gathered_params);
+  if (p.ds_status == ZeroStatus::not_available) all_gather_params({&s}, MemCategory::gathered_params, false, GatherVia::init_one);
   if (p.ds_status == ZeroStatus::inflight) finish_gather(s);
 }
 
@@ -332,7 +332,7 @@ void Zero3Optimizer::fetch_sub_module(Module& m, bool forward) {
   for (Shard* s : to_fetch) {
     if (s->p->ds_status == ZeroStatus::not_available) missing.push_back(s);
   }
-  if (!missing.empty()) all_gather_params(missing, MemCategory::gathered_params, false);
+  if (!missing.empty()) all_gather_params(missing, MemCategory::gathered_params, false, GatherVia::coordinator);
   for (Shard* s : to_fetch) {
     if (std::find(s->users.begin(), s->users.end(), &m) == s->users.end()) s->users.push_back(&m);
     if (s->p->ds_status == ZeroStatus::inflight) finish_gather(*s);
@@ -374,7 +374,7 @@ void Zero3Optimizer::fetch_sub_module(Module& m, bool forward) {
       }
       if (numel > 0) {
         prefetched_ += static_cast<std::int64_t>(chosen.size());
-        all_gather_params(chosen, MemCategory::prefetch, true);
+        all_gather_params(chosen, MemCategory::prefetch, true, GatherVia::coordinator);
       }
     }
   }
@@ -439,20 +439,26 @@ void Zero3Optimizer::release_param(Shard& s) {
 }
 
 // The params' shards into full params: one call for one param, one coalesced call (this rank's
-// shards in a row, every rank's section in one flat buffer) for several; at world 1 no call.
-void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory why, bool async) {
+// shards in a row, every rank's section in one flat buffer) for several; `via` says who asks
+// (GatherVia in the header): whether world 1 issues a call, and whether the coordinator's count of
+// available elements grows.
+void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory why, bool async, GatherVia via) {
   std::sort(params.begin(), params.end());  // by ds_id (shards_ is in param order)
   for (Shard* s : params) {
     ZC_ASSERT(s->p->ds_status == ZeroStatus::not_available, "gather of {} in status {}", s->p->name,
               zero_status_name(s->p->ds_status));
-    n_available_ += s->numel;
+    if (via == GatherVia::coordinator) n_available_ += s->numel;
+  }
+  if (via == GatherVia::init_many && params.size() > 1) {  // _allgather_params_coalesced: one call each
+    for (Shard* s : params) all_gather_params({s}, why, async, via);
+    return;
   }
   const bool offload = cfg_.zero.offload_param == OffloadDevice::cpu;
-  if (world_ == 1) {  // _no_gather_coalesced: the shard is the param
+  if (world_ == 1 && via != GatherVia::init_one) {  // _no_gather_coalesced: the shard is the param
     for (Shard* s : params) {
       Parameter& p = *s->p;
       if (offload) {
-        s->gather_buf = dev_.alloc(dtype_, {s->numel}, p.name + ".on_device", s->persistent ? MemCategory::persistent : why);
+        s->gather_buf = dev_.alloc(dtype_, {s->numel}, p.name + ".on_device", held_as(*s, why));
         cpu_->to_device(s->gather_buf, p.ds_shard.narrow(0, s->numel));
         p.data = s->gather_buf.view(p.shape);
       } else {
@@ -473,8 +479,7 @@ void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory w
       cpu_->to_device(src, s.p->ds_shard);
     }
     g->in = src;
-    s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, s.p->name + ".gathered",
-                              s.persistent ? MemCategory::persistent : why);
+    s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, s.p->name + ".gathered", held_as(s, why));
     g->work = comm_.all_gather(s.gather_buf, src, {.async_op = true});
   } else {  // _all_gather_dtype: one flat buffer
     std::int64_t psz = 0;
@@ -518,8 +523,7 @@ void Zero3Optimizer::finish_gather(Shard& s) {
   for (Shard* t : g->params) {
     Parameter& p = *t->p;
     if (g->flat.defined()) {
-      t->gather_buf = dev_.alloc(dtype_, {t->numel}, p.name + ".gathered",
-                                 t->persistent ? MemCategory::persistent : g->why);
+      t->gather_buf = dev_.alloc(dtype_, {t->numel}, p.name + ".gathered", held_as(*t, g->why));
       const std::int64_t full = t->numel / t->shard_numel;  // ranks whose chunk is all real
       dev_.copy_2d(t->gather_buf, g->flat.narrow(col, g->flat.numel() - col), full, t->shard_numel,
                    t->shard_numel, psz);
@@ -549,27 +553,6 @@ void Zero3Optimizer::partition_all_parameters() {
   inflight_.clear();
 }
 
-// Init._all_gather of exactly one param (_allgather_params_sequential): one call at any world.
-// It is not the coordinator's gather, so __n_available_params does not count it (a release by
-// the coordinator later does subtract it, as DeepSpeed's does).
-void Zero3Optimizer::gather_sequential(Shard& s, MemCategory why) {
-  if (world_ > 1) {
-    const std::int64_t available = n_available_;
-    all_gather_params({&s}, why, false);
-    n_available_ = available;
-    return;
-  }
-  Tensor src = s.p->ds_shard;
-  if (cfg_.zero.offload_param == OffloadDevice::cpu) {
-    src = dev_.alloc(dtype_, {s.shard_numel}, s.p->name + ".shard_on_device", MemCategory::comm_buffers);
-    cpu_->to_device(src, s.p->ds_shard);
-  }
-  s.gather_buf = dev_.alloc(dtype_, {s.shard_numel}, s.p->name + ".gathered", s.persistent ? MemCategory::persistent : why);
-  comm_.all_gather(s.gather_buf, src);
-  s.p->data = s.gather_buf.narrow(0, s.numel).view(s.p->shape);
-  s.p->ds_status = ZeroStatus::available;
-}
-
 // _post_step: persistent_parameters[0].all_gather(persistent_parameters) (Init._all_gather): one
 // persistent param is a single gather at any world; several are one call each, none at world 1.
 void Zero3Optimizer::gather_persistent_parameters() {
@@ -577,13 +560,9 @@ void Zero3Optimizer::gather_persistent_parameters() {
   for (Shard& s : shards_) {
     if (s.persistent && s.p->ds_status == ZeroStatus::not_available) persistent.push_back(&s);
   }
-  if (persistent.size() == 1) {
-    gather_sequential(*persistent.front(), MemCategory::persistent);
-    return;
-  }
-  const std::int64_t available = n_available_;  // Init's path, not the coordinator's
-  for (Shard* s : persistent) all_gather_params({s}, MemCategory::persistent, false);
-  n_available_ = available;
+  if (persistent.empty()) return;
+  all_gather_params(persistent, MemCategory::persistent, false,
+                    persistent.size() == 1 ? GatherVia::init_one : GatherVia::init_many);
 }
 
 // All-gathers a [partition_numel] tensor of every rank's flat partition and reassembles each

@@ -103,12 +103,19 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   void release_sub_module(Module& m, bool forward);
   void release_backward_leftovers();
   const std::vector<char>& params_to_release(Module& m, std::int64_t step);
-  void all_gather_params(std::vector<Shard*> params, MemCategory why, bool async);
+  // Who asks for a gather, which decides the world-1 call and the count of available elements:
+  enum class GatherVia : std::uint8_t {
+    coordinator,  // all_gather_coalesced: no call at world 1; counted in __n_available_params
+    init_one,     // Init._all_gather of one param (_allgather_params_sequential): a call at any world
+    init_many,    // Init._all_gather of several (_allgather_params_coalesced): one call each, none at world 1
+  };
+  void all_gather_params(std::vector<Shard*> params, MemCategory why, bool async, GatherVia via);
+  // A full param's buffer: persistent whatever the gather's reason, else `why`.
+  static MemCategory held_as(const Shard& s, MemCategory why) { return s.persistent ? MemCategory::persistent : why; }
   void finish_gather(Shard& s);
   void release_param(Shard& s);
   void partition_all_parameters();
   void gather_persistent_parameters();
-  void gather_sequential(Shard& s, MemCategory why);
   void clean_inflight();
   void reduce_independent_p_g_buckets_and_remove_grads(Shard& s);
   void reduce_and_partition_ipg_grads();
