@@ -233,7 +233,10 @@ std::string lowercase(std::string s) {
 
 void read_optimizer(Config& c, Reader& top) {
   const json* o = top.object("optimizer");
-  if (o == nullptr) return;
+  if (o == nullptr) {
+    c.optimizer_given = false;  // engine.py has_optimizer: no client optimizer, no config block
+    return;
+  }
   Reader r(*o, "optimizer", c.warnings);
   const std::string type = r.string("type", "Adam");
   OptimizerConfig& oc = c.optimizer;

@@ -108,6 +108,10 @@ struct Config {
   // "communication_data_type", when set: DeepSpeed then reduces gradients in it (comm_dtype()).
   std::optional<DType> communication_data_type;
   OptimizerConfig optimizer;
+  // False when the ds_config has no "optimizer" block (and no client optimizer is modelled):
+  // DeepSpeed then cannot train (Note [No optimizer] in engine/engine.cpp), and `optimizer` only
+  // holds the defaults. A Config built in code carries `optimizer` as if it were named.
+  bool optimizer_given = true;
   Fp16Config fp16;
   Bf16Config bf16;
   std::optional<DType> grad_accum_dtype;  // data_types.grad_accum_dtype

@@ -120,6 +120,7 @@ class Engine {
   void check_parallel_layout(const decide::CompileFacts<bool, std::int64_t>& f);
   void enter_no_sync();
   void check_usable(const char* call) const;
+  void check_optimizer_given(const char* call) const;  // Note [No optimizer] in engine.cpp
   bool runs_deepcompile_hooks() const;
   DeepCompileRuntime& runtime();
   std::optional<bool> enter_coalesce();

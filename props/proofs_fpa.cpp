@@ -57,7 +57,7 @@ double value_of(const z3::model& m, const z3::expr& x, DType t) {
 std::vector<double> simulate(DType t, const double g[2][2], bool coalesce) {
   std::vector<double> got(2);
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
-    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
+    nlohmann::json j = {{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 1},
                         {"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 100}}}};
     if (t == DType::f16) j["fp16"] = {{"enabled", true}, {"loss_scale", 1}};
     if (t == DType::bf16) j["bf16"] = {{"enabled", true}};

@@ -96,7 +96,6 @@ std::string reference_unexpressible(const Scenario& s) {
     return "dtype f16: DeepSpeed 0.19.8 refuses fp16 on a CPU without mkldnn fp16 support (this machine's accelerator "
            "reports is_fp16_supported() falsy); the reference leaves fp16 out";
   }
-  if (s.optimizer.empty()) return "no optimizer: DeepSpeed cannot backward or step without one; set the scenario's optimizer";
   if (!s.passes.empty()) return "compile passes: the twin does not run DeepCompile (the I3 check on DeepSpeed is separate)";
   if (!s.fault.empty()) return fmt::format("fault '{}': the reference runs no injected faults", s.fault);
   if (!s.commands.empty()) return "a command sequence: the twin runs the scenario's training loop only";

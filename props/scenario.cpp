@@ -327,6 +327,8 @@ nlohmann::json ds_config(const Scenario& s) {
     }
     params.update(s.extra_optimizer_params);
     j["optimizer"] = {{"type", s.optimizer}, {"params", params}};
+  } else {
+    j["optimizer"] = {{"type", "Adam"}};  // both sides' defaults (Note [No optimizer] in engine/engine.cpp)
   }
   return j;
 }

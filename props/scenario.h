@@ -55,9 +55,10 @@ struct Scenario {
   // backward but the last of a step (DeepSpeed's formalised form); "implicit" leaves the boundary
   // to micro_steps and GA, so all N backwards of the last micro-step are at the boundary.
   std::string boundary = "explicit";
-  // The optimizer block of the ds_config. "" = none written (zerocheck's default, Adam lr 1e-3;
-  // DeepSpeed cannot step without one, so the reference always draws one). "SGD" also writes
-  // zero_allow_untested_optimizer, as DeepSpeed requires for ZeRO.
+  // The optimizer block of the ds_config. "" = {"type": "Adam"} without params (DeepSpeed's
+  // FusedAdam defaults, lr 1e-3, which zerocheck's match): a ds_config needs a block, since
+  // DeepSpeed cannot train without one (Note [No optimizer] in engine/engine.cpp). "SGD" also
+  // writes zero_allow_untested_optimizer, as DeepSpeed requires for ZeRO.
   std::string optimizer;                 // "" | Adam | AdamW | SGD
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -207,6 +207,7 @@ template <class Body>
 void on_engine(nlohmann::json cfg, Options opts, Body body) {
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
     cfg["train_micro_batch_size_per_gpu"] = 2;
+    if (!cfg.contains("optimizer")) cfg["optimizer"] = {{"type", "Adam"}};  // Note [No optimizer]
     const Config c = Config::from_json(cfg, 2);
     Synthetic model(std::vector<Shape>{{4}, {3}});
     Rng rng(1);

@@ -34,7 +34,7 @@ std::string i3_violation(int stage, int mask, bool deepcompile, BugSet bugs) {
     Options opts;
     opts.bugs = bugs;
     opts.deepcompile_loader = &loader;
-    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 1}, {"tensor_parallel", {{"autotp_size", 2}}},
+    Config cfg = Config::from_json({{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 1}, {"tensor_parallel", {{"autotp_size", 2}}},
                                     {"zero_optimization", {{"stage", stage}}}}, 2);
     Synthetic model(std::vector<Shape>{{3}});
     Rng rng(1);
@@ -94,7 +94,7 @@ TEST(CompileI3, KnownBugsB1AndB2EachBreakIt) {
 RunSpec compiled_spec(int stage, std::vector<std::string> passes, BugSet bugs) {
   RunSpec spec;
   spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{5}, {3, 2}, {11}}); };
-  spec.ds_config = {{"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 8}}}};
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 8}}}};
   spec.world = 4;
   spec.steps = 2;
   spec.n_backward = 2;
@@ -187,7 +187,7 @@ TEST(Compile, BackendErrorsNameTheProblem) {
     Synthetic model(std::vector<Shape>{{3}});
     Rng rng(1);
     model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
-    Engine e(Config::from_json({{"train_micro_batch_size_per_gpu", 1}}, 1), model, ctx.device, ctx.world);
+    Engine e(Config::from_json({{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 1}}, 1), model, ctx.device, ctx.world);
     EXPECT_THROW(e.compile(CompileConfig{true, {"autotp", "z1"}}), NotImplementedError);
     try {
       e.compile(CompileConfig{true, {"autotp"}});

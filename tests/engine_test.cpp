@@ -9,6 +9,7 @@
 #include "models/synthetic.h"
 #include "sim/sim_cluster.h"
 #include "props/training_run.h"
+#include "tests/first_step_fixture.h"
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,9 @@ namespace {
 
 Config cfg_of(nlohmann::json j, int world) {
   if (!j.contains("train_micro_batch_size_per_gpu")) j["train_micro_batch_size_per_gpu"] = 2;
+  // DeepSpeed cannot train without an optimizer block (Note [No optimizer]): Adam's defaults
+  // unless the test names one.
+  if (!j.contains("optimizer")) j["optimizer"] = {{"type", "Adam"}};
   return Config::from_json(j, world);
 }
 
@@ -298,7 +302,7 @@ TEST(Bf16Overflow, TheFlagIsOneByte) {
   spec.world = 2;
   spec.steps = 1;
   auto bytes = [&](bool check) {
-    spec.ds_config = {{"bf16", {{"enabled", true}, {"check_grad_overflow", check}}},
+    spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"bf16", {{"enabled", true}, {"check_grad_overflow", check}}},
                       {"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 1000}}}};
     const RunResult r = run_on_sim(spec);
     return std::make_pair(r.comm[0][CollectiveKind::all_reduce].calls, r.comm[0][CollectiveKind::all_reduce].bytes);
@@ -324,7 +328,7 @@ TEST(Engine, Stage2ReducesEveryBackwardStage1OnlyAtTheBoundary) {
   auto count = [](int stage) {
     RunSpec spec;
     spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{4}, {4}}); };
-    spec.ds_config = {{"gradient_accumulation_steps", 3},
+    spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"gradient_accumulation_steps", 3},
                       {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 1000}}}};
     spec.world = 2;
     spec.steps = 1;
@@ -346,7 +350,7 @@ TEST(GaussianParity, GradsAreWithinTheStatedBoundOfAnF64Reference) {
   const MlpSpec mspec = simple_model_spec(hidden, 2, LossKind::linear);
   RunSpec spec;
   spec.make_model = [&] { return std::make_unique<Mlp>(mspec); };
-  spec.ds_config = {{"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 40}}}};
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 40}}}};
   spec.world = world;
   spec.steps = 1;
   spec.micro_batch = B;
@@ -446,4 +450,71 @@ TEST(FlatLayout, RoundRobinOrderIsDeepSpeeds) {
   EXPECT_EQ(l.to_param_order(flat), (std::vector<double>{0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15}));
   EXPECT_THROW(FlatLayout::build({4, 4}, 2, true, {1, 1}), InternalError);
 }
+}  // namespace zc
+
+namespace zc {
+namespace {
+
+// Note [No optimizer]: a ds_config without an "optimizer" block fails where DeepSpeed 0.19.8
+// fails (the reference test checks these against DeepSpeed itself), naming DeepSpeed's error and
+// what to add; with the block, the same configs train.
+TEST(NoOptimizer, EachStageFailsWhereDeepSpeedFails) {
+  struct Case {
+    nlohmann::json config;
+    const char* failed_at;
+    const char* error_type;
+    const char* ds_error;
+  };
+  const char* z3 = "'DeepSpeedZeRoOffload' object has no attribute 'set_gradient_accumulation_boundary'";
+  const std::vector<Case> cases = {
+      {{{"zero_optimization", {{"stage", 0}}}}, "backward", "UsageError",
+       "must provide optimizer during init in order to use backward"},
+      {{{"zero_optimization", {{"stage", 0}}}, {"fp16", {{"enabled", true}}}}, "backward", "UsageError",
+       "must provide optimizer during init in order to use backward"},
+      {{{"zero_optimization", {{"stage", 0}}}, {"bf16", {{"enabled", true}}}}, "step", "UsageError",
+       "bf16_optimizer.py:562"},
+      {{{"zero_optimization", {{"stage", 1}}}}, "initialize", "ConfigError", "zero stage 1 requires an optimizer"},
+      {{{"zero_optimization", {{"stage", 2}}}}, "initialize", "ConfigError", "zero stage 2 requires an optimizer"},
+      {{{"zero_optimization", {{"stage", 1}}}, {"bf16", {{"enabled", true}}},
+        {"data_types", {{"grad_accum_dtype", "fp32"}}}}, "initialize", "ConfigError", "zero stage 1 requires an optimizer"},
+      {{{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}}, "initialize",
+       "ConfigError", "zero stage 2 requires an optimizer"},
+      {{{"zero_optimization", {{"stage", 3}}}}, "backward", "UsageError", z3},
+      {{{"zero_optimization", {{"stage", 3}}}, {"bf16", {{"enabled", true}}}}, "backward", "UsageError", z3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config.dump());
+    const testing::FirstStepOutcome got = testing::run_first_step(c.config);
+    EXPECT_EQ(got.failed_at, c.failed_at) << got.error;
+    EXPECT_EQ(got.error_type, c.error_type) << got.error;
+    EXPECT_NE(got.error.find(c.ds_error), std::string::npos) << got.error;
+    EXPECT_NE(got.error.find("add one, e.g. \"optimizer\""), std::string::npos) << got.error;
+    nlohmann::json with = c.config;
+    with["optimizer"] = {{"type", "Adam"}};
+    const testing::FirstStepOutcome trained = testing::run_first_step(with);
+    EXPECT_EQ(trained.failed_at, "") << trained.error;
+  }
+}
+
+// At stage 0 bf16 DeepSpeed's BF16_Optimizer fails only when it steps: the micro-steps before
+// the boundary run, and the boundary's step() raises.
+TEST(NoOptimizer, Stage0Bf16FailsOnlyAtTheBoundarysStep) {
+  sim::SimCluster(1, 1).run([](sim::RankContext& ctx) {
+    const Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 2},
+                                          {"bf16", {{"enabled", true}}}}, 1);
+    EXPECT_FALSE(cfg.optimizer_given);
+    Synthetic model(std::vector<Shape>{{3}, {5}});
+    Rng rng(1);
+    model.init_params(ctx.device, DType::bf16, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    Rng r(2);
+    const HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+    e.backward(e.forward(upload_batch(ctx.device, hb, DType::bf16)));
+    EXPECT_NO_THROW(e.step()) << "not the boundary: nothing steps";
+    e.backward(e.forward(upload_batch(ctx.device, hb, DType::bf16)));
+    EXPECT_THROW(e.step(), UsageError);
+  });
+}
+
+}  // namespace
 }  // namespace zc

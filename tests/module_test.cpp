@@ -25,7 +25,7 @@ namespace {
 
 // ZeRO-3 with every param partitioned and no prefetch, so live bytes show each gather alone.
 Config z3_cfg(int world) {
-  return Config::from_json({{"train_micro_batch_size_per_gpu", 2},
+  return Config::from_json({{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 2},
                             {"zero_optimization",
                              {{"stage", 3},
                               {"stage3_param_persistence_threshold", 0},
@@ -313,7 +313,7 @@ std::vector<std::vector<TreeModel::ExternalRead>> external_reads(std::vector<std
                                                                  int world, int steps) {
   RunSpec spec;
   spec.world = world;
-  spec.ds_config = {{"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
                                            {"stage3_prefetch_bucket_size", 0}}}};
   spec.make_model = [code] { return std::make_unique<TreeModel>(code); };
   spec.steps = steps;
@@ -431,7 +431,7 @@ struct AliasRun {
 AliasRun train_alias_tree(std::vector<std::int64_t> code, int world, int stage = 3) {
   RunSpec spec;
   spec.world = world;
-  spec.ds_config = {{"zero_optimization", {{"stage", stage},
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", stage},
                                            {"stage3_param_persistence_threshold", 0},
                                            {"stage3_prefetch_bucket_size", 0}}}};
   spec.make_model = [code] { return std::make_unique<TreeModel>(code); };
@@ -496,7 +496,7 @@ TEST(TreeAliases, Zero3GradsEqualTheOracleAndASingleRankRunBitForBit) {
     for (int world : {2, 3}) {
       RunSpec spec;
       spec.world = world;
-      spec.ds_config = {{"zero_optimization", {{"stage", 3},
+      spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", 3},
                                                {"stage3_param_persistence_threshold", 0}}}};
       spec.make_model = [code] { return std::make_unique<TreeModel>(code); };
       spec.steps = 2;

@@ -46,7 +46,7 @@ TEST(MpiConformance, EveryCaseIsBitExactInsideSplitGroups) {
 props::RunSpec spec_for(int stage, bool coalesce, DType dtype) {
   props::RunSpec spec;
   spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{5}, {3, 2}, {11}}); };
-  spec.ds_config = {{"zero_optimization", {{"stage", stage}, {"overlap_comm", stage >= 2}, {"reduce_bucket_size", 8}}}};
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", stage}, {"overlap_comm", stage >= 2}, {"reduce_bucket_size", 8}}}};
   if (dtype == DType::bf16) spec.ds_config["bf16"] = {{"enabled", true}};
   spec.world = world().size();
   spec.steps = 2;

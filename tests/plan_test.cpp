@@ -252,6 +252,22 @@ TEST(PlanBadInput, AWorldTheBatchSizesCannotDivideNamesTheKeys) {
   }
 }
 
+// Note [No optimizer]: DeepSpeed cannot train a config without an optimizer block at any stage,
+// so plan refuses it before simulating, saying what to add.
+TEST(PlanBadInput, AConfigWithoutAnOptimizerIsRefusedAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    PlanOptions o = tiny(stage, 2);
+    o.ds_config.erase("optimizer");
+    try {
+      run_plan(o, hardware());
+      FAIL() << "stage " << stage << ": no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("no \"optimizer\" block"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("\"optimizer\": {\"type\": \"AdamW\"}"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(PlanBadInput, AModelThatDoesNotFitSaysSoWithoutAllocating) {
   PlanOptions o = tiny(0, 8);
   o.model = transformer_preset("llama-2-70b");

@@ -3,6 +3,7 @@
 #include "engine/errors.h"
 #include "props/reference.h"
 #include "props/verify.h"
+#include "tests/first_step_fixture.h"
 #include "tests/optimizer_fixture.h"
 
 #include "tests/gloo_fixture.h"
@@ -679,6 +680,36 @@ TEST(DeepSpeedReference, GlooReductionsMeasuredNowMatchTheSimulatorsGlooOrder) {
   EXPECT_GE(compared, 3 * 2 * 2 * 2100000);  // 8 MiB in f32: 3 to 5 segments per block
   std::filesystem::remove(out);
   std::filesystem::remove(out.string() + ".log");
+}
+
+}  // namespace
+}  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+// Note [No optimizer]: for each config of the no_optimizer probe (no "optimizer" block, stages
+// 0-3, fp32 and bf16, offload, BF16_Optimizer's combination), zerocheck fails at the call where
+// DeepSpeed 0.19.8 fails, and its message quotes DeepSpeed's error and the file:line it came from
+// (a DeepSpeed whose line moved, or a stage that fails elsewhere, fails this test).
+TEST(DeepSpeedReference, NoOptimizerFailsWhereDeepSpeedFails) {
+  const nlohmann::json facts = probe_deepspeed("no_optimizer", pools());
+  ASSERT_GE(facts.size(), 8u) << facts.dump();
+  for (const auto& [name, fact] : facts.items()) {
+    SCOPED_TRACE(name + ": " + fact.dump());
+    const std::string ds_at = fact.value("initialize", "") == "ok" ? fact.value("failed_at", "") : "initialize";
+    ASSERT_FALSE(ds_at.empty()) << "DeepSpeed trained without an optimizer";
+    const testing::FirstStepOutcome got = testing::run_first_step(fact.at("config"));
+    EXPECT_EQ(got.failed_at, ds_at) << got.error;
+    const std::string ds_error = fact.at("error").get<std::string>();
+    const std::string type = ds_error.substr(0, ds_error.find(':'));
+    const std::string message = ds_error.substr(std::min(ds_error.size(), type.size() + 2));
+    EXPECT_NE(got.error.find(type), std::string::npos) << got.error;
+    EXPECT_NE(got.error.find(message), std::string::npos) << got.error;
+    const std::string where = fact.at("raised_in").get<std::string>();
+    const std::string file_line = where.substr(where.rfind('/') + 1);
+    EXPECT_NE(got.error.find(file_line), std::string::npos) << got.error;
+  }
 }
 
 }  // namespace

@@ -180,7 +180,7 @@ TEST(Zero3, AllGathersAreDeepSpeedsCallForCallOverARun) {
 TEST(Zero3, MicroStepIdFollowsTheSpecOverSeveralSteps) {
   std::vector<int> seen;
   sim::SimCluster(2, 3).run([&](sim::RankContext& ctx) {
-    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}}}}, 2);
+    Config cfg = Config::from_json({{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}}}}, 2);
     Synthetic model(std::vector<Shape>{{5}, {3}});
     Rng rng(1);
     model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
@@ -228,7 +228,7 @@ TEST(Zero3, TraceChecksAreDeepSpeedsBroadcasts) {
 void on_small_z3_mlp(nlohmann::json zero, const std::function<void(sim::RankContext&, Engine&, Mlp&, const Batch&)>& body) {
   zero["stage"] = 3;
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
-    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", zero}}, 2);
+    Config cfg = Config::from_json({{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", zero}}, 2);
     Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
     Rng rng(1);
     model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
@@ -307,7 +307,7 @@ TEST(Zero3, AModuleOrderThatLeavesTheTraceInvalidatesItAndTheNextForwardRecordsA
 
 TEST(Zero3, AnExternalParameterIsGatheredByTheModuleThatUsesIt) {
   sim::SimCluster(2, 1).run([&](sim::RankContext& ctx) {
-    Config cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}}, 2);
+    Config cfg = Config::from_json({{"optimizer", {{"type", "Adam"}}}, {"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}}, 2);
     Mlp model(MlpSpec{{4, 4, 4}, false, LossKind::linear});
     Rng rng(1);
     model.init_params(ctx.device, DType::f32, DataDomain::exact, {}, rng);
@@ -328,7 +328,7 @@ TEST(Zero3, AnExternalParameterIsGatheredByTheModuleThatUsesIt) {
 RunSpec offload_spec(int stage, bool offload, int n, BugSet bugs) {
   RunSpec spec;
   spec.make_model = [] { return std::make_unique<Synthetic>(std::vector<Shape>{{7}, {3, 3}, {2}}); };
-  spec.ds_config = {{"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 10}}}};
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 10}}}};
   if (offload) spec.ds_config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   spec.world = 2;
   spec.steps = 2;

@@ -11,6 +11,7 @@ succeed (ZeRO-3 params hold process groups and closures); the probe records that
 import copy
 import os
 import pickle
+import traceback
 
 import torch
 
@@ -404,16 +405,24 @@ PROBES["i3"] = probe_i3
 def probe_no_optimizer():
     """What DeepSpeed 0.19.8 does with a config that names no optimizer (and none passed to
     initialize): per stage and dtype, whether initialize succeeds, the wrapper it builds, and what
-    the first forward, backward and step raise. zerocheck takes its default Adam there instead
-    (README, "DeepSpeed fidelity", point 10)."""
+    the first forward, backward and step raise, with the config and the file:line of the raise.
+    zerocheck fails at the same call with the same words (Note [No optimizer] in engine/engine.cpp;
+    tests/reference_test.cpp NoOptimizerFailsWhereDeepSpeedFails)."""
     facts = {}
-    for name, stage, bf16 in (("stage0_f32", 0, False), ("stage0_bf16", 0, True), ("stage1", 1, False),
-                              ("stage2", 2, False), ("stage3", 3, False)):
+    for name, stage, bf16, extra in (("stage0_f32", 0, False, {}), ("stage0_bf16", 0, True, {}),
+                                     ("stage1", 1, False, {}), ("stage2", 2, False, {}),
+                                     ("stage1_bf16_fp32_accum", 1, True, {"data_types": {"grad_accum_dtype": "fp32"}}),
+                                     ("stage2_offload", 2, False, {"offload_optimizer": {"device": "cpu"}}),
+                                     ("stage3", 3, False, {}), ("stage3_bf16", 3, True, {})):
         model = twin.SyntheticTwin([(3,), (5,)])
         config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage}}
+        if "offload_optimizer" in extra:
+            config["zero_optimization"]["offload_optimizer"] = extra["offload_optimizer"]
+        if "data_types" in extra:
+            config["data_types"] = extra["data_types"]
         if bf16:
             config["bf16"] = {"enabled": True}
-        fact = {}
+        fact = {"config": copy.deepcopy(config)}
         try:
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
             fact["initialize"] = "ok"
@@ -429,6 +438,8 @@ def probe_no_optimizer():
             fact["failed_at"] = None
         except Exception as e:  # noqa: BLE001 - the fact is which error, and where
             fact["error"] = f"{type(e).__name__}: {e}"
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            fact["raised_in"] = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
         facts[name] = fact
     return facts
 
