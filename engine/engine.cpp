@@ -325,8 +325,13 @@ void Engine::step() {
     // world sum of partition squares is the whole model's.
     std::vector<ZeroOptimizer*> groups;
     for (auto& o : optimizers_) groups.push_back(o.get());
-    const bool applied =
-        groups.size() == 1 ? groups[0]->step() : ZeroOptimizer::step_param_groups(groups);
+    bool applied = false;
+    try {
+      applied = groups.size() == 1 ? groups[0]->step() : ZeroOptimizer::step_param_groups(groups);
+    } catch (...) {
+      broken_ = "a step() failed part way (see the first error)";
+      throw;
+    }
     for (auto& o : optimizers_) o->zero_grad();
     if (!applied) ++skipped_steps_;
     ++global_steps_;

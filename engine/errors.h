@@ -38,6 +38,9 @@ class Deadlock : public ZcError { using ZcError::ZcError; };
 class DataRace : public ZcError { using ZcError::ZcError; };
 // A limit (ranks, in-flight work, scheduler steps, ...) was passed.
 class LimitExceeded : public ZcError { using ZcError::ZcError; };
+// Training cannot go on (DeepSpeed raises and ends the run): fp16 gradients still overflow with
+// the dynamic loss scale already at min_loss_scale.
+class TrainingError : public ZcError { using ZcError::ZcError; };
 // A CUDA or NCCL call of a real backend failed (the message names the call and the error string).
 class BackendError : public ZcError { using ZcError::ZcError; };
 // ZC_ASSERT failed: a bug in zerocheck or in the engine under test.

@@ -7,7 +7,23 @@
 
 namespace zc {
 
-LossScaler::LossScaler(const Config& cfg) {
+// Note [Loss scalers]
+// DeepSpeed 0.19.8 has two dynamic loss scalers, and both update before the unscale:
+//   - ZeRO-1/2/3 (stage_1_and_2.py:722, stage3.py:524) build loss_scaler.py's DynamicLossScaler
+//     with raise_error_at_min_scale left True: an overflow spends the hysteresis first, then
+//     halves, clamped to min_loss_scale; one that would halve a scale already at the minimum
+//     raises "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
+//     (loss_scaler.py:257). hysteresis and consecutive_hysteresis act here only.
+//   - stage 0's FP16_Optimizer and FP16_UnfusedOptimizer (fused_optimizer.py:404,
+//     unfused_optimizer.py:277) keep their own: every overflow halves, clamped, never raises, and
+//     the config's hysteresis is not read.
+// Both double the scale after loss_scale_window clean iterations, and the step unscales with the
+// scale after that update (stage_1_and_2.py:3047 then unscale_and_clip_grads reads
+// self.loss_scale; stage3.py _loss_scale_update_and_overflow_cleanup; fused_optimizer.py
+// _update_scale(False) before unscale_and_clip_grads): the step that doubles the scale divides
+// its gradients by the doubled one (zero_optimizer.cpp step_param_groups). From the source only:
+// DeepSpeed refuses fp16 on this CPU, so no reference run checks it.
+LossScaler::LossScaler(const Config& cfg, LossScalerKind kind) : kind_(kind) {
   const Fp16Config& f = cfg.fp16;
   dynamic_ = f.enabled && f.loss_scale == 0.0;
   if (!f.enabled) {
@@ -27,17 +43,23 @@ LossScaler::LossScaler(const Config& cfg) {
 void LossScaler::update_scale(bool overflow) {
   if (!dynamic_) return;
   if (overflow) {
-    if (delayed_shift_ == 1 || cur_hysteresis_ == 1) {
+    if (kind_ == LossScalerKind::fp16_optimizer || delayed_shift_ == 1 || cur_hysteresis_ == 1) {
+      if (kind_ == LossScalerKind::dynamic_loss_scaler && cur_scale_ == min_scale_) {
+        throw TrainingError(fmt::format(
+            "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run. (DeepSpeed's "
+            "DynamicLossScaler, loss_scaler.py:257: the fp16 gradients overflowed at iteration {} with the loss scale "
+            "at fp16.min_loss_scale {}; lower min_loss_scale, or find the overflow's source)", cur_iter_, min_scale_));
+      }
       cur_scale_ = std::max(cur_scale_ / scale_factor_, min_scale_);
     } else {
       cur_hysteresis_ -= 1;
     }
     last_overflow_iter_ = cur_iter_;
   } else {
-    if (consecutive_hysteresis_) cur_hysteresis_ = delayed_shift_;
+    if (kind_ == LossScalerKind::dynamic_loss_scaler && consecutive_hysteresis_) cur_hysteresis_ = delayed_shift_;
     const std::int64_t stable = (cur_iter_ - last_overflow_iter_) - 1;
     if (stable > 0 && stable % scale_window_ == 0) {
-      if (!consecutive_hysteresis_) cur_hysteresis_ = delayed_shift_;
+      if (kind_ == LossScalerKind::dynamic_loss_scaler && !consecutive_hysteresis_) cur_hysteresis_ = delayed_shift_;
       cur_scale_ *= scale_factor_;
     }
   }

@@ -11,18 +11,26 @@
 
 namespace zc {
 
-// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py), or a static scale.
+// Which of DeepSpeed's two dynamic loss scalers (Note [Loss scalers] in engine/optimizer.cpp).
+enum class LossScalerKind : std::uint8_t {
+  dynamic_loss_scaler,  // ZeRO-1/2/3: runtime/fp16/loss_scaler.py DynamicLossScaler
+  fp16_optimizer,       // stage 0: FP16_Optimizer's and FP16_UnfusedOptimizer's own _update_scale
+};
+
+// DeepSpeed's dynamic loss scale, or a static scale.
 class LossScaler {
  public:
-  explicit LossScaler(const Config& cfg);
+  explicit LossScaler(const Config& cfg, LossScalerKind kind = LossScalerKind::dynamic_loss_scaler);
   double cur_scale() const { return cur_scale_; }
   bool dynamic() const { return dynamic_; }
-  // Halves on overflow (after `hysteresis` overflows), doubles after `loss_scale_window` clean
-  // iterations. Throws UsageError when asked to go below min_loss_scale... never: it clamps.
+  // Halves on overflow (DynamicLossScaler: after `hysteresis` overflows), clamped to
+  // min_loss_scale, and doubles after `loss_scale_window` clean iterations. DynamicLossScaler
+  // throws TrainingError at an overflow it would halve with the scale already at its minimum.
   void update_scale(bool overflow);
   int cur_hysteresis() const { return cur_hysteresis_; }
 
  private:
+  LossScalerKind kind_;
   bool dynamic_;
   double cur_scale_;
   double min_scale_ = 1.0;

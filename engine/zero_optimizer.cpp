@@ -16,7 +16,8 @@ ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm
     : cfg_(cfg), model_(model), dev_(dev), comm_(comm), opts_(opts),
       dtype_(cfg.model_dtype()), accum_dtype_(cfg.accumulation_dtype()),
       comm_dtype_(cfg.comm_dtype()),
-      averaging_world_(comm.size()), scaler_(cfg) {
+      averaging_world_(comm.size()),
+      scaler_(cfg, cfg.zero.stage == 0 ? LossScalerKind::fp16_optimizer : LossScalerKind::dynamic_loss_scaler) {
   for (Parameter* p : model.named_parameters()) {
     if (!p->requires_grad) continue;
     if (select == ParamSelect::dense && p->is_expert) continue;
@@ -104,7 +105,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     }
     return true;
   }
-  const double combined = combined_unscale_factor(prev_scale, norm, lead.cfg_.gradient_clipping,
+  // The scale after this step's update (Note [Loss scalers]): doubled at a window's end.
+  const double combined = combined_unscale_factor(lead.scaler_.cur_scale(), norm, lead.cfg_.gradient_clipping,
                                                   plan.combined_dtype);
   for (std::size_t i = 0; i < groups.size(); ++i) {
     StepPrep& prep = preps[i];

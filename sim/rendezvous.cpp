@@ -46,6 +46,7 @@ std::string error_kind(const std::exception& e) {
   if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
   if (dynamic_cast<const NotImplementedError*>(&e)) return "NotImplementedError";
   if (dynamic_cast<const UsageError*>(&e)) return "UsageError";
+  if (dynamic_cast<const TrainingError*>(&e)) return "TrainingError";
   if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
   if (dynamic_cast<const RankFailure*>(&e)) return "RankFailure";
   if (dynamic_cast<const InjectedCrash*>(&e)) return "InjectedCrash";

@@ -244,6 +244,107 @@ void overflow_run(int hysteresis, double expect_scale_after) {
 TEST(Fp16, AnInfOnOneRankSkipsTheStepEverywhereAndHalvesTheScale) { overflow_run(1, 8.0); }
 TEST(Fp16, DefaultHysteresisSpendsOneOverflowBeforeHalving) { overflow_run(2, 16.0); }
 
+// Note [Loss scalers]: two overflowing steps from scale 16 with min_loss_scale 8 and hysteresis 1.
+// ZeRO's DynamicLossScaler halves to 8, then raises DeepSpeed's "already at minimum" and leaves
+// the engine unusable; stage 0's FP16_Optimizer clamps at 8 and goes on.
+TEST(Fp16, AnOverflowAtTheMinimumScaleRaisesUnderZeroAndClampsAtStage0) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(stage);
+    on_one_rank([&](sim::RankContext& ctx) {
+      Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"hysteresis", 1},
+                                     {"min_loss_scale", 8}}},
+                           {"zero_optimization", {{"stage", stage}}}}, 1);
+      Synthetic model(std::vector<Shape>{{3}, {5}});
+      Rng rng(3);
+      model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
+      Engine e(cfg, model, ctx.device, ctx.world);
+      Rng r(4);
+      HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+      hb.arrays.at("g1").values[3] = INFINITY;
+      e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
+      e.step();
+      EXPECT_EQ(e.loss_scale(), 8.0);
+      e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
+      if (stage == 0) {
+        e.step();
+        EXPECT_EQ(e.loss_scale(), 8.0) << "FP16_Optimizer clamps";
+        EXPECT_EQ(e.skipped_steps(), 2);
+        return;
+      }
+      try {
+        e.step();
+        FAIL() << "no error at the minimum scale";
+      } catch (const TrainingError& err) {
+        EXPECT_NE(std::string(err.what()).find("Current loss scale already at minimum - cannot decrease scale "
+                                               "anymore. Exiting run."), std::string::npos) << err.what();
+        EXPECT_NE(std::string(err.what()).find("min_loss_scale 8"), std::string::npos) << err.what();
+      }
+      EXPECT_THROW(e.forward(upload_batch(ctx.device, hb, DType::f16)), UsageError) << "unusable after it";
+    });
+  }
+}
+
+// Note [Loss scalers]: FP16_Optimizer does not read the config's hysteresis, so at stage 0 the
+// first overflow halves the scale even with the default hysteresis 2 (ZeRO keeps it:
+// DefaultHysteresisSpendsOneOverflowBeforeHalving).
+TEST(Fp16, Stage0HalvesAtTheFirstOverflowWhateverTheHysteresis) {
+  on_one_rank([](sim::RankContext& ctx) {
+    Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"hysteresis", 2}}},
+                         {"zero_optimization", {{"stage", 0}}}}, 1);
+    Synthetic model(std::vector<Shape>{{3}, {5}});
+    Rng rng(3);
+    model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    Rng r(4);
+    HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+    hb.arrays.at("g1").values[3] = INFINITY;
+    e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
+    e.step();
+    EXPECT_EQ(e.skipped_steps(), 1);
+    EXPECT_EQ(e.loss_scale(), 8.0);
+  });
+}
+
+// Note [Loss scalers]: with loss_scale_window 1 the second step doubles the scale before it
+// unscales, so its gradients are divided by 32 where they were scaled by 16: with SGD the fp32
+// master moves by exactly half of what it moves with a window that does not end there.
+TEST(Fp16, TheStepThatDoublesTheScaleUnscalesWithTheDoubledScale) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(stage);
+    std::vector<double> delta[2];
+    for (int w = 0; w < 2; ++w) {
+      on_one_rank([&](sim::RankContext& ctx) {
+        Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"loss_scale_window", w == 0 ? 1 : 1000}}},
+                             {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.25}}}}},
+                             {"zero_allow_untested_optimizer", true},
+                             {"zero_optimization", {{"stage", stage}}}}, 1);
+        Synthetic model(std::vector<Shape>{{3}, {5}});
+        Rng rng(3);
+        model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
+        Engine e(cfg, model, ctx.device, ctx.world);
+        Rng r(4);
+        const HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+        e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
+        e.step();
+        EXPECT_EQ(e.loss_scale(), 16.0);
+        const std::vector<double> before = e.full_optimizer_state(OptimizerState::fp32_master);
+        e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
+        e.step();
+        EXPECT_EQ(e.loss_scale(), w == 0 ? 32.0 : 16.0);
+        const std::vector<double> after = e.full_optimizer_state(OptimizerState::fp32_master);
+        ASSERT_EQ(after.size(), before.size());
+        for (std::size_t i = 0; i < after.size(); ++i) delta[w].push_back(after[i] - before[i]);
+      });
+    }
+    bool moved = false;
+    for (std::size_t i = 0; i < delta[0].size(); ++i) {
+      EXPECT_EQ(2 * delta[0][i], delta[1][i]) << "element " << i;
+      moved = moved || delta[1][i] != 0;
+    }
+    EXPECT_TRUE(moved);
+  }
+}
+
 // bf16.check_grad_overflow (DeepSpeed's default true) where DeepSpeed applies it (Note [Step
 // sequence], StepPlan::overflow): ZeRO-1/2 all-reduce a one-byte flag with MAX each step, and an
 // inf on one rank skips the step everywhere; false, or ZeRO-3, or stage 0 (FP16_Optimizer tests on
