@@ -244,22 +244,28 @@ void overflow_run(int hysteresis, double expect_scale_after) {
 TEST(Fp16, AnInfOnOneRankSkipsTheStepEverywhereAndHalvesTheScale) { overflow_run(1, 8.0); }
 TEST(Fp16, DefaultHysteresisSpendsOneOverflowBeforeHalving) { overflow_run(2, 16.0); }
 
+// One rank, a Synthetic {3}, {5} fp16 model and an Engine on `j`: body(engine, ctx, a batch).
+template <class Body>
+void on_fp16_engine(nlohmann::json j, Body body) {
+  on_one_rank([&](sim::RankContext& ctx) {
+    const Config cfg = cfg_of(std::move(j), 1);
+    Synthetic model(std::vector<Shape>{{3}, {5}});
+    Rng rng(3);
+    model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
+    Engine e(cfg, model, ctx.device, ctx.world);
+    Rng r(4);
+    body(e, ctx, model.make_batch(r, 2, DataDomain::exact, {}));
+  });
+}
+
 // Note [Loss scalers]: two overflowing steps from scale 16 with min_loss_scale 8 and hysteresis 1.
 // ZeRO's DynamicLossScaler halves to 8, then raises DeepSpeed's "already at minimum" and leaves
 // the engine unusable; stage 0's FP16_Optimizer clamps at 8 and goes on.
 TEST(Fp16, AnOverflowAtTheMinimumScaleRaisesUnderZeroAndClampsAtStage0) {
   for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE(stage);
-    on_one_rank([&](sim::RankContext& ctx) {
-      Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"hysteresis", 1},
-                                     {"min_loss_scale", 8}}},
-                           {"zero_optimization", {{"stage", stage}}}}, 1);
-      Synthetic model(std::vector<Shape>{{3}, {5}});
-      Rng rng(3);
-      model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
-      Engine e(cfg, model, ctx.device, ctx.world);
-      Rng r(4);
-      HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+    on_fp16_engine({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"hysteresis", 1}, {"min_loss_scale", 8}}},
+                    {"zero_optimization", {{"stage", stage}}}}, [&](Engine& e, sim::RankContext& ctx, HostBatch hb) {
       hb.arrays.at("g1").values[3] = INFINITY;
       e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
       e.step();
@@ -288,15 +294,8 @@ TEST(Fp16, AnOverflowAtTheMinimumScaleRaisesUnderZeroAndClampsAtStage0) {
 // first overflow halves the scale even with the default hysteresis 2 (ZeRO keeps it:
 // DefaultHysteresisSpendsOneOverflowBeforeHalving).
 TEST(Fp16, Stage0HalvesAtTheFirstOverflowWhateverTheHysteresis) {
-  on_one_rank([](sim::RankContext& ctx) {
-    Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"hysteresis", 2}}},
-                         {"zero_optimization", {{"stage", 0}}}}, 1);
-    Synthetic model(std::vector<Shape>{{3}, {5}});
-    Rng rng(3);
-    model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
-    Engine e(cfg, model, ctx.device, ctx.world);
-    Rng r(4);
-    HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+  on_fp16_engine({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"hysteresis", 2}}},
+                  {"zero_optimization", {{"stage", 0}}}}, [](Engine& e, sim::RankContext& ctx, HostBatch hb) {
     hb.arrays.at("g1").values[3] = INFINITY;
     e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
     e.step();
@@ -313,17 +312,10 @@ TEST(Fp16, TheStepThatDoublesTheScaleUnscalesWithTheDoubledScale) {
     SCOPED_TRACE(stage);
     std::vector<double> delta[2];
     for (int w = 0; w < 2; ++w) {
-      on_one_rank([&](sim::RankContext& ctx) {
-        Config cfg = cfg_of({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"loss_scale_window", w == 0 ? 1 : 1000}}},
-                             {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.25}}}}},
-                             {"zero_allow_untested_optimizer", true},
-                             {"zero_optimization", {{"stage", stage}}}}, 1);
-        Synthetic model(std::vector<Shape>{{3}, {5}});
-        Rng rng(3);
-        model.init_params(ctx.device, DType::f16, DataDomain::exact, {}, rng);
-        Engine e(cfg, model, ctx.device, ctx.world);
-        Rng r(4);
-        const HostBatch hb = model.make_batch(r, 2, DataDomain::exact, {});
+      on_fp16_engine({{"fp16", {{"enabled", true}, {"initial_scale_power", 4}, {"loss_scale_window", w == 0 ? 1 : 1000}}},
+                      {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.25}}}}},
+                      {"zero_allow_untested_optimizer", true},
+                      {"zero_optimization", {{"stage", stage}}}}, [&](Engine& e, sim::RankContext& ctx, const HostBatch& hb) {
         e.backward(e.forward(upload_batch(ctx.device, hb, DType::f16)));
         e.step();
         EXPECT_EQ(e.loss_scale(), 16.0);
