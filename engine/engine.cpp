@@ -28,13 +28,7 @@ Engine::Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts)
     throw ConfigError(fmt::format("'moe.ep_size' is {} but the expert-parallel group has {} ranks",
                                   cfg_.ep_size, opts_.expert_parallel->size()));
   }
-  if (!cfg_.optimizer_given && (cfg_.zero.stage == 1 || cfg_.zero.stage == 2)) {
-    throw ConfigError(fmt::format(
-        "zero stage {} requires an optimizer: the ds_config has no \"optimizer\" block, and DeepSpeed "
-        "0.19.8 refuses that at initialize (AssertionError: zero stage {} requires an optimizer, "
-        "engine.py:2659); add one, e.g. \"optimizer\": {{\"type\": \"Adam\"}}", cfg_.zero.stage,
-        cfg_.zero.stage));
-  }
+  check_optimizer_given(Call::initialize);
   broadcast_model();
   if (!moe) {
     optimizers_.push_back(make_zero_optimizer(cfg_, model_, dev_, comm_, opts_));
@@ -147,29 +141,34 @@ void Engine::check_usable(const char* call) const {
 // (forward, and stage 0 bf16's backward) runs on zerocheck's usual wrapper: its memory is not
 // DeepSpeedZeRoOffload's (no fp32 master or optimizer states there), and a forward-only user of
 // ZeRO-3 inference is not modelled by `zerocheck plan`, which refuses such a config up front.
-void Engine::check_optimizer_given(const char* call) const {
+void Engine::check_optimizer_given(Call call) const {
   if (cfg_.optimizer_given) return;
-  const bool at_step = cfg_.zero.stage == 0 && cfg_.bf16.enabled;
-  if ((std::string_view(call) == "step()") != at_step) return;
-  std::string ds_error;
-  if (cfg_.zero.stage >= 3) {
-    ds_error = "AttributeError: 'DeepSpeedZeRoOffload' object has no attribute "
-               "'set_gradient_accumulation_boundary' (engine.py:3149): without an optimizer ZeRO-3 "
-               "builds DeepSpeedZeRoOffload, which can run forward only";
-  } else if (at_step) {
-    ds_error = "AssertionError (bf16_optimizer.py:562): without an optimizer stage 0 bf16 wraps a "
-               "DummyOptim in BF16_Optimizer, which cannot step";
-  } else {
-    ds_error = "AssertionError: must provide optimizer during init in order to use backward (engine.py:3395)";
+  const int stage = cfg_.zero.stage;
+  const Call fails_at = stage == 1 || stage == 2              ? Call::initialize
+                        : stage == 0 && cfg_.bf16.enabled ? Call::step
+                                                          : Call::backward;
+  if (call != fails_at) return;
+  constexpr const char* kAddOne = "add one, e.g. \"optimizer\": {\"type\": \"Adam\"}";
+  if (call == Call::initialize) {
+    throw ConfigError(fmt::format("zero stage {0} requires an optimizer: the ds_config has no \"optimizer\" block, "
+                                  "and DeepSpeed 0.19.8 refuses that at initialize (AssertionError: zero stage {0} "
+                                  "requires an optimizer, engine.py:2659); {1}", stage, kAddOne));
   }
-  throw UsageError(fmt::format("{}: the ds_config has no \"optimizer\" block, and DeepSpeed 0.19.8 fails "
-                               "here: {}; add one, e.g. \"optimizer\": {{\"type\": \"Adam\"}}",
-                               call, ds_error));
+  const char* ds_error =
+      stage >= 3 ? "AttributeError: 'DeepSpeedZeRoOffload' object has no attribute "
+                   "'set_gradient_accumulation_boundary' (engine.py:3149): without an optimizer ZeRO-3 "
+                   "builds DeepSpeedZeRoOffload, which can run forward only"
+      : call == Call::step
+          ? "AssertionError (bf16_optimizer.py:562): without an optimizer stage 0 bf16 wraps a "
+            "DummyOptim in BF16_Optimizer, which cannot step"
+          : "AssertionError: must provide optimizer during init in order to use backward (engine.py:3395)";
+  throw UsageError(fmt::format("{}: the ds_config has no \"optimizer\" block, and DeepSpeed 0.19.8 fails here: {}; {}",
+                               call == Call::step ? "step()" : "backward()", ds_error, kAddOne));
 }
 
 void Engine::backward(const Loss& loss) {
   check_usable("backward()");
-  check_optimizer_given("backward()");
+  check_optimizer_given(Call::backward);
   if (loss.forward_id != forward_id_ || forward_id_ < 0) {
     throw UsageError(fmt::format("backward() of the loss of forward #{}, but the last forward was "
                                  "#{}: call forward() before each backward()", loss.forward_id,
@@ -319,7 +318,7 @@ void Engine::step() {
                      "first; it is illegal to step inside it");
   }
   if (is_gradient_accumulation_boundary()) {
-    check_optimizer_given("step()");
+    check_optimizer_given(Call::step);
     // Several param groups (MoE) share one overflow decision, one global norm over the world and
     // one loss scale; every rank's expert partition is a distinct piece of some expert, so the
     // world sum of partition squares is the whole model's.

@@ -120,7 +120,9 @@ class Engine {
   void check_parallel_layout(const decide::CompileFacts<bool, std::int64_t>& f);
   void enter_no_sync();
   void check_usable(const char* call) const;
-  void check_optimizer_given(const char* call) const;  // Note [No optimizer] in engine.cpp
+  // Where DeepSpeed fails without an optimizer block (Note [No optimizer] in engine.cpp).
+  enum class Call : std::uint8_t { initialize, backward, step };
+  void check_optimizer_given(Call call) const;
   bool runs_deepcompile_hooks() const;
   DeepCompileRuntime& runtime();
   std::optional<bool> enter_coalesce();

@@ -404,7 +404,8 @@ I4Outcome i4_check(const I4Case& c) {
   make_i4_model(c);  // a malformed kind throws here, not on a rank
   RunSpec spec;
   spec.world = c.world;
-  spec.ds_config = {{"optimizer", {{"type", "Adam"}}}, {"zero_optimization", {{"stage", c.stage}, {"reduce_bucket_size", 64},
+  spec.ds_config = {{"optimizer", {{"type", "Adam"}}},
+                    {"zero_optimization", {{"stage", c.stage}, {"reduce_bucket_size", 64},
                                            {"stage3_param_persistence_threshold", 0}}}};
   spec.make_model = [c] { return make_i4_model(c); };
   spec.steps = 1;
