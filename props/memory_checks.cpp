@@ -22,7 +22,7 @@ std::string bytes_list(const MemBytes& b) {
 std::string compare_device(const DeviceMemory& meta, const DeviceMemory& host,
                            const std::string& where) {
   if (!host.allocator_construction || !host.allocator_steps) {
-    return where + ": the host device kept no allocator stats";
+    return where + ": the device kept no allocator stats";
   }
   std::string d = memory_difference(meta.construction, *host.allocator_construction,
                                     where + ", construction");
@@ -36,28 +36,59 @@ std::string memory_difference(const MemoryLedger& meta, const AllocatorStats& ho
                               const std::string& where) {
   for (std::size_t k = 0; k < kMemCategories; ++k) {
     if (meta.peak()[k] != host.peak[k]) {
-      return fmt::format("{}: peak of {} is {} bytes in meta mode but the host allocator held {}",
+      return fmt::format("{}: peak of {} is {} bytes in meta mode but the allocator held {}",
                          where, mem_category_name(static_cast<MemCategory>(k)), meta.peak()[k],
                          host.peak[k]);
     }
   }
   if (meta.peak_total() != host.peak_total) {
-    return fmt::format("{}: total peak {} bytes in meta mode, {} on the host", where,
+    return fmt::format("{}: total peak {} bytes in meta mode, {} counted by the allocator", where,
                        meta.peak_total(), host.peak_total);
   }
   if (meta.at_peak() != host.at_peak) {
-    return fmt::format("{}: at the peak, meta holds {} but the host held {}", where,
+    return fmt::format("{}: at the peak, meta holds {} but the allocator held {}", where,
                        bytes_list(meta.at_peak()), bytes_list(host.at_peak));
   }
   return "";
 }
 
+namespace {
+RunSpec without_readbacks(RunSpec spec) {
+  spec.collect_grads = false;  // the records' getters allocate; meta mode reads nothing back
+  spec.record_values = false;
+  return spec;
+}
+}  // namespace
+
+MemoryComparison compare_meta_with_backend(const RunSpec& spec, Device& dev, Device& cpu, Comm& world) {
+  MemoryComparison c;
+  RunSpec mine = without_readbacks(spec);
+  ZC_ASSERT(mine.world == world.size(), "a spec for {} ranks run on a world of {}", mine.world, world.size());
+  for (Device* d : {&dev, &cpu}) {  // both counts start from nothing, as the meta run's do
+    const AllocatorStats* a = d->allocator_stats();
+    if (a != nullptr && a->live_total != 0) {
+      c.difference = fmt::format("rank {}: {} holds {} bytes before the run; free them first", world.rank(),
+                                 d->name(), a->live_total);
+      return c;
+    }
+    d->reset_peak();
+  }
+  const RankRecord got = train_rank(mine, world.rank(), dev, world, nullptr, &cpu);
+  mine.sim.meta = true;
+  const RunResult meta = run_on_sim(mine);
+  const auto r = static_cast<std::size_t>(world.rank());
+  const std::string rank = fmt::format("rank {}", world.rank());
+  c.trace_hash = meta.sim.trace_hash;
+  c.peak_bytes = meta.memory.at(r).device.steps.peak_total();
+  c.difference = compare_device(meta.memory.at(r).device, got.memory.device, rank + " " + dev.name());
+  if (c.difference.empty()) c.difference = compare_device(meta.memory.at(r).cpu, got.memory.cpu, rank + " cpu");
+  return c;
+}
+
 MemoryComparison compare_meta_with_host(const RunSpec& host) {
   ZC_ASSERT(!host.sim.meta, "compare_meta_with_host takes the host run's spec");
   MemoryComparison c;
-  RunSpec host_spec = host;
-  host_spec.collect_grads = false;  // the records' getters allocate; meta mode reads nothing back
-  host_spec.record_values = false;
+  RunSpec host_spec = without_readbacks(host);
   RunSpec meta = host_spec;
   meta.sim.meta = true;
   RunResult h, m;

@@ -24,6 +24,13 @@ struct MemoryComparison {
 // Runs `host` (spec.sim.meta must be false) and the same spec in meta mode, and compares.
 MemoryComparison compare_meta_with_host(const RunSpec& host);
 
+// The same comparison for one rank of a real backend (CudaDevice + NcclComm on a GPU, or the CPU
+// rehearsal of it): trains `spec` on `dev` with `cpu` as the CPU side of offload over `world`,
+// then runs the spec in meta mode on the simulator, and compares this rank's accelerator and CPU
+// figures with what `dev`'s and `cpu`'s allocators counted. Collective over `world`. A device
+// without allocator stats is a difference, named.
+MemoryComparison compare_meta_with_backend(const RunSpec& spec, Device& dev, Device& cpu, Comm& world);
+
 // "" when `meta` (a ledger) and `host` (the allocator's stats) have the same peak per category,
 // the same total peak and the same composition at it; else the first difference, named.
 std::string memory_difference(const MemoryLedger& meta, const AllocatorStats& host,

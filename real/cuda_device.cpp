@@ -20,11 +20,21 @@ using device_check::on;
 using device_check::same_dtype;
 using device_check::same_numel;
 
+// Note [GPU memory measures]
+// A CudaDevice has two counts of its memory besides the Device's ledger: AllocatorStats, kept
+// where cudaMallocAsync returns and where a storage's deleter calls cudaFreeAsync (the same place
+// HostDevice counts calloc and free), so it is exact to the byte and per category; and the
+// default memory pool's own high-water mark (cudaMemPoolAttrUsedMemHigh), which the driver keeps.
+// The pool's count is not per category, rounds each allocation up, includes the internal scratch
+// buffers of reductions, and sees a free only when the stream reaches it, so it can only be
+// larger; gpu_test checks both against a meta run.
 struct CudaDevice::State {
   int index = 0;
   cudaStream_t stream = nullptr;
   std::string gpu;
   std::uint64_t next_id = 0;
+  cudaMemPool_t pool = nullptr;
+  std::shared_ptr<AllocatorStats> alloc_stats = std::make_shared<AllocatorStats>();
 };
 
 int cuda_device_count(std::string* why) {
@@ -80,10 +90,26 @@ CudaDevice::CudaDevice(int index) : st_(std::make_shared<State>()) {
   st_->gpu = prop.name;
   CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
   // Keep freed blocks in the pool: the engine allocates temporaries every step.
-  cudaMemPool_t pool = nullptr;
-  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&st_->pool, index));
   std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
-  CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  CUDA_CHECK(cudaMemPoolSetAttribute(st_->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+}
+
+const AllocatorStats* CudaDevice::allocator_stats() const { return st_->alloc_stats.get(); }
+
+void CudaDevice::reset_allocator_peak() {
+  st_->alloc_stats->reset_peak();
+  // The pool's mark restarts from what is in use once the queued frees have run.
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  std::uint64_t zero = 0;
+  CUDA_CHECK(cudaMemPoolSetAttribute(st_->pool, cudaMemPoolAttrUsedMemHigh, &zero));
+}
+
+std::int64_t CudaDevice::pool_used_high() const {
+  CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  std::uint64_t high = 0;
+  CUDA_CHECK(cudaMemPoolGetAttribute(st_->pool, cudaMemPoolAttrUsedMemHigh, &high));
+  return static_cast<std::int64_t>(high);
 }
 
 CudaDevice::~CudaDevice() {
@@ -98,7 +124,7 @@ std::string CudaDevice::gpu_name() const { return st_->gpu; }
 void* CudaDevice::stream() const { return st_->stream; }
 void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(st_->stream)); }
 
-Tensor CudaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory) {
+Tensor CudaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCategory category) {
   const std::int64_t bytes = shape_numel(shape) * dtype_size(dtype);
   void* data = nullptr;
   const cudaError_t rc = cudaMallocAsync(&data, static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), st_->stream);
@@ -110,9 +136,11 @@ Tensor CudaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCate
   CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<std::size_t>(bytes), st_->stream));
   auto storage = std::make_shared<Storage>();
   storage->data = data;
-  storage->owner = std::shared_ptr<void>(data, [st = st_](void* ptr) {
+  st_->alloc_stats->on_alloc(category, bytes);
+  storage->owner = std::shared_ptr<void>(data, [st = st_, category, bytes](void* ptr) {
     // Stream-ordered: after every kernel already queued on the compute stream. A failure here
     // (the runtime already torn down at exit) cannot be raised from a deleter and frees nothing.
+    st->alloc_stats->on_free(category, bytes);
     (void)cudaFreeAsync(ptr, st->stream);
   });
   storage->bytes = bytes;

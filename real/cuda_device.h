@@ -39,6 +39,15 @@ class CudaDevice final : public Device {
   void* stream() const;  // the compute stream, a cudaStream_t
   void synchronize();    // waits for the compute stream, raising any kernel error
 
+  // What cudaMallocAsync and the storage deleters' cudaFreeAsync saw, per category: the
+  // independent measure a meta run's ledger is checked against (Note [GPU memory measures]).
+  const AllocatorStats* allocator_stats() const override;
+  void reset_allocator_peak() override;
+  // The stream-ordered pool's own high-water mark of bytes in use (cudaMemPoolAttrUsedMemHigh)
+  // since the last reset_allocator_peak(): the driver's count, which includes the reductions'
+  // scratch buffers and the pool's rounding, so it is at least allocator_stats()->peak_total.
+  std::int64_t pool_used_high() const;
+
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_2d(const Tensor& dst, const Tensor& src, std::int64_t rows, std::int64_t cols,
                std::int64_t dst_stride, std::int64_t src_stride) override;

@@ -3,7 +3,8 @@
 #   1. builds zerocheck, zc_gpu_tests and zc_gpu_bench (preset `release`), unless --prebuilt DIR
 #      names a folder that already holds the three binaries (built elsewhere for this machine);
 #   2. runs the `gpu` tests: the Device conformance table (CudaDevice vs HostDevice), the Comm
-#      conformance table on NCCL, ordering, split, the watchdog (2+ GPUs), engine vs simulator;
+#      conformance table on NCCL, ordering, split, the watchdog (2+ GPUs), engine vs simulator,
+#      and meta-mode peaks (zerocheck plan's figures) against CudaDevice's allocator (gpu_memory.md);
 #   3. runs `verify-real --backend cuda` (12 seeded scenarios, bit for bit against the simulator);
 #   4. runs the GPU benchmarks (Adam and a reduction against a D2D copy; NCCL all_reduce busbw);
 #   5. prints a short table, and leaves the details in OUT (default reports/gpu).
@@ -89,6 +90,6 @@ echo "| step | result | time |"
 echo "|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
-for f in device_conformance.md comm_conformance.md bench.md; do [ -f "$out/$f" ] && cat "$out/$f"; done
+for f in device_conformance.md comm_conformance.md gpu_memory.md bench.md; do [ -f "$out/$f" ] && cat "$out/$f"; done
 [ -f "$out/verify-real/report.md" ] && tail -n +3 "$out/verify-real/report.md"
 exit $status

@@ -8,6 +8,7 @@
 // device_conformance.md and comm_conformance.md (rank 0).
 #include "engine/errors.h"
 #include "engine/host_device.h"
+#include "props/memory_checks.h"
 #include "props/scenarios.h"
 #include "real/bootstrap.h"
 #include "real/cuda_device.h"
@@ -16,6 +17,7 @@
 #include "tests/conformance/comm_conformance.h"
 #include "tests/conformance/device_conformance.h"
 #include "tests/conformance/reference_device.h"
+#include "tests/transformer_spec.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -199,6 +201,32 @@ TEST_F(Gpu, EngineOnGpusMatchesTheSimulatorBitForBit) {
     ++checked;
   }
   EXPECT_EQ(checked, 6);
+}
+
+// zerocheck plan's memory figures against a GPU (Note [GPU memory measures]): for each verify-real
+// scenario, a meta run's per-category peaks equal what CudaDevice's allocator counted, byte for
+// byte, and the memory pool's own high-water mark is at least that peak (it adds the reductions'
+// scratch and its rounding). The table goes to gpu_memory.md.
+TEST_F(Gpu, MetaPeaksEqualTheGpuAllocatorsAndThePoolHoldsNoLess) {
+  std::string table = "| scenario | meta peak (B) | CudaDevice counted (B) | pool high (B) | pool / counted |\n"
+                      "|---|---:|---:|---:|---:|\n";
+  std::vector<props::NamedSpec> runs = props::real_backend_scenarios(g->size(), 11, 6);
+  for (props::NamedSpec& t : transformer_memory_runs(g->size())) runs.push_back(std::move(t));
+  int checked = 0;
+  for (const props::NamedSpec& ns : runs) {
+    HostDevice cpu;
+    const props::MemoryComparison c = props::compare_meta_with_backend(ns.spec, *g->dev, cpu, *g->nccl);
+    EXPECT_EQ(c.difference, "") << ns.description;
+    const AllocatorStats* a = g->dev->allocator_stats();
+    ASSERT_NE(a, nullptr);
+    const std::int64_t pool = g->dev->pool_used_high();
+    EXPECT_GE(pool, a->peak_total) << ns.description;
+    table += fmt::format("| {} | {} | {} | {} | {:.2f} |\n", ns.description, c.peak_bytes, a->peak_total, pool,
+                         a->peak_total > 0 ? static_cast<double>(pool) / static_cast<double>(a->peak_total) : 0.0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 15);
+  write_report("gpu_memory.md", table);
 }
 
 // Last: it aborts communicators of its own. Phase 1: a peer never makes the first collective of a

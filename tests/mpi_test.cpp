@@ -6,10 +6,12 @@
 #include "engine/host_device.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
+#include "props/memory_checks.h"
 #include "props/scenarios.h"
 #include "props/training_run.h"
 #include "real/mpi_comm.h"
 #include "tests/conformance/comm_conformance.h"
+#include "tests/transformer_spec.h"
 
 #include <gtest/gtest.h>
 
@@ -128,6 +130,24 @@ TEST(MpiTraining, EmulatedGpuRunKeepsCpuAndGpuTensorsApart) {
   }
   EXPECT_GT(offload, 0);
   EXPECT_GT(offload_param, 0);
+}
+
+// What zerocheck plan predicts, checked on a real backend: a meta run's per-category peaks equal
+// what this rank's allocators counted (the GPU stand-in and the CPU side of offload), for every
+// verify-real scenario and the transformer runs. gpu_test runs the same check on CudaDevice.
+TEST(MpiTraining, MetaPeaksEqualTheEmulatedGpusAllocator) {
+  int offload = 0;
+  std::vector<props::NamedSpec> runs = props::real_backend_scenarios(world().size(), 7, 24);
+  for (props::NamedSpec& t : transformer_memory_runs(world().size())) runs.push_back(std::move(t));
+  for (const props::NamedSpec& ns : runs) {
+    HostDevice gpu(Placement::cuda), cpu;
+    GpuOnlyComm comm(world());
+    const props::MemoryComparison c = props::compare_meta_with_backend(ns.spec, gpu, cpu, comm);
+    EXPECT_EQ(c.difference, "") << ns.description;
+    EXPECT_GT(c.peak_bytes, 0) << ns.description;
+    offload += ns.description.find("offload true") != std::string::npos;
+  }
+  EXPECT_GT(offload, 0);
 }
 
 TEST(MpiTraining, GpuOnlyCommRefusesACpuTensor) {

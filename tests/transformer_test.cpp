@@ -5,6 +5,7 @@
 #include "engine/host_device.h"
 #include "models/transformer.h"
 #include "props/memory_checks.h"
+#include "tests/transformer_spec.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -176,25 +177,6 @@ TEST(TransformerBackward, FusedAttentionGivesTheSameBitsWithLessMemory) {
     EXPECT_EQ(probes[0].grads, probes[1].grads) << name;
     EXPECT_LT(peaks[1], peaks[0]) << name << ": fused attention keeps no probabilities";
   }
-}
-
-props::RunSpec transformer_run(const std::string& preset, int stage, int world, bool offload,
-                               const std::string& dtype) {
-  props::RunSpec spec;
-  spec.world = world;
-  spec.steps = 2;
-  spec.micro_batch = 2;
-  spec.domain = DataDomain::gaussian;
-  nlohmann::json cfg = {{"gradient_accumulation_steps", 1},
-                        {"zero_optimization",
-                         {{"stage", stage}, {"reduce_bucket_size", 500},
-                          {"stage3_param_persistence_threshold", 20}}},
-                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}}};
-  if (dtype == "bf16") cfg["bf16"] = {{"enabled", true}};
-  if (offload) cfg["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-  spec.ds_config = cfg;
-  spec.make_model = [preset] { return std::make_unique<Transformer>(transformer_preset(preset)); };
-  return spec;
 }
 
 TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesAtEveryStage) {
