@@ -344,12 +344,16 @@ void ClusterState::step_once() {
   }
 }
 
+namespace {
+[[noreturn, gnu::noinline, gnu::cold]] void throw_yield_in_handler(int rank) {
+  throw UsageError(fmt::format(
+      "rank {}: a collective or wait() was called inside a catch handler; capture the "
+      "exception, leave the handler, then communicate (Note [No yield inside catch])", rank));
+}
+}  // namespace
+
 void ClusterState::yield(int rank) {
-  if (std::current_exception()) {
-    throw UsageError(fmt::format(
-        "rank {}: a collective or wait() was called inside a catch handler; capture the "
-        "exception, leave the handler, then communicate (Note [No yield inside catch])", rank));
-  }
+  if (std::current_exception()) throw_yield_in_handler(rank);
   RankState& rs = rank_state(rank);
   rs.sink = std::move(rs.sink).resume();
 }

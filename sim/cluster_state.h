@@ -64,19 +64,20 @@ struct CallSig {
   std::string describe_call() const;
 };
 
-struct Member {  // one rank's part in a rendezvous
+// One rank's part in a rendezvous. Laid out hot first: at thousands of ranks a collective touches
+// each member once at issue, once when computed and once at completion, and every line is cold.
+// Its call is the rendezvous's first_sig (a member whose call differs ends the run at issue).
+struct Member {
   bool arrived = false;
-  CallSig sig;
-  Bytes input;                    // snapshot taken at issue
   // The last member to arrive is computed at its issue, so its input is read in place (no
   // snapshot): this points at it until compute() returns.
   const std::byte* live_input = nullptr;
-  Tensor out;                     // written at completion
+  SimWork* work = nullptr;        // alive in its rank's inflight list until waited
   // Computed when the last member arrives; shared between members that get the same bytes.
   std::shared_ptr<const Bytes> result;
   std::uint64_t result_hash = 0;  // hash_data of result, taken once per distinct result
-  SimWork* work = nullptr;        // alive in its rank's inflight list until waited
   double issue_us = 0.0;
+  Bytes input;                    // snapshot (Note [Inputs read at issue])
   int split_color = kNoColor;
   int split_key = 0;
   Group* split_group = nullptr;  // split only: the member's new group
@@ -141,6 +142,7 @@ struct alignas(64) RankState {
   bool blocked = false;
   // Inflight collectives whose input is still read in place (Note [Inputs read at issue]).
   int live_inputs = 0;
+  int blocked_member = -1;  // its slot in blocked_on; the call is described only for an error
   boost::context::fiber fiber;  // resumes the rank
   boost::context::fiber sink;   // resumes the scheduler
   std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
@@ -153,8 +155,7 @@ struct alignas(64) RankState {
   std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
   double slowdown = 1.0;         // FaultKind::slow_rank
   Trace trace;
-  std::shared_ptr<Rendezvous> blocked_on;
-  int blocked_member = -1;  // its slot in blocked_on; the call is described only for an error
+  std::shared_ptr<Rendezvous> blocked_on;  // the rendezvous it waits in; slot: blocked_member
   std::exception_ptr error;
   std::unique_ptr<Device> inner;  // HostDevice, or MetaDevice with SimOptions::meta
   std::unique_ptr<Device> cpu;    // the CPU side of offload (RankContext::cpu), same kind
@@ -218,6 +219,10 @@ class ClusterState {
   void step_once();
   void block(int rank);
   void make_runnable(int rank);
+  // issue()'s out-of-line parts (Note [Cold paths out of line] in sim/rendezvous.cpp).
+  bool issue_faulty(RankState& rs, SimComm& comm, const CallSig& sig, std::int64_t index,
+                    std::int64_t& seq, const Fault*& corrupting);
+  void open_rendezvous(Group& group, std::int64_t seq, std::shared_ptr<Rendezvous>& slot);
   void compute(Rendezvous& rv);
   void snapshot_live_inputs(RankState& rs);  // Note [Inputs read at issue]
   void compute_split(Rendezvous& rv);
@@ -230,7 +235,8 @@ class ClusterState {
   void drain(RankState& rs);
   const Fault* fault_at(int rank, std::int64_t index) const;
   void corrupt(const Fault& f, Member& m, const CallSig& sig, RankState& rs);
-  [[noreturn]] void throw_mismatch(const Rendezvous& rv) const;
+  // `slot` called `sig`, which differs from rv.first_sig.
+  [[noreturn]] void throw_mismatch(const Rendezvous& rv, int slot, const CallSig& sig) const;
   [[noreturn]] void throw_deadlock() const;
   [[noreturn]] void abort_with(int rank);
   std::string describe_rank(int rank) const;

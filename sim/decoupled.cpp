@@ -126,7 +126,7 @@ WorkPtr ClusterState::issue_decoupled(SimComm& comm, const CallSig& sig, const T
   rv->group = &group;
   rv->seq = seq;
   rv->members.resize(1);
-  rv->members[0].sig = sig;
+  rv->first_sig = sig;
   auto work = std::make_shared<SimWork>(*this, r, 0, rv, in, out, rs.trace.size() - 1);
   rs.inflight.push_back(work);
   if (!async_op) work->wait();

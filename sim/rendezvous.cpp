@@ -39,7 +39,7 @@ std::uint64_t hash_bytes(const std::shared_ptr<const Bytes>& b) {
 
 
 std::string blocked_call(const RankState& rs) {
-  return rs.blocked_on->members[static_cast<std::size_t>(rs.blocked_member)].sig.str();
+  return rs.blocked_on->first_sig.str();
 }
 
 std::string error_kind(const std::exception& e) {
@@ -60,32 +60,50 @@ class DroppedWork final : public Work {
   bool is_completed() const override { return true; }
 };
 
+// Note [Cold paths out of line]
+// At thousands of ranks every fiber switch finds the resumed rank's stack cold, and each cache
+// line its frames span is a miss. So issue() and wait() keep their frames small: error messages,
+// faults and the once-per-rendezvous work (opening it, formatting its trace lines) are out-of-line
+// functions that take stack space only when they run.
+
+[[noreturn, gnu::noinline, gnu::cold]] void throw_mixed_meta(int r, const CallSig& sig,
+                                                           const Tensor& in, const Tensor& out) {
+  throw UsageError(fmt::format("rank {}: {} mixes a meta tensor with a {} one; a collective's "
+                               "buffers are all meta or none", r, sig.str(),
+                               in.is_meta() ? placement_name(out.placement())
+                                            : placement_name(in.placement())));
+}
+
+[[noreturn, gnu::noinline, gnu::cold]] void throw_too_many_inflight(int r, std::size_t inflight) {
+  throw LimitExceeded(fmt::format(
+      "rank {}: {} async collectives in flight passes SimLimits::max_inflight_per_rank; "
+      "wait() on earlier Work before issuing more", r, inflight));
+}
+
+[[noreturn, gnu::noinline, gnu::cold]] void throw_foreign_wait(int owner, int caller) {
+  throw UsageError(fmt::format("wait() on rank {}'s Work called from rank {}", owner, caller));
+}
+
+// The line of an event every member of `rv` records (Note [One trace line per rendezvous]).
+[[gnu::noinline]] std::shared_ptr<const TraceLine> rendezvous_line(const char* what,
+                                                                   const Rendezvous& rv) {
+  return std::make_shared<const TraceLine>(
+      "comm", fmt::format("{} {} on {}", what, rv.first_sig.str(), rv.where()));
+}
+
 }  // namespace
 
-WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in,
-                            const Tensor& out, bool async_op, int split_color, int split_key) {
-  const int r = comm.global_rank();
-  CallSig sig = call;
-  sig.meta = (in.defined() && in.is_meta()) || (out.defined() && out.is_meta());
-  if (sig.meta && ((in.defined() && !in.is_meta()) || (out.defined() && !out.is_meta()))) {
-    throw UsageError(fmt::format("rank {}: {} mixes a meta tensor with a {} one; a collective's "
-                                 "buffers are all meta or none", r, sig.str(),
-                                 in.is_meta() ? placement_name(out.placement())
-                                              : placement_name(in.placement())));
-  }
-  RankState& rs = rank_state(r);
-  if (static_cast<int>(rs.inflight.size()) >= options_.limits.max_inflight_per_rank) {
-    throw LimitExceeded(fmt::format(
-        "rank {}: {} async collectives in flight passes SimLimits::max_inflight_per_rank; "
-        "wait() on earlier Work before issuing more", r, rs.inflight.size()));
-  }
-  const char* op = collective_name(sig.kind).data();
-  if (in.defined()) check_read(r, op, in);
-  if (out.defined()) check_write(r, op, out);
-
-  if (decoupled_) return issue_decoupled(comm, sig, in, out, async_op);  // Note [Decoupled schedule]
+// A call that a fault hits (Note [Injected faults]): a crash throws, a drop records and yields
+// (returns true: the call never happens), a reorder swaps this call's sequence number with the
+// next call's. Sets `seq`, and `corrupting` to a bit_flip or nan fault, which issue() applies to
+// a copy of the input.
+[[gnu::noinline, gnu::cold]] bool ClusterState::issue_faulty(RankState& rs, SimComm& comm,
+                                                             const CallSig& sig, std::int64_t index,
+                                                             std::int64_t& seq,
+                                                             const Fault*& corrupting) {
+  const int r = rs.rank;
   Group* group = comm.group().get();
-  const Fault* fault = fault_at(r, rs.collectives++);  // Note [Injected faults]
+  const Fault* fault = fault_at(r, index);
   if (fault != nullptr) {
     if (sig.kind == CollectiveKind::split && fault->kind != FaultKind::crash) {
       throw UsageError(fmt::format("{} hits a split(), which cannot be dropped, reordered or corrupted; "
@@ -97,10 +115,10 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
     if (fault->kind == FaultKind::drop) {
       rs.trace.record("fault", fmt::format("{}: {} on {} never issued", fault->str(), sig.str(), group->name));
       yield(r);
-      return std::make_shared<DroppedWork>();
+      return true;
     }
+    if (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan) corrupting = fault;
   }
-  std::int64_t seq;
   if (auto swapped = rs.swapped_seq.find(group); swapped != rs.swapped_seq.end()) {
     seq = swapped->second;  // the earlier call of a reordered pair took our number
     rs.swapped_seq.erase(swapped);
@@ -112,26 +130,54 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   } else {
     seq = comm.next_seq();
   }
-  std::shared_ptr<Rendezvous>& slot = group->open[seq];
-  if (!slot) {
-    slot = std::make_shared<Rendezvous>();
-    slot->group = group;
-    slot->seq = seq;
-    slot->members.resize(group->members.size());
+  return false;
+}
+
+[[gnu::noinline]] void ClusterState::open_rendezvous(Group& group, std::int64_t seq,
+                                                     std::shared_ptr<Rendezvous>& slot) {
+  slot = std::make_shared<Rendezvous>();
+  slot->group = &group;
+  slot->seq = seq;
+  slot->members.resize(group.members.size());
+}
+
+WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in,
+                            const Tensor& out, bool async_op, int split_color, int split_key) {
+  const int r = comm.global_rank();
+  CallSig sig = call;
+  sig.meta = (in.defined() && in.is_meta()) || (out.defined() && out.is_meta());
+  if (sig.meta && ((in.defined() && !in.is_meta()) || (out.defined() && !out.is_meta()))) {
+    throw_mixed_meta(r, sig, in, out);
   }
-  std::shared_ptr<Rendezvous> rv = slot;
+  RankState& rs = rank_state(r);
+  if (static_cast<int>(rs.inflight.size()) >= options_.limits.max_inflight_per_rank) {
+    throw_too_many_inflight(r, rs.inflight.size());
+  }
+  const char* op = collective_name(sig.kind).data();
+  if (in.defined()) check_read(r, op, in);
+  if (out.defined()) check_write(r, op, out);
+
+  if (decoupled_) return issue_decoupled(comm, sig, in, out, async_op);  // Note [Decoupled schedule]
+  const std::int64_t index = rs.collectives++;
+  std::int64_t seq = 0;
+  const Fault* corrupting = nullptr;
+  if (options_.faults.empty()) [[likely]] {
+    seq = comm.next_seq();
+  } else if (issue_faulty(rs, comm, sig, index, seq, corrupting)) {
+    return std::make_shared<DroppedWork>();
+  }
+  // The group's open map holds the rendezvous until it is computed, and each member's Work after.
+  std::shared_ptr<Rendezvous>& slot = comm.group()->open[seq];
+  if (!slot) open_rendezvous(*comm.group(), seq, slot);
+  Rendezvous* rv = slot.get();
   Member& m = rv->members[static_cast<std::size_t>(comm.slot())];
   ZC_ASSERT(!m.arrived, "rank {} arrived twice at {}", r, rv->where());
   m.arrived = true;
-  m.sig = sig;
-  m.out = out;
   m.issue_us = rs.timing.now_us;
   m.split_color = split_color;
   m.split_key = split_key;
-  const bool corrupts =
-      fault != nullptr && (fault->kind == FaultKind::bit_flip || fault->kind == FaultKind::nan);
   if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // Note [Inputs read at issue]
-    if (!corrupts) {
+    if (corrupting == nullptr) {
       m.live_input = static_cast<const std::byte*>(in.raw());
       ++rs.live_inputs;  // compute() counts it off (the last member's below, before any yield)
     } else {
@@ -139,15 +185,14 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
       std::memcpy(m.input.data(), in.raw(), m.input.size());
     }
   }
-  if (corrupts) corrupt(*fault, m, sig, rs);
+  if (corrupting != nullptr) corrupt(*corrupting, m, sig, rs);
   if (rv->arrived++ == 0) rv->first_sig = sig;
-  if (!(rv->first_sig == sig)) throw_mismatch(*rv);
+  if (!(rv->first_sig == sig)) throw_mismatch(*rv, comm.slot(), sig);
   comm.count_op(sig.kind, sig.bytes());
-  if (!rv->issue_line) {
-    rv->issue_line = std::make_shared<const TraceLine>("comm", fmt::format("issue {} on {}", sig.str(), rv->where()));
-  }
+  if (!rv->issue_line) rv->issue_line = rendezvous_line("issue", *rv);
   rs.trace.record(rv->issue_line);
-  auto work = std::make_shared<SimWork>(*this, r, comm.slot(), rv, in, out, rs.trace.size() - 1);
+  auto work = std::make_shared<SimWork>(*this, r, comm.slot(), slot, in, out,
+                                        rs.trace.size() - 1);
   m.work = work.get();
   rs.inflight.push_back(work);
   if (rv->arrived == static_cast<int>(rv->members.size())) compute(*rv);
@@ -172,10 +217,7 @@ void ClusterState::snapshot_live_inputs(RankState& rs) {
 
 void ClusterState::wait(SimWork& work) {
   if (work.waited_) return;
-  if (running_rank() != work.rank_) {
-    throw UsageError(fmt::format("wait() on rank {}'s Work called from rank {}", work.rank_,
-                                 running_rank()));
-  }
+  if (running_rank() != work.rank_) throw_foreign_wait(work.rank_, running_rank());
   if (decoupled_) {
     wait_decoupled(work);
     return;
@@ -205,9 +247,7 @@ void ClusterState::wait(SimWork& work) {
   work.out_ = Tensor();
   advance_to(rs, rv.done_us);
   rs.trace.set_time(rs.timing.now_us);
-  if (!rv.done_line) {
-    rv.done_line = std::make_shared<const TraceLine>("comm", fmt::format("done {} on {}", m.sig.str(), rv.where()));
-  }
+  if (!rv.done_line) rv.done_line = rendezvous_line("done", rv);
   rs.trace.record(rv.done_line, m.result_hash);
 }
 
@@ -215,7 +255,7 @@ void ClusterState::compute(Rendezvous& rv) {
   ZC_ASSERT(!rv.computed, "{} computed twice", rv.where());
   rv.computed = true;
   rv.group->open.erase(rv.seq);
-  const CallSig& sig = rv.members[0].sig;
+  const CallSig& sig = rv.first_sig;
   schedule(rv);
   const int n = static_cast<int>(rv.members.size());
   std::vector<const std::byte*> ins;
@@ -304,7 +344,7 @@ void ClusterState::compute(Rendezvous& rv) {
 void ClusterState::schedule(Rendezvous& rv) {
   double issued = 0.0;
   for (const Member& m : rv.members) issued = std::max(issued, m.issue_us);
-  rv.done_us = schedule_on(*rv.group, rv.members[0].sig, issued);
+  rv.done_us = schedule_on(*rv.group, rv.first_sig, issued);
 }
 
 double ClusterState::schedule_on(const Group& group, const CallSig& sig, double issued_us) {
@@ -381,7 +421,6 @@ void ClusterState::complete(SimWork& work) {
               work.out_.nbytes());
     std::memcpy(work.out_.raw(), m.result->data(), m.result->size());
   }
-  m.out = Tensor();  // the rank's buffer is no longer the rendezvous's business
   work.completed_ = true;
   drop_ready(work);
 }
@@ -402,7 +441,7 @@ void ClusterState::check_read(int rank, const char* op, const Tensor& t) {
       throw DataRace(fmt::format(
           "rank {}: {} reads {} before wait() on async {} ({}, issued at trace event #{}), "
           "whose output {} it overlaps; call wait() on that Work first",
-          rank, op, t.describe(), w->rv_->members[static_cast<std::size_t>(w->member_)].sig.str(), w->rv_->where(),
+          rank, op, t.describe(), w->rv_->first_sig.str(), w->rv_->where(),
           w->issue_index_, w->out_.describe()));
     }
   }
@@ -416,19 +455,19 @@ void ClusterState::check_write(int rank, const char* op, const Tensor& t) {
       throw DataRace(fmt::format(
           "rank {}: {} writes {} while async {} ({}, issued at trace event #{}) has {} as its "
           "{} and is not waited; call wait() on that Work before touching its buffers",
-          rank, op, t.describe(), w->rv_->members[static_cast<std::size_t>(w->member_)].sig.str(), w->rv_->where(),
+          rank, op, t.describe(), w->rv_->first_sig.str(), w->rv_->where(),
           w->issue_index_, in ? w->in_.describe() : w->out_.describe(), in ? "input" : "output"));
     }
   }
 }
 
-void ClusterState::throw_mismatch(const Rendezvous& rv) const {
+void ClusterState::throw_mismatch(const Rendezvous& rv, int slot, const CallSig& sig) const {
   std::string calls;
   for (std::size_t g = 0; g < rv.members.size(); ++g) {
-    const Member& m = rv.members[g];
-    if (!m.arrived) continue;
+    if (!rv.members[g].arrived) continue;
+    const CallSig& called = static_cast<int>(g) == slot ? sig : rv.first_sig;
     calls += fmt::format("\n  rank {} (group rank {}) called {}", rv.group->members[g], g,
-                         m.sig.str());
+                         called.str());
   }
   throw CollectiveMismatch(fmt::format(
       "collective mismatch on {}:{}\nEvery rank of a group must issue the same collectives, "
