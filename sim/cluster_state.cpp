@@ -344,28 +344,6 @@ void ClusterState::step_once() {
   }
 }
 
-namespace {
-[[noreturn, gnu::noinline, gnu::cold]] void throw_yield_in_handler(int rank) {
-  throw UsageError(fmt::format(
-      "rank {}: a collective or wait() was called inside a catch handler; capture the "
-      "exception, leave the handler, then communicate (Note [No yield inside catch])", rank));
-}
-}  // namespace
-
-void ClusterState::yield(int rank) {
-  if (std::current_exception()) throw_yield_in_handler(rank);
-  RankState& rs = rank_state(rank);
-  rs.sink = std::move(rs.sink).resume();
-}
-
-void ClusterState::block(int rank) {
-  RankState& rs = rank_state(rank);
-  rs.blocked = true;
-  remove_runnable(rank);
-  yield(rank);
-  ZC_ASSERT(!rs.blocked, "rank {} resumed while still blocked", rank);
-}
-
 void ClusterState::make_runnable(int rank) {
   RankState& rs = rank_state(rank);
   rs.blocked = false;

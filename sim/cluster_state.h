@@ -265,23 +265,24 @@ class SimWork final : public Work, public std::enable_shared_from_this<SimWork> 
  public:
   SimWork(ClusterState& cluster, int rank, int member, std::shared_ptr<Rendezvous> rv,
           Tensor in, Tensor out, std::uint64_t issue_index)
-      : cluster_(cluster), rank_(rank), member_(member), rv_(std::move(rv)), in_(std::move(in)),
-        out_(std::move(out)), issue_index_(issue_index) {}
+      : cluster_(cluster), rank_(rank), member_(member), rv_(std::move(rv)),
+        issue_index_(issue_index), out_(std::move(out)), in_(std::move(in)) {}
   void wait() override { cluster_.wait(*this); }
   bool is_completed() const override { return completed_; }
 
  private:
   friend class ClusterState;
+  // What completing and waiting read first, the input (read at a snapshot only) last.
   ClusterState& cluster_;
   int rank_;
   int member_;
-  std::shared_ptr<Rendezvous> rv_;
-  Tensor in_;
-  Tensor out_;
-  std::uint64_t issue_index_;  // the rank's trace index of the issue event
   bool completed_ = false;
   bool waited_ = false;
   int ready_pos_ = -1;
+  std::shared_ptr<Rendezvous> rv_;
+  std::uint64_t issue_index_;  // the rank's trace index of the issue event
+  Tensor out_;
+  Tensor in_;
 };
 
 }  // namespace zc::sim
