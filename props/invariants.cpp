@@ -230,29 +230,37 @@ Verdict check_i3(const Scenario& s, const CheckContext& ctx) {
 
 // Note [Stage 0 post-scaling] (engine/dense_optimizer.cpp): the DenseOptimizer paths (stage 0,
 // and BF16_Optimizer at ZeRO-1 + bf16 + fp32 accumulation) sum and then multiply by f32(1/W),
-// which rounds where 1/W is not a power of two. The dtype of the reduced bucket, when they apply.
-std::optional<DType> post_scaled_bucket(const Scenario& s) {
+// which rounds where 1/W is not a power of two. They reduce in the communication dtype (the
+// model's unless communication_data_type says otherwise: BF16_Optimizer's fp32 grads go through
+// bf16), so the sum and the multiply round to it, and the result is cast back to the bucket's.
+struct PostScaled {
+  DType comm;    // the sum and the multiply round to it
+  DType bucket;  // the gradients' dtype it is cast back to
+};
+std::optional<PostScaled> post_scaled_bucket(const Scenario& s) {
   if (s.world <= 1 || (s.world & (s.world - 1)) == 0) return std::nullopt;
-  if (s.stage == 0) return dtype_of(s);
+  const DType comm = s.comm_dtype.empty() ? dtype_of(s) : parse_dtype(s.comm_dtype);
+  if (s.stage == 0) return PostScaled{comm, dtype_of(s)};
   if (s.stage == 1 && s.dtype == "bf16" && !s.grad_accum_dtype.empty() && s.offload == "none") {
-    return DType::f32;
+    return PostScaled{comm, DType::f32};
   }
   return std::nullopt;
 }
 
-// One rank's exact mean m as W ranks produce it there: W * m summed exactly, then times f32(1/W),
-// both in the bucket's dtype (the multiply in f32).
-std::vector<double> as_post_scaled(std::vector<double> g, int world, DType bucket) {
+// One rank's exact mean m as W ranks produce it there: W * m summed in the communication dtype,
+// times f32(1/W) rounded to it, then cast to the bucket's dtype.
+std::vector<double> as_post_scaled(std::vector<double> g, int world, PostScaled p) {
   const float inv = static_cast<float>(1.0 / world);
   for (double& x : g) {
-    x = round_to(bucket, static_cast<double>(static_cast<float>(round_to(bucket, x * world)) * inv));
+    const double sum = round_to(p.comm, x * world);
+    x = round_to(p.bucket, round_to(p.comm, static_cast<double>(static_cast<float>(sum) * inv)));
   }
   return g;
 }
 
 Verdict check_sharded_parity(const Scenario& s, const CheckContext& ctx) {
   if (!exact_infeasible(s).empty()) return not_applicable();
-  const std::optional<DType> post = post_scaled_bucket(s);
+  const std::optional<PostScaled> post = post_scaled_bucket(s);
   // The implicit form re-reduces an already post-scaled average at every boundary backward: no
   // expression of one rank's values states those bits.
   if (post && s.boundary == "implicit" && s.n > 1) return not_applicable();

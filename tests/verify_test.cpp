@@ -167,6 +167,28 @@ TEST_F(QuickVerify, EveryKnownBugIsCaughtShrunkAndReplaysExactly) {
   EXPECT_GT(report_->determinism.runs, 0);
 }
 
+// BF16_Optimizer (ZeRO-1 + bf16 + fp32 accumulation) reduces its fp32 grads in the communication
+// dtype, bf16 unless communication_data_type says otherwise, and post-scales there: at world 7 one
+// rank's 3 comes back as 21 x f32(1/7) rounded to bf16 = 3, and in f32 as 3.0000002. sharded-parity
+// expected the f32 figure whatever the dtype and failed make run's case 456 (this scenario) from
+// 987c349 on; it must hold with either dtype, which it does only if it follows the one in use.
+TEST(ShardedParity, PostScalingRoundsInTheCommunicationDtype) {
+  Scenario s = scenario_from_json(nlohmann::json::parse(R"({"adam_w_mode":true,"betas":[0.9,0.999],
+    "boundary":"explicit","check_grad_overflow":true,"coalesce":false,"commands":[],"compile_passes":[],
+    "contiguous_gradients":false,"deepcompile":true,"domain":"exact","dtype":"bf16","eps":1e-08,"fault":"",
+    "grad_accum_dtype":"f32","gradient_accumulation_steps":1,"gradient_clipping":0.0,"lr":0.001,
+    "model":"synthetic","momentum":0.0,"n_backward":1,"offload":"none","optimizer":"","overlap_comm":false,
+    "reduce_bucket_size":16,"sched_seed":1,"seed":93,"shape":[1],"stage":1,"steps":1,"torch_adam":false,
+    "weight_decay":0.0,"world":7})"));
+  const Invariant& parity = *find_invariant("sharded-parity");
+  for (const char* comm : {"", "bf16", "f32"}) {
+    s.comm_dtype = comm;
+    const Verdict v = parity.check(s, CheckContext{{}, hooks()});
+    ASSERT_TRUE(v.applies) << comm;
+    EXPECT_TRUE(v.holds) << "communication dtype '" << comm << "': " << v.failure;
+  }
+}
+
 // A hazard's property fails on the correct engine (no bug switched on), because the engine does
 // what DeepSpeed does; the shrunk counterexample replays, and the fix DeepSpeed documents (the
 // explicit boundary) makes the same scenario hold.
