@@ -222,7 +222,6 @@ class ClusterState {
   // issue()'s out-of-line parts (Note [Cold paths out of line] in sim/rendezvous.cpp).
   bool issue_faulty(RankState& rs, SimComm& comm, const CallSig& sig, std::int64_t index,
                     std::int64_t& seq, const Fault*& corrupting);
-  void open_rendezvous(Group& group, std::int64_t seq, std::shared_ptr<Rendezvous>& slot);
   void compute(Rendezvous& rv);
   void snapshot_live_inputs(RankState& rs);  // Note [Inputs read at issue]
   void compute_split(Rendezvous& rv);

@@ -91,6 +91,15 @@ class DroppedWork final : public Work {
       "comm", fmt::format("{} {} on {}", what, rv.first_sig.str(), rv.where()));
 }
 
+// A group's rendezvous at `seq`, made by its first member to arrive.
+[[gnu::noinline]] void open_rendezvous(Group& group, std::int64_t seq,
+                                       std::shared_ptr<Rendezvous>& slot) {
+  slot = std::make_shared<Rendezvous>();
+  slot->group = &group;
+  slot->seq = seq;
+  slot->members.resize(group.members.size());
+}
+
 }  // namespace
 
 // A call that a fault hits (Note [Injected faults]): a crash throws, a drop records and yields
@@ -133,13 +142,6 @@ class DroppedWork final : public Work {
   return false;
 }
 
-[[gnu::noinline]] void ClusterState::open_rendezvous(Group& group, std::int64_t seq,
-                                                     std::shared_ptr<Rendezvous>& slot) {
-  slot = std::make_shared<Rendezvous>();
-  slot->group = &group;
-  slot->seq = seq;
-  slot->members.resize(group.members.size());
-}
 
 namespace {
 [[noreturn, gnu::noinline, gnu::cold]] void throw_yield_in_handler(int rank) {

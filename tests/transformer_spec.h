@@ -1,7 +1,8 @@
 // A training run of a transformer preset (models/transformer.h) for the memory checks: two
 // gaussian-domain AdamW steps at micro-batch 2, small buckets and persistence threshold so that
 // every ZeRO path (ipg buckets, gathers, persistent params) allocates. Used by transformer_test
-// (meta against the host allocator) and gpu_test (meta against CudaDevice's).
+// (meta against the host allocator), mpi_test (against the emulated GPU's) and gpu_test (against
+// CudaDevice's).
 #pragma once
 
 #include "models/transformer.h"
