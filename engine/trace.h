@@ -44,6 +44,9 @@ class Trace {
   std::uint64_t size() const { return count_; }
   // The first max_kept_events events (all of them for small runs); the hash covers every event.
   const std::vector<TraceEvent>& events() const { return events_; }
+  // Where the next kept event goes (its vector's end; nullptr when no more are kept): the
+  // simulator prefetches it (Note [Prefetch on resume] in sim/cluster_state.cpp).
+  const void* next_slot() const { return keeps() ? events_.data() + events_.size() : nullptr; }
 
  private:
   std::size_t max_kept_;

@@ -203,6 +203,9 @@ void ClusterState::destroy_fibers() noexcept {
   for (auto& rs : ranks_) {
     set_current_rank(rs->rank);
     rs->fiber = ctx::fiber();
+    rs->blocked_work = nullptr;  // unwound: the Work and the context are gone
+    rs->blocked_slot = nullptr;
+    rs->context = nullptr;
   }
   set_current_rank(-1);
 }
@@ -251,8 +254,10 @@ void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
       rs.sink = std::move(sink);
       try {
         RankContext rc = context(rs);
+        rs.context = &rc;
         fn(rc);
         drain(rs);
+        rs.context = nullptr;
       } catch (const ctx::detail::forced_unwind&) {
         throw;  // the cluster is being torn down: let Boost.Context unwind this stack
       } catch (...) {
@@ -330,6 +335,11 @@ void ClusterState::step_once() {
   const int r = runnable_[sched_rng_.below(runnable_.size())];
   schedule_hash_ = mix64(schedule_hash_, static_cast<std::uint64_t>(r));
   RankState& rs = rank_state(r);
+  // Note [Prefetch on resume]: the rank this step resumes (its lines are cached when the
+  // previous step guessed it), then the one the next step will likely resume.
+  prefetch_lines(rs);
+  prefetch_pointed(rs);
+  if (const int next = likely_next(r); next >= 0) prefetch_lines(rank_state(next));
   rs.device_ops_since_yield = 0;
   if (rs.live_inputs > 0) snapshot_live_inputs(rs);  // Note [Inputs read at issue]
   current_ = r;
@@ -342,6 +352,75 @@ void ClusterState::step_once() {
     ++finished_;
     if (rs.error) abort_with(r);
   }
+}
+
+// Note [Prefetch on resume]
+// At thousands of ranks every switch finds the resumed rank's data cold, and a rank's step is a
+// chain of misses: its stack from where it yielded up to its last collective call's caller
+// (each return loads its address from a cold line, and the next return waits for it), its
+// RankState, the Work and member slot it waited on, its context and communicator, its trace's
+// next slot and its slot in the next rendezvous. So the scheduler prefetches them, in two
+// stages because some addresses are in lines that are themselves cold:
+//   - prefetch_lines: what the rank's first line gives (its stack range, its other hot lines,
+//     the Work and slot it waits on), for the rank this step resumes and for the rank the next
+//     step will likely resume: the next draw of the scheduler's RNG (a copy: the schedule does
+//     not change) if this rank blocks, as it does at a blocking collective;
+//   - prefetch_pointed: what those lines give, for the rank this step resumes, whose lines the
+//     previous step prefetched when it guessed right.
+// A wrong guess costs unused prefetches only. The stack range is recorded as the rank leaves:
+// issue() marks its caller's frame, yield() the lowest frame (RankState::stack_mark, stack_span).
+// SchedulerCost at 4,096 ranks: see the README's simulator table.
+
+namespace {
+// The stack a resume touches beyond the recorded range: below the yield's frame (the switch's
+// saved registers, and the frames a collective call makes below it: allocation, the trace)
+// and above the collective call's caller frame (its locals and the returned Work).
+constexpr std::uintptr_t kStackBelow = 384;
+constexpr std::uintptr_t kStackAbove = 128;
+
+std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+// Every cache line of [from, from + bytes), for writing (a prefetch never faults).
+void prefetch_range(std::uintptr_t from, std::uintptr_t bytes) {
+  for (std::uintptr_t line = from & ~std::uintptr_t{63}; line < from + bytes; line += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 1, 3);
+  }
+}
+}  // namespace
+
+void ClusterState::prefetch_lines(const RankState& rs) const {
+  if (rs.stack_span > 0) {
+    prefetch_range(address(rs.stack_mark) - kStackBelow, rs.stack_span + kStackBelow + kStackAbove);
+  }
+  prefetch_range(address(&rs) + 64, 3 * 64);  // lines 1 to 3
+  if (rs.blocked_work != nullptr) {
+    // The Work with the shared_ptr control block before it, and its slot's first line.
+    prefetch_range(address(rs.blocked_work) - 16, sizeof(SimWork) + 16);
+    __builtin_prefetch(rs.blocked_slot, 1, 3);
+  }
+}
+
+void ClusterState::prefetch_pointed(const RankState& rs) const {
+  if (rs.context != nullptr) prefetch_range(address(rs.context), sizeof(RankContext));
+  if (rs.last_comm != nullptr) prefetch_range(address(rs.last_comm), sizeof(SimComm));
+  if (const void* slot = rs.trace.next_slot()) __builtin_prefetch(slot, 1, 3);
+  if (rs.blocked_work == nullptr) return;
+  // Its slot in the group's next rendezvous, if some rank has opened it.
+  const Rendezvous& rv = *rs.blocked_work->rv_;
+  if (auto it = rv.group->open.find(rv.seq + 1); it != rv.group->open.end()) {
+    __builtin_prefetch(&it->second->members[static_cast<std::size_t>(rs.blocked_work->member_)], 1, 3);
+  }
+}
+
+int ClusterState::likely_next(int r) const {
+  const std::size_t n = runnable_.size();
+  if (n < 2) return -1;
+  Rng peek = sched_rng_;  // step_once's draws, in its order
+  if (!ready_.empty() && peek.chance(options_.early_completion_chance)) (void)peek.below(ready_.size());
+  // r blocks: remove_runnable moves the last runnable rank into its place.
+  const std::size_t i = peek.below(n - 1);
+  return static_cast<int>(i) == runnable_pos_[static_cast<std::size_t>(r)] ? runnable_.back()
+                                                                           : runnable_[i];
 }
 
 void ClusterState::make_runnable(int rank) {

@@ -64,10 +64,12 @@ struct CallSig {
   std::string describe_call() const;
 };
 
-// One rank's part in a rendezvous. Laid out hot first: at thousands of ranks a collective touches
-// each member once at issue, once when computed and once at completion, and every line is cold.
+// One rank's part in a rendezvous. At thousands of ranks a collective touches each member once
+// at issue, once when computed and once at completion, and every line is cold: what those touch
+// is the first cache line, which the scheduler prefetches as it resumes a rank blocked on it
+// (Note [Prefetch on resume]); snapshots and split() use the second.
 // Its call is the rendezvous's first_sig (a member whose call differs ends the run at issue).
-struct Member {
+struct alignas(64) Member {
   bool arrived = false;
   // The last member to arrive is computed at its issue, so its input is read in place (no
   // snapshot): this points at it until compute() returns.
@@ -77,6 +79,7 @@ struct Member {
   std::shared_ptr<const Bytes> result;
   std::uint64_t result_hash = 0;  // hash_data of result, taken once per distinct result
   double issue_us = 0.0;
+  // ---- line 1
   Bytes input;                    // snapshot (Note [Inputs read at issue])
   int split_color = kNoColor;
   int split_key = 0;
@@ -134,28 +137,46 @@ struct Group {
   std::vector<DecoupledCall> calls;  // by seq, Schedule::decoupled only
 };
 
+// The most stack the scheduler prefetches as it resumes a rank (Note [Prefetch on resume] in
+// sim/cluster_state.cpp).
+inline constexpr std::uintptr_t kMaxPrefetchedStack = 4096;
+
 // Laid out hot first: what the scheduler and a collective touch on every switch shares the first
-// cache lines (at thousands of ranks every switch finds the rank's state cold).
+// four cache lines (at thousands of ranks every switch finds the rank's state cold), and the
+// scheduler prefetches lines 1 to 3 before it resumes the rank (Note [Prefetch on resume] in
+// sim/cluster_state.cpp).
 struct alignas(64) RankState {
+  // ---- line 0: read by the scheduler first
   int rank = 0;
   bool finished = false;
   bool blocked = false;
   // Inflight collectives whose input is still read in place (Note [Inputs read at issue]).
   int live_inputs = 0;
-  int blocked_member = -1;  // its slot in blocked_on; the call is described only for an error
+  // The stack a resume touches (Note [Prefetch on resume]): issue() marks its caller's frame,
+  // and yield() keeps the span from its own frame up to the mark and marks its frame.
+  std::uint32_t stack_span = 0;
+  const char* stack_mark = nullptr;
   boost::context::fiber fiber;  // resumes the rank
   boost::context::fiber sink;   // resumes the scheduler
-  std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
   std::int64_t device_ops_since_yield = 0;
-  double comm_free_us = 0.0;  // when the rank's communication stream is next free
+  // The Work it waits on in wait() and its member slot (the Work keeps the rendezvous alive);
+  // the call is described only for an error.
+  SimWork* blocked_work = nullptr;
+  const Member* blocked_slot = nullptr;
+  // ---- line 1
+  std::vector<std::shared_ptr<SimWork>> inflight;  // issued, not yet waited
   // The simulated clock and its split (zerocheck plan): compute charged, collective time on
   // this rank's communication stream (collectives run one after another on it, as NCCL's do),
   // and time spent blocked in wait() past the rank's own clock (exposed communication).
   RankTiming timing;
-  std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
-  double slowdown = 1.0;         // FaultKind::slow_rank
+  double comm_free_us = 0.0;  // when the rank's communication stream is next free
+  // ---- line 2
   Trace trace;
-  std::shared_ptr<Rendezvous> blocked_on;  // the rendezvous it waits in; slot: blocked_member
+  std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
+  // ---- line 3
+  const RankContext* context = nullptr;  // the rank function's, at the top of its stack
+  const SimComm* last_comm = nullptr;    // its last collective's: likely its next's
+  double slowdown = 1.0;         // FaultKind::slow_rank
   std::exception_ptr error;
   std::unique_ptr<Device> inner;  // HostDevice, or MetaDevice with SimOptions::meta
   std::unique_ptr<Device> cpu;    // the CPU side of offload (RankContext::cpu), same kind
@@ -217,6 +238,10 @@ class ClusterState {
 
   void start_fibers(const std::function<void(RankContext&)>& fn);
   void step_once();
+  // Note [Prefetch on resume] (sim/cluster_state.cpp)
+  void prefetch_lines(const RankState& rs) const;
+  void prefetch_pointed(const RankState& rs) const;
+  int likely_next(int r) const;  // -1: none
   void block(int rank);
   void make_runnable(int rank);
   // issue()'s out-of-line parts (Note [Cold paths out of line] in sim/rendezvous.cpp).
@@ -262,6 +287,7 @@ class ClusterState {
 
 class SimWork final : public Work, public std::enable_shared_from_this<SimWork> {
  public:
+  const Rendezvous& rendezvous() const { return *rv_; }
   SimWork(ClusterState& cluster, int rank, int member, std::shared_ptr<Rendezvous> rv,
           Tensor in, Tensor out, std::uint64_t issue_index)
       : cluster_(cluster), rank_(rank), member_(member), rv_(std::move(rv)),

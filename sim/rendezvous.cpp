@@ -39,7 +39,7 @@ std::uint64_t hash_bytes(const std::shared_ptr<const Bytes>& b) {
 
 
 std::string blocked_call(const RankState& rs) {
-  return rs.blocked_on->first_sig.str();
+  return rs.blocked_work->rendezvous().first_sig.str();
 }
 
 std::string error_kind(const std::exception& e) {
@@ -154,6 +154,13 @@ namespace {
 void ClusterState::yield(int rank) {
   if (std::current_exception()) throw_yield_in_handler(rank);
   RankState& rs = rank_state(rank);
+  // The stack a resume will touch, from here up to the mark issue() set (Note [Prefetch on resume]).
+  const char here = 0;
+  const auto top = reinterpret_cast<std::uintptr_t>(rs.stack_mark);
+  const auto bottom = reinterpret_cast<std::uintptr_t>(&here);
+  rs.stack_span = top > bottom && top - bottom <= kMaxPrefetchedStack
+                      ? static_cast<std::uint32_t>(top - bottom) : 0;
+  rs.stack_mark = &here;
   rs.sink = std::move(rs.sink).resume();
 }
 
@@ -174,6 +181,10 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
     throw_mixed_meta(r, sig, in, out);
   }
   RankState& rs = rank_state(r);
+  // The top of the stack a resume touches: `call` lies in our caller's frame (Note [Prefetch on
+  // resume] in sim/cluster_state.cpp).
+  rs.stack_mark = reinterpret_cast<const char*>(&call) + sizeof(CallSig);
+  rs.last_comm = &comm;
   if (static_cast<int>(rs.inflight.size()) >= options_.limits.max_inflight_per_rank) {
     throw_too_many_inflight(r, rs.inflight.size());
   }
@@ -198,8 +209,10 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   ZC_ASSERT(!m.arrived, "rank {} arrived twice at {}", r, rv->where());
   m.arrived = true;
   m.issue_us = rs.timing.now_us;
-  m.split_color = split_color;
-  m.split_key = split_key;
+  if (sig.kind == CollectiveKind::split) {  // the member's second line: split() only
+    m.split_color = split_color;
+    m.split_key = split_key;
+  }
   if (in.defined() && in.nbytes() > 0 && !sig.meta) {  // Note [Inputs read at issue]
     if (corrupting == nullptr) {
       m.live_input = static_cast<const std::byte*>(in.raw());
@@ -251,11 +264,11 @@ void ClusterState::wait(SimWork& work) {
   const Member& m = rv.members[static_cast<std::size_t>(work.member_)];
   if (!rv.computed) {
     rv.waiting.push_back(work.rank_);
-    rs.blocked_on = work.rv_;
-    rs.blocked_member = work.member_;
+    rs.blocked_work = &work;
+    rs.blocked_slot = &m;
     block(work.rank_);
-    rs.blocked_on.reset();
-    rs.blocked_member = -1;
+    rs.blocked_work = nullptr;
+    rs.blocked_slot = nullptr;
   }
   ZC_ASSERT(rv.computed, "rank {} woke before {} was computed", work.rank_, rv.where());
   complete(work);
@@ -501,9 +514,9 @@ void ClusterState::throw_mismatch(const Rendezvous& rv, int slot, const CallSig&
 std::string ClusterState::describe_rank(int rank) const {
   const RankState& rs = *ranks_[static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(rank)])];
   if (rs.finished) return fmt::format("rank {} (finished)", rank);
-  if (rs.blocked_on) {
+  if (rs.blocked_work != nullptr) {
     return fmt::format("rank {} (waiting in {} on {})", rank, blocked_call(rs),
-                       rs.blocked_on->where());
+                       rs.blocked_work->rendezvous().where());
   }
   return fmt::format("rank {} (running)", rank);
 }
@@ -511,8 +524,8 @@ std::string ClusterState::describe_rank(int rank) const {
 void ClusterState::throw_deadlock() const {
   std::string lines;
   for (const auto& rs : ranks_) {
-    if (rs->finished || !rs->blocked_on) continue;
-    const Rendezvous& rv = *rs->blocked_on;
+    if (rs->finished || rs->blocked_work == nullptr) continue;
+    const Rendezvous& rv = rs->blocked_work->rendezvous();
     std::string missing;
     for (std::size_t g = 0; g < rv.members.size(); ++g) {
       if (rv.members[g].arrived) continue;
