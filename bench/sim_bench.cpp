@@ -109,7 +109,7 @@ void SchedulerCost(benchmark::State& state) {
   state.counters["setup_us_per_rank"] =
       setup_s / static_cast<double>(state.iterations()) / world * 1e6;
 }
-BENCHMARK(SchedulerCost)->Arg(8)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()
+BENCHMARK(SchedulerCost)->Arg(8)->Arg(64)->Arg(256)->Arg(1024)->Arg(4096)->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 // The same per rank per collective under Schedule::decoupled (Note [Decoupled schedule]), the

@@ -75,6 +75,7 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
   if (world_size > kMaxWorld) {
     throw LimitExceeded(fmt::format("SimCluster: world size {} passes {}", world_size, kMaxWorld));
   }
+  prefetch_ = fibers >= kPrefetchFromRanks;
   std::vector<int> all = options.simulated_ranks;
   if (all.empty()) {
     all.resize(static_cast<std::size_t>(world_size));
@@ -337,9 +338,11 @@ void ClusterState::step_once() {
   RankState& rs = rank_state(r);
   // Note [Prefetch on resume]: the rank this step resumes (its lines are cached when the
   // previous step guessed it), then the one the next step will likely resume.
-  prefetch_lines(rs);
-  prefetch_pointed(rs);
-  if (const int next = likely_next(r); next >= 0) prefetch_lines(rank_state(next));
+  if (prefetch_) {
+    prefetch_lines(rs);
+    prefetch_pointed(rs);
+    if (const int next = likely_next(r); next >= 0) prefetch_lines(rank_state(next));
+  }
   rs.device_ops_since_yield = 0;
   if (rs.live_inputs > 0) snapshot_live_inputs(rs);  // Note [Inputs read at issue]
   current_ = r;
