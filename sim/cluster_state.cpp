@@ -75,7 +75,7 @@ ClusterState::ClusterState(int world_size, std::uint64_t seed, const SimOptions&
   if (world_size > kMaxWorld) {
     throw LimitExceeded(fmt::format("SimCluster: world size {} passes {}", world_size, kMaxWorld));
   }
-  prefetch_ = fibers >= kPrefetchFromRanks;
+  prefetch_ = !decoupled_ && fibers >= static_cast<std::size_t>(std::max(options.prefetch_from_ranks, 0));
   std::vector<int> all = options.simulated_ranks;
   if (all.empty()) {
     all.resize(static_cast<std::size_t>(world_size));
@@ -204,7 +204,7 @@ void ClusterState::destroy_fibers() noexcept {
   for (auto& rs : ranks_) {
     set_current_rank(rs->rank);
     rs->fiber = ctx::fiber();
-    rs->blocked_work = nullptr;  // unwound: the Work and the context are gone
+    rs->blocked_work = nullptr;  // unwound: the wait and the context are gone
     rs->blocked_slot = nullptr;
     rs->context = nullptr;
   }
@@ -258,12 +258,12 @@ void ClusterState::start_fibers(const std::function<void(RankContext&)>& fn) {
         rs.context = &rc;
         fn(rc);
         drain(rs);
-        rs.context = nullptr;
       } catch (const ctx::detail::forced_unwind&) {
         throw;  // the cluster is being torn down: let Boost.Context unwind this stack
       } catch (...) {
         rs.error = std::current_exception();
       }
+      rs.context = nullptr;
       rs.finished = true;
       return std::move(rs.sink);
     };
@@ -370,9 +370,12 @@ void ClusterState::step_once() {
 //     not change) if this rank blocks, as it does at a blocking collective;
 //   - prefetch_pointed: what those lines give, for the rank this step resumes, whose lines the
 //     previous step prefetched when it guessed right.
-// A wrong guess costs unused prefetches only. The stack range is recorded as the rank leaves:
-// issue() marks its caller's frame, yield() the lowest frame (RankState::stack_mark, stack_span).
-// SchedulerCost at 4,096 ranks: see the README's simulator table.
+// A wrong guess costs unused prefetches only (SchedulerCost at 4,096 ranks guesses all but 4 of
+// 1,048,575 steps). The stack range is recorded as the rank leaves: a blocking collective's
+// issue() marks its caller's frame, a wait() on an async Work its own, and yield() turns the mark
+// into a span down to its own frame (RankState::stack_mark, stack_span). Off below
+// SimOptions::prefetch_from_ranks ranks, where the state stays in cache; schedules and traces are
+// the same either way (SimCluster.PrefetchOnResumeChangesNoScheduleNorTrace).
 
 namespace {
 // The stack a resume touches beyond the recorded range: below the yield's frame (the switch's
@@ -393,7 +396,7 @@ void prefetch_range(std::uintptr_t from, std::uintptr_t bytes) {
 
 void ClusterState::prefetch_lines(const RankState& rs) const {
   if (rs.stack_span > 0) {
-    prefetch_range(address(rs.stack_mark) - kStackBelow, rs.stack_span + kStackBelow + kStackAbove);
+    prefetch_range(rs.stack_mark - kStackBelow, rs.stack_span + kStackBelow + kStackAbove);
   }
   prefetch_range(address(&rs) + 64, 3 * 64);  // lines 1 to 3
   if (rs.blocked_work != nullptr) {
@@ -411,7 +414,8 @@ void ClusterState::prefetch_pointed(const RankState& rs) const {
   // Its slot in the group's next rendezvous, if some rank has opened it.
   const Rendezvous& rv = *rs.blocked_work->rv_;
   if (auto it = rv.group->open.find(rv.seq + 1); it != rv.group->open.end()) {
-    __builtin_prefetch(&it->second->members[static_cast<std::size_t>(rs.blocked_work->member_)], 1, 3);
+    const std::size_t slot = static_cast<std::size_t>(rs.blocked_work->member_);
+    __builtin_prefetch(&it->second->members[slot], 1, 3);
   }
 }
 
@@ -419,7 +423,9 @@ int ClusterState::likely_next(int r) const {
   const std::size_t n = runnable_.size();
   if (n < 2) return -1;
   Rng peek = sched_rng_;  // step_once's draws, in its order
-  if (!ready_.empty() && peek.chance(options_.early_completion_chance)) (void)peek.below(ready_.size());
+  if (!ready_.empty() && peek.chance(options_.early_completion_chance)) {
+    (void)peek.below(ready_.size());
+  }
   // r blocks: remove_runnable moves the last runnable rank into its place.
   const std::size_t i = peek.below(n - 1);
   return static_cast<int>(i) == runnable_pos_[static_cast<std::size_t>(r)] ? runnable_.back()

@@ -79,13 +79,14 @@ struct alignas(64) Member {
   std::shared_ptr<const Bytes> result;
   std::uint64_t result_hash = 0;  // hash_data of result, taken once per distinct result
   double issue_us = 0.0;
+  int split_color = kNoColor;     // split only
+  int split_key = 0;
   // ---- line 1
   Bytes input;                    // snapshot (Note [Inputs read at issue])
-  int split_color = kNoColor;
-  int split_key = 0;
   Group* split_group = nullptr;  // split only: the member's new group
   int split_rank = -1;
 };
+static_assert(sizeof(Member) == 128, "Member: one hot line and one cold (Note [Prefetch on resume])");
 
 struct Rendezvous {
   Group* group = nullptr;  // owned by ClusterState::groups_ (no cycle through Group::open)
@@ -140,9 +141,6 @@ struct Group {
 // The most stack the scheduler prefetches as it resumes a rank (Note [Prefetch on resume] in
 // sim/cluster_state.cpp).
 inline constexpr std::uintptr_t kMaxPrefetchedStack = 4096;
-// The fewest simulated ranks for which it pays (SchedulerCost: 4-7 % slower with it at 64 ranks,
-// even at 256, 0.8-0.85x at 1,024): with fewer, their state stays in cache.
-inline constexpr std::size_t kPrefetchFromRanks = 256;
 
 // Laid out hot first: what the scheduler and a collective touch on every switch shares the first
 // four cache lines (at thousands of ranks every switch finds the rank's state cold), and the
@@ -158,7 +156,7 @@ struct alignas(64) RankState {
   // The stack a resume touches (Note [Prefetch on resume]): issue() marks its caller's frame,
   // and yield() keeps the span from its own frame up to the mark and marks its frame.
   std::uint32_t stack_span = 0;
-  const char* stack_mark = nullptr;
+  std::uintptr_t stack_mark = 0;
   boost::context::fiber fiber;  // resumes the rank
   boost::context::fiber sink;   // resumes the scheduler
   std::int64_t device_ops_since_yield = 0;
@@ -205,7 +203,7 @@ class ClusterState {
   // ---- called from inside a rank's fiber ----
   WorkPtr issue(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
                 bool async_op, int split_color = kNoColor, int split_key = 0);
-  void wait(SimWork& work);
+  void wait(SimWork& work);  // a Work's wait(), from the rank's code
   std::unique_ptr<Comm> split_result(const SimWork& work);
   void yield(int rank);
   // Race checks for a Device op of `rank` (Note [Race detection] in sim_device.h).
@@ -246,6 +244,7 @@ class ClusterState {
   void prefetch_pointed(const RankState& rs) const;
   int likely_next(int r) const;  // -1: none
   void block(int rank);
+  void wait_issued(SimWork& work);  // wait()'s part after the checks; issue()'s blocking wait
   void make_runnable(int rank);
   // issue()'s out-of-line parts (Note [Cold paths out of line] in sim/rendezvous.cpp).
   bool issue_faulty(RankState& rs, SimComm& comm, const CallSig& sig, std::int64_t index,
@@ -291,13 +290,13 @@ class ClusterState {
 
 class SimWork final : public Work, public std::enable_shared_from_this<SimWork> {
  public:
-  const Rendezvous& rendezvous() const { return *rv_; }
   SimWork(ClusterState& cluster, int rank, int member, std::shared_ptr<Rendezvous> rv,
           Tensor in, Tensor out, std::uint64_t issue_index)
       : cluster_(cluster), rank_(rank), member_(member), rv_(std::move(rv)),
         issue_index_(issue_index), out_(std::move(out)), in_(std::move(in)) {}
   void wait() override { cluster_.wait(*this); }
   bool is_completed() const override { return completed_; }
+  const Rendezvous& rendezvous() const { return *rv_; }
 
  private:
   friend class ClusterState;

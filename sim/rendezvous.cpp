@@ -154,13 +154,13 @@ namespace {
 void ClusterState::yield(int rank) {
   if (std::current_exception()) throw_yield_in_handler(rank);
   RankState& rs = rank_state(rank);
-  // The stack a resume will touch, from here up to the mark issue() set (Note [Prefetch on resume]).
+  // The stack a resume touches: from here up to the mark (Note [Prefetch on resume]).
   const char here = 0;
-  const auto top = reinterpret_cast<std::uintptr_t>(rs.stack_mark);
   const auto bottom = reinterpret_cast<std::uintptr_t>(&here);
+  const std::uintptr_t top = rs.stack_mark;
   rs.stack_span = top > bottom && top - bottom <= kMaxPrefetchedStack
                       ? static_cast<std::uint32_t>(top - bottom) : 0;
-  rs.stack_mark = &here;
+  rs.stack_mark = bottom;
   rs.sink = std::move(rs.sink).resume();
 }
 
@@ -183,7 +183,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   RankState& rs = rank_state(r);
   // The top of the stack a resume touches: `call` lies in our caller's frame (Note [Prefetch on
   // resume] in sim/cluster_state.cpp).
-  rs.stack_mark = reinterpret_cast<const char*>(&call) + sizeof(CallSig);
+  rs.stack_mark = reinterpret_cast<std::uintptr_t>(&call) + sizeof(CallSig);
   rs.last_comm = &comm;
   if (static_cast<int>(rs.inflight.size()) >= options_.limits.max_inflight_per_rank) {
     throw_too_many_inflight(r, rs.inflight.size());
@@ -236,7 +236,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   // Every collective is a scheduling point: a blocking call that is not computed yet yields in
   // wait(), where it blocks until the last member arrives; any other call yields here.
   if (async_op || rv->computed) yield(r);
-  if (!async_op) work->wait();
+  if (!async_op) wait_issued(*work);  // the stack mark stays at our caller's frame
   return work;
 }
 
@@ -259,6 +259,14 @@ void ClusterState::wait(SimWork& work) {
     wait_decoupled(work);
     return;
   }
+  // A wait on an async Work: the stack a resume touches reaches our caller's frame, just above
+  // this one (Note [Prefetch on resume]).
+  const char frame = 0;
+  rank_state(work.rank_).stack_mark = reinterpret_cast<std::uintptr_t>(&frame);
+  wait_issued(work);
+}
+
+void ClusterState::wait_issued(SimWork& work) {
   RankState& rs = rank_state(work.rank_);
   Rendezvous& rv = *work.rv_;
   const Member& m = rv.members[static_cast<std::size_t>(work.member_)];

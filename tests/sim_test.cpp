@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
 
 namespace zc::sim {
@@ -368,7 +369,7 @@ Body mixed_program() {
   return [](RankContext& ctx) {
     std::unique_ptr<Comm> pair = ctx.world.split(ctx.rank / 2, ctx.rank);
     for (int step = 0; step < 5; ++step) {
-      Tensor g = filled(ctx, 32, ctx.rng.uniform01());
+      Tensor g = filled(ctx, 4 * ctx.world_size, ctx.rng.uniform01());
       WorkPtr w = ctx.world.all_reduce(g, {.async_op = true});
       Tensor p = filled(ctx, 8, ctx.rank);
       pair->all_reduce(p);
@@ -395,6 +396,35 @@ TEST(SimDeterminism, HundredSeedsEachRunTwiceGiveIdenticalHashes) {
   }
   EXPECT_GE(schedules.size(), 95u) << "seeds should pick different interleavings";
   EXPECT_EQ(traces.size(), 100u) << "each seed's rank streams feed different data";
+}
+
+// Note [Prefetch on resume]: the scheduler's prefetches are speed only. With them (forced on at a
+// small world, and at a world that has them by default) and without, the same seed gives the same
+// schedule, traces and clocks, and a deadlock the same report.
+TEST(SimDeterminism, PrefetchOnResumeChangesNoScheduleNorTrace) {
+  SimOptions on, off;
+  on.prefetch_from_ranks = 1;
+  off.prefetch_from_ranks = std::numeric_limits<int>::max();
+  on.fiber_stack_bytes = off.fiber_stack_bytes = 64 * 1024;
+  for (const int world : {8, 256}) {
+    for (const std::uint64_t seed : {1u, 2u}) {
+      const SimResult a = SimCluster(world, seed, on).run(mixed_program());
+      const SimResult b = SimCluster(world, seed, off).run(mixed_program());
+      EXPECT_EQ(a.schedule_hash, b.schedule_hash) << "world " << world << " seed " << seed;
+      EXPECT_EQ(a.trace_hash, b.trace_hash) << "world " << world << " seed " << seed;
+      EXPECT_EQ(a.scheduler_steps, b.scheduler_steps) << "world " << world << " seed " << seed;
+      EXPECT_EQ(a.rank_time_us, b.rank_time_us) << "world " << world << " seed " << seed;
+    }
+  }
+  const Body skips = [](RankContext& ctx) {
+    Tensor t = filled(ctx, 8, 1.0);
+    WorkPtr w = ctx.world.all_reduce(t, {.async_op = true});
+    w->wait();
+    if (ctx.rank != 2) ctx.world.all_reduce(t);
+  };
+  const Deadlock with = expect_error<Deadlock>(SimCluster(3, 5, on), skips, {"rank 0 waits in"});
+  const Deadlock without = expect_error<Deadlock>(SimCluster(3, 5, off), skips, {"rank 0 waits in"});
+  EXPECT_STREQ(with.what(), without.what());
 }
 
 TEST(SimDeterminism, ATraceDoesNotDependOnTheInterleavingWhenTheProgramDoesNot) {
