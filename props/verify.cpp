@@ -304,7 +304,12 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
 
 nlohmann::json VerifyJob::run(std::size_t i, int attempt) const {
   const Item& item = items_.at(i);
-  if (item.name == opts_.faults.crash_item && attempt <= opts_.faults.crash_times) std::raise(SIGSEGV);
+  if (item.name == opts_.faults.crash_item && attempt <= opts_.faults.crash_times) {
+    // Die by the signal, as an unsanitized worker does: a sanitizer's handler would turn it into
+    // exit 1 (the asan preset).
+    std::signal(SIGSEGV, SIG_DFL);
+    std::raise(SIGSEGV);
+  }
   while (item.name == opts_.faults.hang_item) pause();
   return item.run();
 }
