@@ -375,7 +375,7 @@ void ClusterState::step_once() {
 // issue() marks its caller's frame, a wait() on an async Work its own, and yield() turns the mark
 // into a span down to its own frame (RankState::stack_mark, stack_span). Off below
 // SimOptions::prefetch_from_ranks ranks, where the state stays in cache; schedules and traces are
-// the same either way (SimCluster.PrefetchOnResumeChangesNoScheduleNorTrace).
+// the same either way (SimDeterminism.PrefetchOnResumeChangesNoScheduleNorTrace).
 
 namespace {
 // The stack a resume touches beyond the recorded range: below the yield's frame (the switch's

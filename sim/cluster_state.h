@@ -161,7 +161,8 @@ struct alignas(64) RankState {
   boost::context::fiber sink;   // resumes the scheduler
   std::int64_t device_ops_since_yield = 0;
   // The Work it waits on in wait() and its member slot (the Work keeps the rendezvous alive);
-  // the call is described only for an error.
+  // the call is described only for an error. The slot is the Work's, kept here so that the
+  // prefetch needs no load through the cold Work (Note [Prefetch on resume]).
   SimWork* blocked_work = nullptr;
   const Member* blocked_slot = nullptr;
   // ---- line 1

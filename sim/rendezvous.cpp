@@ -142,7 +142,6 @@ class DroppedWork final : public Work {
   return false;
 }
 
-
 namespace {
 [[noreturn, gnu::noinline, gnu::cold]] void throw_yield_in_handler(int rank) {
   throw UsageError(fmt::format(

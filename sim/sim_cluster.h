@@ -95,7 +95,7 @@ struct SimOptions {
   // Note [Prefetch on resume] (sim/cluster_state.cpp): the fewest simulated ranks for which the
   // interleaved scheduler prefetches a rank's state before it resumes it. Speed only: schedules,
   // traces and results do not depend on it. SchedulerCost: 4-7 % slower with it at 64 ranks,
-  // break-even at 256, 0.86-0.94x at 1,024, 0.73-0.82x at 4,096.
+  // break-even at 256, 0.81-0.94x at 1,024, 0.65-0.82x at 4,096.
   int prefetch_from_ranks = 256;
 };
 
