@@ -78,15 +78,27 @@ void write_timeline(const sim::SimResult& r, const std::string& path) {
   if (!out) throw UsageError(fmt::format("cannot write the timeline to {}", path));
 }
 
+// Each class of unlisted divergence: how many cases, the first one's failure, its shrunk file.
+void print_unlisted_classes(const nlohmann::json& r) {
+  for (const nlohmann::json& k : r.value("unlisted_classes", nlohmann::json::array())) {
+    fmt::print("  unlisted: {} ({} cases)\n    {}\n", k.value("key", ""), k.value("cases", 0), k.value("failure", ""));
+    if (k.contains("scenario_file")) fmt::print("    replay: zerocheck replay {}\n", k.value("scenario_file", ""));
+    else fmt::print("    not shrunk (more than {} classes): the scenario is in results.json\n", props::kMaxUnlistedShrinks);
+  }
+}
+
 void print_reference_summary(const nlohmann::json& r) {
   fmt::print("\nDeepSpeed {} reference: {} scenarios; values bit for bit in {}; everything (values and collectives) in {}; "
-             "{} differ only in listed classes; {} refused by both{}\n",
+             "{} differ only in listed classes; {} refused by both; {} diverge unlisted{}\n",
              r.value("deepspeed", "?"), r.value("cases", 0), r.value("values_bit_for_bit", 0), r.value("matched", 0),
-             r.value("listed", 0), r.value("refused_by_both", 0), r.value("holds", false) ? "" : ": FAILS");
+             r.value("listed", 0), r.value("refused_by_both", 0), r.value("unlisted", 0),
+             r.value("holds", false) ? "" : ": FAILS");
   if (r.contains("error")) fmt::print("    {}\n", r.value("error", ""));
-  if (r.contains("failure")) {
-    fmt::print("    {}\n    replay: zerocheck replay {}\n    (RapidCheck reproduce string in the file; the campaign's seed is the run's --seed)\n",
-               r.value("failure", ""), r.value("scenario_file", ""));
+  print_unlisted_classes(r);
+  if (r.contains("coverage_summary")) {
+    const nlohmann::json& c = r["coverage_summary"];
+    fmt::print("  coverage: {} of {} cells (stage x dtype x communication dtype x clipping x offload x optimizer) drawn\n",
+               c.value("drawn", 0), c.value("cells", 0));
   }
   for (const nlohmann::json& i : r.value("invariants_on_deepspeed", nlohmann::json::array())) {
     if (i.contains("not_run")) {
@@ -125,6 +137,38 @@ void print_reference_summary(const nlohmann::json& r) {
     fmt::print("  class {:<34} {:>4} cases  witness {}\n", c.value("id", ""), c.value("cases", 0),
                c.value("witness_diverges", false) ? "diverges" : "DOES NOT DIVERGE: " + c.value("witness_detail", ""));
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The DeepSpeed comparison's figures over a soak's rounds, printed and written as deepspeed.md.
+void print_reference_soak(const props::SoakReport& r, const std::filesystem::path& out) {
+  const nlohmann::json& j = r.reference;
+  const std::size_t seeds = j.value("seeds", nlohmann::json::array()).size();
+  const std::string head = fmt::format(
+      "DeepSpeed 0.19.8 reference soak: {} scenarios over {} seeds in {:.0f} s ({:.0f} s in DeepSpeed); {} matched bit "
+      "for bit (values and collectives), {} values bit for bit, {} only in listed classes, {} refused by both, {} "
+      "unlisted", j.value("cases", 0), seeds, r.seconds, j.value("deepspeed_seconds", 0.0), j.value("matched", 0),
+      j.value("values_bit_for_bit", 0), j.value("listed", 0), j.value("refused_by_both", 0), j.value("unlisted", 0));
+  fmt::print("{}\n", head);
+  std::string classes;
+  const nlohmann::json by_class = j.value("listed_by_class", nlohmann::json::object());
+  for (const auto& [id, n] : by_class.items()) {
+    fmt::print("  listed class {:<34} {:>5} cases\n", id, n.get<int>());
+    classes += fmt::format("| `{}` | {} |\n", id, n.get<int>());
+  }
+  print_unlisted_classes(j);
+  const nlohmann::json cov = props::coverage_summary(j);
+  fmt::print("  coverage: {} of {} cells drawn\n", cov.value("drawn", 0), cov.value("cells", 0));
+  std::string seed_list;
+  for (const nlohmann::json& sd : j.value("seeds", nlohmann::json::array())) seed_list += fmt::format(" {}", sd.get<std::uint64_t>());
+  std::ofstream md(out / "deepspeed.md");
+  md << "# " << head << "\n\nRound seeds:" << seed_list << "\n\n"
+     << (classes.empty() ? "" : "| listed class | cases |\n|---|---:|\n" + classes + "\n")
+     << reports::md_reference_counts(j);
+  fmt::print("  {}\n", (out / "deepspeed.md").string());
 }
 
 }  // namespace
@@ -178,6 +222,10 @@ int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
   s.jobs = jobs;
   s.only = o.only;
   s.hooks = real_hooks();
+  if (o.against == "deepspeed") {
+    s.deepspeed_cases_per_item = o.deepspeed_cases;
+    props::reference_env();  // a missing environment is an error now, not in every round
+  }
   const double budget_s = parse_duration(o.budget);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
   std::signal(SIGINT, on_interrupt);
@@ -204,6 +252,7 @@ int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
              r.slowest.seconds, r.slowest.invariant, r.slowest.seed, r.slowest.index, s.out.string());
   for (const std::string& d : r.mismatch_details) fmt::print("mismatch: {}\n", d);
   for (const std::string& f : r.failures) fmt::print("failure: {}\n", f);
+  if (!r.reference.is_null()) print_reference_soak(r, s.out);
   fmt::print("{}; {}/soak.json\n", r.passed() ? "PASS" : "FAIL", s.out.string());
   return r.passed() ? 0 : 1;
 }

@@ -77,22 +77,27 @@ std::string_view DenseOptimizer::name() const {
 // squares). Clipping multiplies the fp32 grads by the f32 max_norm / (norm + 1e-6) when it is
 // below 1 (clip_tensors_by_global_norm), which torch computes as (norm + 1e-6).reciprocal() *
 // max_norm (Tensor.__rtruediv__), two roundings; a norm that is not finite skips the step.
-double DenseOptimizer::norm_sum_sq(const StepPrep& prep) {
-  if (use_hp_) {  // torch's reductions, bit for bit (Note [torch's f32 norm] in engine/torch_reductions.h)
-    std::vector<float> squares;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const Tensor g = hp_.narrow(layout_.offsets[i], params_[i]->numel());
-      const double sum_sq = dev_.sum_sq(g);  // the kernel's cost; its value only in meta mode (0)
-      float norm = std::sqrt(static_cast<float>(sum_sq));
-      if (!g.is_meta()) {
-        const std::vector<double> v = to_f64(dev_, g);  // f32 values, exact
-        const std::vector<float> f(v.begin(), v.end());
-        norm = torch_norm2_f32(f);
-      }
-      squares.push_back(norm * norm);
+// Each param's f32 norm in torch's kernel, squared, and the squares summed as torch sums a stacked
+// f32 tensor (Note [torch's f32 norm] in engine/torch_reductions.h): get_global_norm_of_tensors
+// and clip_grad_norm_ both take it so. `flat` holds the params at the layout's offsets, in f32.
+float DenseOptimizer::torch_sum_of_norms_squared(const Tensor& flat) {
+  std::vector<float> squares;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = flat.narrow(layout_.offsets[i], params_[i]->numel());
+    const double sum_sq = dev_.sum_sq(g);  // the kernel's cost; its value only in meta mode (0)
+    float norm = std::sqrt(static_cast<float>(sum_sq));
+    if (!g.is_meta()) {
+      const std::vector<double> v = to_f64(dev_, g);  // f32 values, exact
+      const std::vector<float> f(v.begin(), v.end());
+      norm = torch_norm2_f32(f);
     }
-    return torch_sum_f32(squares);
+    squares.push_back(norm * norm);
   }
+  return torch_sum_f32(squares);
+}
+
+double DenseOptimizer::norm_sum_sq(const StepPrep& prep) {
+  if (use_hp_) return torch_sum_of_norms_squared(hp_);
   if (dtype_ == DType::f32) return ZeroOptimizer::norm_sum_sq(prep);
   if (!unfused_) {
     const float norm = std::sqrt(static_cast<float>(prep.where->sum_sq(prep.grads)));
@@ -212,6 +217,8 @@ StepPlan DenseOptimizer::step_plan() const {
                   .fp32_grads_before_norm = true,
                   .norm_partitioned = false,
                   .norm_dtype = use_hp_ ? DType::f32 : DType::f64,
+                  // get_global_norm_of_tensors: `.pow(1. / norm_type)`; FP16_Optimizer: math.sqrt.
+                  .torch_root = use_hp_,
                   .combined_dtype = DType::f64,
                   .clip_by_coefficient = use_hp_,
                   .fp32_grads_label = "fp32_grad"};
@@ -261,19 +268,14 @@ void DenseOptimizer::finish_step(const Tensor& grads32, std::string_view how) {
 }
 
 // DeepSpeed's runtime/utils.py clip_grad_norm_, as the engine calls it for an fp32 model without
-// ZeRO (engine.py clip_fp32_gradients), all in f32 torch ops: per param ||g|| (its sum of squares,
-// exact here in f64, rounded to f32, then the f32 root), the squares of those norms summed in
-// param order, the root, divided by the data-parallel world and SUM-all-reduced (one f32 element,
-// at world 1 too), then coef = clip / (norm + 1e-6), min(1, coef); every gradient is multiplied by
-// coef, even when it is 1.
+// ZeRO (engine.py clip_fp32_gradients), all in f32 torch ops: per param ||g|| and the sum of their
+// squares as torch takes them (torch_sum_of_norms_squared), the root (`.pow(1. / norm_type)`:
+// Note [torch's f32 sqrt on a CPU]), divided by the data-parallel world and SUM-all-reduced (one
+// f32 element, at world 1 too), then coef = clip / (norm + 1e-6), min(1, coef); every gradient is
+// multiplied by coef, even when it is 1.
 float DenseOptimizer::clip_grad_norm_coef(const Tensor& grad32) {
-  float total = 0.0f;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const float sq = static_cast<float>(dev_.sum_sq(grad32.narrow(layout_.offsets[i], params_[i]->numel())));
-    const float pn = std::sqrt(sq);
-    total = total + pn * pn;
-  }
-  const float scaled = std::sqrt(total) * 1.0f / static_cast<float>(world_);
+  const float total = torch_sum_of_norms_squared(grad32);
+  const float scaled = torch_sqrt_f32(total, opts_.torch_sqrt) * 1.0f / static_cast<float>(world_);
   Tensor t = dev_.alloc(DType::f32, {1}, "clip_total_norm", MemCategory::temporaries);  // [1] f32
   dev_.fill(t, static_cast<double>(scaled));
   comm_.all_reduce(t);

@@ -22,13 +22,73 @@
 // the tail differently and is not what this models. The plain model, sqrtf of the exact sum of
 // squares, differs from torch in 10-30 % of random tensors (and failed
 // DeepSpeedReference.Bf16OptimizerNormAndClipAreDeepSpeedsBitForBit on one machine's data).
+//
+// Note [torch's f32 sqrt on a CPU]
+// DeepSpeed takes the root of a global gradient norm with a torch op on a tensor: `.pow(1. /
+// norm_type)` (runtime/utils.py clip_grad_norm_ and get_global_norm_of_tensors,
+// stage_1_and_2.py get_grad_norm_direct) or `**(1. / norm_type)` (stage3.py
+// complete_grad_norm_calculation_for_cpu_offload). pow with 0.5 is torch's sqrt kernel, which on a
+// CPU is MKL's vector sqrt (vsSqrt, "HA" accuracy). MKL picks its code by CPU: on the AMD EPYC CPUs
+// these machines have it runs mkl_vml_kernel_sSqrt_EXHAynn (torch 2.10.0's MKL 2024.2), which is
+// not correctly rounded (16.5 % of 20,000 random values land on the other neighbour, up to 0.75
+// ulp off). Read from its machine code, per element with no fused multiply-add:
+//   y = rsqrtps(x); g = x * y; h = y * 0.5; r = 0.5 - g * h; g1 = g * r + g; h1 = h * r + h;
+//   d = x - g1 * g1; sqrt = d * h1 + g1
+// (two Goldschmidt steps from the 12-bit reciprocal square root). rsqrtps's table is the CPU's
+// own (AMD's and Intel's differ), so the model runs the instruction on the CPU it runs on: like
+// DeepSpeed on the reference, it is a model of this machine. It matched torch on all 20,000 values
+// and on the two scenarios the reference soak found (a clip coefficient one ulp apart). Zero,
+// infinities, NaN, negatives and subnormals go to MKL's rare-value path, which is not modelled
+// (norms there are 0 or not finite: the correctly rounded root). Which kernel torch runs on a
+// machine is measured, not assumed (props/reference_pool.cpp probe_torch_sqrt); on a GPU, and
+// with Python's float arithmetic, the root is correctly rounded. f64 roots (ZeRO-3 without
+// offload: a double tensor) go through MKL's dSqrt, a table-driven kernel not modelled here.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <span>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ZC_HAVE_RSQRTPS 1
+#endif
+
 namespace zc {
+
+// How torch computes an f32 tensor's square root where DeepSpeed runs (Note [torch's f32 sqrt on
+// a CPU]): correctly rounded (CUDA, Python floats, CPUs whose MKL kernel rounds correctly), or
+// MKL's SSE kernel on this CPU.
+enum class TorchSqrt : std::uint8_t { correctly_rounded, mkl_sse };
+
+// Whether this build can run the mkl_sse model (it needs the CPU's rsqrtps).
+constexpr bool torch_sqrt_mkl_sse_available() {
+#ifdef ZC_HAVE_RSQRTPS
+  return true;
+#else
+  return false;
+#endif
+}
+
+// MKL's mkl_vml_kernel_sSqrt_EXHAynn on this CPU, element by element (Note [torch's f32 sqrt on a
+// CPU]); the correctly rounded root where the model does not apply.
+inline float mkl_sse_sqrt_f32(float x) {
+#ifdef ZC_HAVE_RSQRTPS
+  if (!(std::isnormal(x) && x > 0.0f)) return std::sqrt(x);  // MKL's rare-value path
+  const float y = _mm_cvtss_f32(_mm_rsqrt_ss(_mm_set_ss(x)));
+  const float g = x * y, h = y * 0.5f;
+  const float r = 0.5f - g * h;
+  const float g1 = g * r + g, h1 = h * r + h;
+  const float d = x - g1 * g1;
+  return d * h1 + g1;
+#else
+  return std::sqrt(x);
+#endif
+}
+
+inline float torch_sqrt_f32(float x, TorchSqrt kind) {
+  return kind == TorchSqrt::mkl_sse ? mkl_sse_sqrt_f32(x) : std::sqrt(x);
+}
 
 inline float torch_norm2_f32(std::span<const float> x) {
   constexpr std::size_t kLanes = 8;

@@ -141,6 +141,9 @@ StepPlan Zero12Optimizer::step_plan() const {
                   .fp32_grads_before_norm = false,
                   .norm_partitioned = true,
                   .norm_dtype = DType::f32,
+                  // get_grad_norm_direct roots an f32 tensor (`.pow(1. / 2)`); under offload
+                  // complete_grad_norm_calculation_for_cpu_offload roots a Python float.
+                  .torch_root = !cpu_offload_,
                   .combined_dtype = DType::f32,
                   .fp32_grads_label = "single_grad_partition"};
 }

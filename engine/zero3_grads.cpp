@@ -171,6 +171,7 @@ StepPlan Zero3Optimizer::step_plan() const {
                   .fp32_grads_before_norm = false,
                   .norm_partitioned = true,
                   .norm_dtype = dt,
+                  .torch_root = true,  // `total_norm ** (1. / norm_type)` on a tensor, both paths
                   .combined_dtype = dt,
                   .fp32_grads_label = "fp32_grad"};
 }

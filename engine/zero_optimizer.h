@@ -13,6 +13,7 @@
 #include "engine/module.h"
 #include "engine/offload.h"
 #include "engine/optimizer.h"
+#include "engine/torch_reductions.h"
 #include "engine/trace.h"
 
 #include <memory>
@@ -37,6 +38,9 @@ struct Options {
   // 16 when DeepSpeed compiled it with -D__AVX512__, 8 with -D__AVX256__. The bits of every
   // element past the last multiple of it depend on it.
   int adam_simd_width = 16;
+  // How torch roots a gradient norm tensor where the modelled DeepSpeed runs (Note [torch's f32
+  // sqrt on a CPU]): correctly rounded (a GPU), or MKL's SSE kernel of the reference's CPU.
+  TorchSqrt torch_sqrt = TorchSqrt::correctly_rounded;
   // The CPU side of ZeRO-Offload (DeepSpeedCPUAdam's memory), handed in by the environment: the
   // simulator gives each rank one (a meta device in meta mode). Null: the optimizer uses a host
   // device of its own.
@@ -72,6 +76,9 @@ struct StepPlan {
   bool fp32_grads_before_norm = false;
   bool norm_partitioned = true;       // the norm is all-reduced over the group (global_norm)
   DType norm_dtype = DType::f32;      // that all-reduce's element and its root
+  // The root is a torch op on a tensor (`.pow(1. / 2)`, `** (1. / 2)`), which on a CPU is MKL's
+  // sqrt (Options::torch_sqrt), not Python's float arithmetic (`.item() ** (1. / 2)`).
+  bool torch_root = false;
   DType combined_dtype = DType::f32;  // combined_unscale_factor's arithmetic
   // BF16_Optimizer (bf16_optimizer.py step): a norm that is not finite skips the step (whatever
   // check_grad_overflow says), and clipping multiplies by clip_tensors_by_global_norm's f32
@@ -188,8 +195,14 @@ class ZeroOptimizer {
   // `reduce_dtype` element and the root in that dtype, as DeepSpeed 0.19.8 does: f32 at stages 1/2
   // (get_grad_norm_direct's .float(), the offload path's FloatTensor) and at stage 3 under
   // offload_optimizer (FloatTensor), f64 at stage 3 otherwise (get_norm_dtype() is double on CPU
-  // and CUDA). Unpartitioned: the root of the local sum in `reduce_dtype`, no collective.
-  double global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype = DType::f32);
+  // and CUDA). Unpartitioned: the root of the local sum in `reduce_dtype`, no collective. The root
+  // is norm_root's.
+  double global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype = DType::f32,
+                     bool torch_root = false);
+  // A norm's root as DeepSpeed takes it: in `dtype` (f32 or f64), through torch on a tensor
+  // (Options::torch_sqrt: Note [torch's f32 sqrt on a CPU]; f64: correctly rounded, MKL's dSqrt is
+  // not modelled) or in Python floats (correctly rounded).
+  double norm_root(double sum_sq, DType dtype, bool torch_root) const;
   // Note [The communication dtype]
   // DeepSpeed reduces every gradient buffer in its communication_data_type (Config::comm_dtype:
   // the config key, else the model's 16-bit dtype, else f32): a buffer of another dtype is cast to

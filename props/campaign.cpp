@@ -9,6 +9,13 @@
 // walks it) gives the same counterexample anywhere. The result is written as RapidCheck's own
 // reproduce string (random, size, shrink path), so `zerocheck replay --rapidcheck` and
 // run_campaign(..., reproduce) regenerate it through RapidCheck itself.
+//
+// Note [Counting campaigns]: a conformance figure is a rate, not a first failure. With
+// CaseWatch::on_failure a campaign runs every case of its range: each failing one is counted and
+// handed to the watch, which shrinks the first of each class it tells apart (the DeepSpeed
+// comparison: the unlisted fields and the configuration's main axes) and only counts the rest. The
+// first shrunk failure is still Campaign's own answer, so the verdict is the same as a stopping
+// campaign's; the shrink evaluations are not cases (on_case sees each case once, before it).
 #include "engine/errors.h"
 #include "props/stopwatch.h"
 #include "props/verify.h"
@@ -195,15 +202,24 @@ Campaign run_campaign_range(const Invariant& inv, const CheckContext& ctx, CaseR
       if (watch.on_case && probe.scenario) watch.on_case(i, *probe.scenario, probe.verdict, one.seconds());
       if (watch.rerun_every > 0 && i % watch.rerun_every == 0) rerun_check(property, random, size, i, probe, c);
       if (type == CaseType::Failure) {
-        c.failed = true;
-        c.first_failing = i;
+        ++c.failing_cases;
+        if (watch.on_failure && !watch.on_failure(i, *probe.failing, probe.failing_verdict)) break;
         const std::vector<std::size_t> path = shrink(sh);
-        c.shrink_steps = static_cast<int>(path.size());
-        c.counterexample = *probe.failing;
-        c.verdict = probe.failing_verdict;
-        c.reproduce = reproduce_string(inv.name, seed, {random, size, path});
-        c.seconds = total.seconds();
-        return c;
+        const ShrunkFailure f{i, *probe.failing, probe.failing_verdict,
+                              reproduce_string(inv.name, seed, {random, size, path}), static_cast<int>(path.size())};
+        if (!c.failed) {  // the first failure is the campaign's answer, as without on_failure
+          c.failed = true;
+          c.first_failing = i;
+          c.shrink_steps = f.shrink_steps;
+          c.counterexample = f.counterexample;
+          c.verdict = f.verdict;
+          c.reproduce = f.reproduce;
+        }
+        if (!watch.on_failure) {
+          c.seconds = total.seconds();
+          return c;
+        }
+        c.shrunk.push_back(f);
       }
       break;
     }

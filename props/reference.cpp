@@ -29,7 +29,8 @@ void write_f64(const std::filesystem::path& file, const std::vector<double>& v) 
   if (!out) throw UsageError(fmt::format("cannot write {}", file.string()));
 }
 
-// A scratch directory for one scenario's files, removed when it goes out of scope.
+// A scratch directory for one scenario's files, removed when it goes out of scope (kept when
+// ZC_DS_KEEP_SCRATCH is set: the twin's input and DeepSpeed's records, for debugging).
 struct ScratchDir {
   std::filesystem::path path;
   ScratchDir() {
@@ -39,6 +40,7 @@ struct ScratchDir {
     std::filesystem::create_directories(path);
   }
   ~ScratchDir() {
+    if (std::getenv("ZC_DS_KEEP_SCRATCH") != nullptr) return;
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }
@@ -100,6 +102,17 @@ std::string reference_unexpressible(const Scenario& s) {
   if (!s.fault.empty()) return fmt::format("fault '{}': the reference runs no injected faults", s.fault);
   if (!s.commands.empty()) return "a command sequence: the twin runs the scenario's training loop only";
   if (s.coalesce && s.ga != 1) return "coalesce with gradient_accumulation_steps > 1";
+  if (s.clip > 0) {  // DeepSpeed's clip coefficient goes through torch's sqrt (Note [Probing torch's sqrt])
+    std::string unknown;
+    try {
+      unknown = reference_env().torch_sqrt_unknown;
+    } catch (const ConfigError&) {  // no environment: the comparison itself will say so
+    }
+    if (!unknown.empty()) {
+      return "gradient_clipping: torch's f32 sqrt on this CPU is neither correctly rounded nor MKL's SSE kernel, so "
+             "DeepSpeed's clip coefficient cannot be modelled here (" + unknown + ")";
+    }
+  }
   return "";
 }
 
@@ -343,7 +356,9 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   RunResult sim;
   try {
     RunSpec spec = to_run_spec(s, {}, {});
-    spec.adam_simd_width = reference_env().adam_simd_width;  // the build DeepSpeed runs here
+    const ReferenceEnv env = reference_env();
+    spec.adam_simd_width = env.adam_simd_width;  // the build DeepSpeed runs here
+    spec.torch_sqrt = env.torch_sqrt;            // and the sqrt kernel torch runs on this CPU
     spec.sim.order = sim::ReductionOrder::gloo;  // DeepSpeed's collectives run on gloo here
     spec.collect_optimizer_state = true;
     sim = run_on_sim(spec);

@@ -100,6 +100,7 @@ bool class_covers(const DivergenceClass& c, const Scenario& s, const FieldDiff& 
 struct ReferenceVerdict {
   Verdict verdict;
   std::vector<std::string> classes;  // the classes that explained differences
+  std::vector<std::string> unlisted; // the fields no class explains (the verdict fails)
   std::map<std::string, std::int64_t> class_ulps;  // per class: the largest value distance it explained
   bool matched = false;              // no difference at all
   bool values_match = false;         // no difference in grads, params, masters, loss scale, skips, micro_step_id, ranks
@@ -111,6 +112,39 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
 // The scenarios the comparison draws (the twin's domain, exact data; optimizer drawn from SGD with
 // lr 2^-k, Adam and AdamW; both multi-backward forms).
 rc::Gen<Scenario> gen_reference_scenario();
+
+// The comparison's invariant name (its saved counterexamples replay under it).
+inline constexpr const char* kConformanceInvariant = "deepspeed-matches-or-listed";
+// A counting comparison shrinks the first case of at most this many unlisted classes (each shrink
+// reruns DeepSpeed tens of times); later classes are counted with their first scenario.
+inline constexpr int kMaxUnlistedShrinks = 8;
+
+// The comparison counted, not stopped (Note [Counting the comparison] in reference_count.cpp):
+// every scenario of cases [0, cases) of `seed` runs and is sorted into matched, listed (by class),
+// refused by both, or unlisted (by class: the first case of each shrunk, the rest counted). JSON:
+// seeds, cases, discarded, matched, values_bit_for_bit, listed, refused_by_both, unlisted,
+// listed_by_class, class_ulps, unlisted_classes [{key, cases, seed, index, failure, scenario,
+// shrunk, counterexample, counterexample_failure, trace_hash, reproduce}], conformance (rows by
+// feature), coverage (rows by coverage_cell, every cell of reference_coverage_cells()),
+// deepspeed_seconds.
+nlohmann::json count_conformance(ReferencePools& pools, const std::vector<DivergenceClass>& classes, int cases,
+                                 std::uint64_t seed);
+// Adds one count into another (a soak's rounds): sums, classes merged by key.
+void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more);
+// A scenario's coverage cell: stage x dtype x communication dtype x clipping x offload x optimizer.
+std::string coverage_cell(const Scenario& s);
+// The coverage space as scenarios (stage, dtype, comm_dtype, clip, offload and optimizer set; the
+// rest default): gen_reference_scenario draws one of them uniformly.
+std::vector<Scenario> reference_coverage_space();
+// Every cell gen_reference_scenario can draw (communication dtype: the default, bf16 or f16 for an
+// f32 model, f32 for bf16; offload by stage; SGD, Adam, AdamW).
+std::vector<std::string> reference_coverage_cells();
+// {cells, drawn, never_drawn: [cell]} of a count.
+nlohmann::json coverage_summary(const nlohmann::json& count);
+// The coverage as a grid for the reports: rows stage x dtype x communication dtype, columns
+// clipping x offload, cells the scenarios drawn summed over the optimizers. {columns, rows:
+// [{row, cells}], what}.
+nlohmann::json coverage_grid(const nlohmann::json& count);
 
 // What `zerocheck verify --against deepspeed` runs.
 struct ReferenceOptions {

@@ -7,6 +7,8 @@
 #include "props/reference_pool.h"
 
 #include "engine/errors.h"
+#include "engine/rng.h"
+#include "engine/trace.h"
 #include "props/stopwatch.h"
 
 #include <fmt/format.h>
@@ -22,7 +24,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -89,7 +93,95 @@ ReferenceEnv reference_env() {
                                   "-D__AVX256__ in its cflags; zerocheck models those two builds): rerun scripts/ds-env.sh",
                                   ninja.string()));
   }
+  probe_torch_sqrt(e);
   return e;
+}
+
+namespace {
+
+// The CPU's identity for the probe's cache: its model name and flags (the first processor's).
+std::uint64_t cpu_key() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string key, line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0 || line.rfind("flags", 0) == 0) key += line + "\n";
+    if (line.empty() && !key.empty()) break;
+  }
+  return fnv1a(key);
+}
+
+std::string hex32(float v) { return fmt::format("0x{:08x}", std::bit_cast<std::uint32_t>(v)); }
+
+// The probe's inputs: uniform in [0, 100), then k * 2^e for e in [-30, 30).
+std::vector<float> probe_inputs() {
+  Rng rng(0x5a12u);
+  std::vector<float> xs;
+  for (int i = 0; i < 2048; ++i) xs.push_back(static_cast<float>(rng.uniform01() * 100.0));
+  for (int i = 0; i < 2048; ++i) {
+    const double k = 1.0 + static_cast<double>(rng.range(0, (1 << 23) - 1)) / (1 << 23);
+    xs.push_back(static_cast<float>(std::ldexp(k, static_cast<int>(rng.range(-30, 29)))));
+  }
+  return xs;
+}
+
+// torch's answers for the inputs: the vector sqrt of all, then pow(0.5) of 0-dim tensors for the
+// first 256. Empty when the probe did not run (the reason in `why`).
+std::vector<float> torch_sqrt_of(const ReferenceEnv& env, const std::vector<float>& xs, std::string& why) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("zc-sqrt-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "x.f32", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(xs.data()), static_cast<std::streamsize>(xs.size() * sizeof(float)));
+  }
+  const std::string cmd = fmt::format(
+      "cd {} && OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= {} -c \"import torch; torch.set_num_threads(1); "
+      "x = torch.frombuffer(bytearray(open('x.f32', 'rb').read()), dtype=torch.float32); "
+      "y = torch.cat([x.sqrt(), torch.stack([x[i].clone().pow(0.5) for i in range(256)])]); "
+      "open('y.f32', 'wb').write(y.numpy().tobytes())\" > probe.log 2>&1", dir.string(), env.python.string());
+  std::vector<float> ys(xs.size() + 256);
+  if (std::system(cmd.c_str()) != 0) {
+    std::ifstream log(dir / "probe.log");
+    why = std::string(std::istreambuf_iterator<char>(log), {}).substr(0, 400);
+    ys.clear();
+  } else {
+    std::ifstream in(dir / "y.f32", std::ios::binary);
+    in.read(reinterpret_cast<char*>(ys.data()), static_cast<std::streamsize>(ys.size() * sizeof(float)));
+    if (!in) why = "the probe wrote no answers", ys.clear();
+  }
+  std::filesystem::remove_all(dir);
+  return ys;
+}
+
+}  // namespace
+
+void probe_torch_sqrt(ReferenceEnv& env) {
+  const std::filesystem::path cache = env.env_dir / fmt::format("torch_sqrt-{:016x}.txt", cpu_key());
+  std::string answer;
+  if (std::ifstream in(cache); in) std::getline(in, answer);
+  if (answer.empty()) {
+    const std::vector<float> xs = probe_inputs();
+    std::string why;
+    const std::vector<float> ys = torch_sqrt_of(env, xs, why);
+    if (ys.empty()) throw ConfigError(fmt::format("cannot run torch's sqrt probe with {}: {}", env.python.string(), why));
+    std::string first_rounded, first_mkl;
+    for (std::size_t i = 0; i < ys.size(); ++i) {
+      const float x = xs[i < xs.size() ? i : i - xs.size()];
+      const auto differs = [&](float model) { return std::bit_cast<std::uint32_t>(model) != std::bit_cast<std::uint32_t>(ys[i]); };
+      const std::string at = fmt::format("sqrt({}) = {} in torch", hex32(x), hex32(ys[i]));
+      if (first_rounded.empty() && differs(std::sqrt(x))) first_rounded = at + ", correctly rounded " + hex32(std::sqrt(x));
+      if (first_mkl.empty() && (!torch_sqrt_mkl_sse_available() || differs(mkl_sse_sqrt_f32(x)))) {
+        first_mkl = at + ", MKL's SSE kernel " + hex32(mkl_sse_sqrt_f32(x));
+      }
+    }
+    answer = first_rounded.empty() ? "correctly_rounded"
+             : first_mkl.empty()   ? "mkl_sse"
+                                   : fmt::format("unknown: {}; {}", first_rounded, first_mkl);
+    const std::filesystem::path tmp = cache.string() + fmt::format(".{}", ::getpid());
+    std::ofstream(tmp) << answer << "\n";
+    std::filesystem::rename(tmp, cache);
+  }
+  if (answer == "mkl_sse") env.torch_sqrt = TorchSqrt::mkl_sse;
+  else if (answer != "correctly_rounded") env.torch_sqrt_unknown = answer;
 }
 
 ReferencePool::ReferencePool(ReferenceEnv env, int world) : env_(std::move(env)), world_(world) {

@@ -6,6 +6,8 @@
 // call waits without a deadline.
 #pragma once
 
+#include "engine/torch_reductions.h"
+
 #include <sys/types.h>
 
 #include <filesystem>
@@ -24,7 +26,20 @@ struct ReferenceEnv {
   // The vector width DeepSpeed built its CPU Adam with on this machine (-D__AVX512__: 16,
   // -D__AVX256__: 8; read from the prebuilt op's build.ninja): Options::adam_simd_width.
   int adam_simd_width = 0;
+  // The f32 sqrt kernel torch runs on this CPU (probe_torch_sqrt): Options::torch_sqrt. When it is
+  // neither model, torch_sqrt_unknown says how it differs, and the comparison leaves out what
+  // depends on it (reference_unexpressible: clipping).
+  TorchSqrt torch_sqrt = TorchSqrt::correctly_rounded;
+  std::string torch_sqrt_unknown;
 };
+
+// Note [Probing torch's sqrt]: which f32 sqrt torch runs here (Note [torch's f32 sqrt on a CPU]) is
+// measured once per CPU and environment: 4,096 values (uniform in [0, 100) and k * 2^e over 60
+// binades) through torch's vector sqrt and, for 256 of them, a 0-dim tensor's pow(0.5), against the
+// correctly rounded sqrtf and the mkl_sse model. The answer is cached in the environment,
+// keyed by the CPU's model name and flags; torch_sqrt_unknown names the first value that neither
+// model gives.
+void probe_torch_sqrt(ReferenceEnv& env);
 
 // The environment scripts/ds-env.sh creates: $ZC_DS_ENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/zerocheck/ds-env
 // (the script's own default); the worker from $ZC_DS_WORKER, else the source tree's.

@@ -3,6 +3,7 @@
 
 #include "engine/errors.h"
 #include "engine/rng.h"
+#include "props/reference.h"
 #include "props/stopwatch.h"
 #include "props/work_items.h"
 
@@ -37,37 +38,58 @@ nlohmann::json to_json(const SoakReport& r) {
           {"slowest", {{"seconds", r.slowest.seconds}, {"invariant", r.slowest.invariant},
                        {"round_seed", r.slowest.seed}, {"index", r.slowest.index},
                        {"scenario", r.slowest.scenario}}},
+          {"reference", r.reference},
           {"seconds", r.seconds},
           {"ranks", r.ranks},
           {"jobs", r.jobs}};
 }
 
 SoakJob::SoakJob(const SoakOptions& opts) : opts_(opts) {
-  for (const std::string& name : opts_.only) {
+  std::vector<std::string> only = opts_.only;
+  const auto ds = std::find(only.begin(), only.end(), "deepspeed");
+  if (ds != only.end()) {
+    if (opts_.deepspeed_cases_per_item < 1) throw ConfigError("--only deepspeed needs --against deepspeed");
+    only.erase(ds);
+  }
+  deepspeed_ = opts_.deepspeed_cases_per_item > 0;
+  for (const std::string& name : only) {
     if (find_invariant(name) == nullptr) throw ConfigError(fmt::format("--only: no invariant '{}'", name));
   }
+  const bool engine = opts_.only.empty() || !only.empty();  // --only deepspeed alone: no engine invariant
   for (const Invariant& i : invariants()) {
-    if (opts_.only.empty() || std::find(opts_.only.begin(), opts_.only.end(), i.name) != opts_.only.end()) {
-      invs_.push_back(&i);
-    }
+    if (engine && (only.empty() || std::find(only.begin(), only.end(), i.name) != only.end())) invs_.push_back(&i);
   }
-  ZC_ASSERT(!invs_.empty(), "a soak run with no invariant");
+  ZC_ASSERT(kinds() > 0, "a soak run with no invariant");
   if (opts_.cases_per_item < 1) throw UsageError("soak: cases per item must be >= 1");
 }
 
 std::string SoakJob::name(std::size_t item) const {
-  return fmt::format("round {} {}", item / invs_.size(), invs_[item % invs_.size()]->name);
+  const std::size_t k = item % kinds();
+  return fmt::format("round {} {}", item / kinds(), k < invs_.size() ? invs_[k]->name : "deepspeed");
 }
 
 std::uint64_t SoakJob::fingerprint() const {
-  std::string key = fmt::format("soak|{}|{}|{}", opts_.seed, opts_.cases_per_item, opts_.rerun_every);
+  std::string key = fmt::format("soak|{}|{}|{}|{}", opts_.seed, opts_.cases_per_item, opts_.rerun_every,
+                                opts_.deepspeed_cases_per_item);
   for (const Invariant* inv : invs_) key += "|" + inv->name;
   return fnv1a(key);
 }
 
+// The DeepSpeed comparison's round: fresh pools in this child (they die with it), every case
+// counted. Its rounds' seeds are the engine invariants' (round_seed), so a round replays alike.
+nlohmann::json SoakJob::run_deepspeed(std::uint64_t seed) const {
+  ReferencePools pools(reference_env());
+  nlohmann::json count = count_conformance(pools, load_divergence_classes(divergence_classes_file()),
+                                           opts_.deepspeed_cases_per_item, seed);
+  const int cases = count.value("cases", 0), discarded = count.value("discarded", 0);
+  return {{"invariant", "deepspeed"}, {"seed", seed}, {"cases", cases}, {"discarded", discarded},
+          {"reference", std::move(count)}};
+}
+
 nlohmann::json SoakJob::run(std::size_t item) const {
-  const Invariant& inv = *invs_[item % invs_.size()];
-  const std::uint64_t seed = round_seed(opts_.seed, static_cast<std::int64_t>(item / invs_.size()));
+  const std::uint64_t seed = round_seed(opts_.seed, static_cast<std::int64_t>(item / kinds()));
+  if (item % kinds() == invs_.size()) return run_deepspeed(seed);
+  const Invariant& inv = *invs_[item % kinds()];
   nlohmann::json hashes = nlohmann::json::array();
   nlohmann::json slowest = {{"seconds", -1.0}};
   CaseWatch watch;
@@ -94,16 +116,50 @@ nlohmann::json SoakJob::run(std::size_t item) const {
   return out;
 }
 
+// A DeepSpeed round: its counts merged; an unlisted class new to the soak saves its shrunk case.
+void SoakJob::add_deepspeed(std::size_t item, const nlohmann::json& res) {
+  SoakReport& t = totals_;
+  t.cases += res.value("cases", 0);
+  t.discarded += res.value("discarded", 0);
+  const nlohmann::json& count = res["reference"];
+  for (const std::uint64_t h : count.value("scenario_hashes", std::vector<std::uint64_t>{})) scenarios_.insert(h);
+  t.distinct = static_cast<std::int64_t>(scenarios_.size());
+  std::set<std::string> known;
+  if (!t.reference.is_null()) {
+    for (const nlohmann::json& k : t.reference["unlisted_classes"]) known.insert(k.value("key", ""));
+  }
+  nlohmann::json more = count;
+  more.erase("scenario_hashes");
+  int n = 0;
+  for (nlohmann::json& k : more["unlisted_classes"]) {
+    ++n;
+    if (known.contains(k.value("key", ""))) continue;
+    std::string saved = "not shrunk: the scenario is in soak.json";
+    if (k.contains("counterexample")) {
+      const std::filesystem::path file = opts_.out / "counterexamples" / fmt::format("{}-{}-{}.json", kConformanceInvariant, item, n);
+      save_case({scenario_from_json(k["counterexample"]), kConformanceInvariant, {}, false,
+                 k.value("trace_hash", std::uint64_t{0}), k.value("counterexample_failure", ""), k.value("reproduce", ""),
+                 k.value("seed", std::uint64_t{0})}, file);
+      k["scenario_file"] = file.string();
+      saved = "saved: " + file.string();
+    }
+    t.failures.push_back(fmt::format("{}: unlisted divergence, class {}: {} ({})", name(item), k.value("key", ""),
+                                     k.value("failure", ""), saved));
+  }
+  merge_conformance_counts(t.reference, more);
+}
+
 void SoakJob::add(std::size_t item, const nlohmann::json& r) {
   SoakReport& t = totals_;
   ++t.items;
-  t.rounds = std::max<std::int64_t>(t.rounds, static_cast<std::int64_t>(item / invs_.size()) + 1);
+  t.rounds = std::max<std::int64_t>(t.rounds, static_cast<std::int64_t>(item / kinds()) + 1);
   if (!r.value("ok", false)) {
     ++t.item_errors;
     t.failures.push_back(fmt::format("{}: {}", name(item), r.value("error", "unknown")));
     return;
   }
   const nlohmann::json& res = r["result"];
+  if (res.contains("reference")) return add_deepspeed(item, res);
   t.cases += res.value("cases", 0);
   t.discarded += res.value("discarded", 0);
   t.reruns += res.value("reruns", 0);

@@ -23,6 +23,10 @@ struct SoakOptions {
   int cases_per_item = 200;
   int rerun_every = 10;  // every k-th case is checked twice
   std::vector<std::string> only;  // invariants; empty = all
+  // > 0: each round also runs the DeepSpeed comparison on this many fresh scenarios, counted
+  // (count_conformance), in a child with its own worker pools (--against deepspeed). With
+  // `only` = {"deepspeed"} the soak runs the comparison alone.
+  int deepspeed_cases_per_item = 0;
   RunHooks hooks;
   // The budget, read by the caller (cli/): false once it is spent. No item starts after that; the
   // ones running finish and count.
@@ -51,10 +55,15 @@ struct SoakReport {
   std::int64_t rounds = 0;
   std::int64_t item_errors = 0;
   SoakSlowest slowest;
+  // The DeepSpeed comparison's counts over every round (merge_conformance_counts), or null.
+  nlohmann::json reference;
   double seconds = 0;
   int ranks = 1;
   int jobs = 1;
-  bool passed() const { return mismatches == 0 && failures.empty() && item_errors == 0; }
+  bool passed() const {
+    return mismatches == 0 && failures.empty() && item_errors == 0 &&
+           (reference.is_null() || reference.value("unlisted", 0) == 0);
+  }
 };
 nlohmann::json to_json(const SoakReport& r);
 
@@ -72,8 +81,13 @@ class SoakJob {
   std::string name(std::size_t item) const;
 
  private:
+  std::size_t kinds() const { return invs_.size() + (deepspeed_ ? 1 : 0); }
+  nlohmann::json run_deepspeed(std::uint64_t seed) const;
+  void add_deepspeed(std::size_t item, const nlohmann::json& res);
+
   SoakOptions opts_;
   std::vector<const Invariant*> invs_;
+  bool deepspeed_ = false;  // the last kind of each round is the DeepSpeed comparison
   std::set<std::uint64_t> scenarios_;
   SoakReport totals_;
 };

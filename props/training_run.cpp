@@ -236,6 +236,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   opts.bugs = spec.bugs;
   opts.trace = trace;
   opts.adam_simd_width = spec.adam_simd_width;
+  opts.torch_sqrt = spec.torch_sqrt;
   opts.cpu_device = cpu;
   std::unique_ptr<RuntimeLoader> loader = spec.make_loader ? spec.make_loader() : nullptr;
   opts.deepcompile_loader = loader.get();

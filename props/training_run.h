@@ -57,6 +57,8 @@ struct RunSpec {
   // with DeepSpeed's real build (16 on AVX-512) Adam's bits move with the partition boundaries
   // (SPEC 5, I1). The DeepSpeed comparison sets the width DeepSpeed was built with.
   int adam_simd_width = 1;
+  // Options::torch_sqrt: the DeepSpeed comparison sets what torch runs on this machine.
+  TorchSqrt torch_sqrt = TorchSqrt::correctly_rounded;
   // sim.meta: a meta run (Note [Meta mode]): batches from batch_shapes(), nothing read back, so
   // the record holds no values; its memory and collectives are what the run is for.
   sim::SimOptions sim;

@@ -98,6 +98,19 @@ struct CaseRange {
 struct CaseWatch {
   int rerun_every = 0;  // 0: no reruns
   std::function<void(int index, const Scenario&, const Verdict&, double seconds)> on_case;
+  // Count, do not stop (Note [Counting campaigns]): when set, a failing case does not end the
+  // campaign. It is handed to this function, which says whether to shrink it (the first of its
+  // class); a shrunk failure is kept in Campaign::shrunk and the campaign goes on.
+  std::function<bool(int index, const Scenario&, const Verdict&)> on_failure;
+};
+
+// One failure of a counting campaign, shrunk.
+struct ShrunkFailure {
+  int index = -1;           // the case index that failed
+  Scenario counterexample;  // shrunk
+  Verdict verdict;          // of the shrunk counterexample
+  std::string reproduce;
+  int shrink_steps = 0;
 };
 
 // One RapidCheck campaign of an invariant: `cases` scenarios, or until one fails; the failure is
@@ -113,13 +126,16 @@ struct Campaign {
   Verdict verdict;          // of the shrunk counterexample
   std::string reproduce;
   std::string error;        // RapidCheck gave up or errored
+  int failing_cases = 0;   // with CaseWatch::on_failure: every failing case (else 0 or 1)
+  std::vector<ShrunkFailure> shrunk;  // with CaseWatch::on_failure: the ones it asked to shrink
   int reruns = 0;           // CaseWatch::rerun_every reruns, and how many disagreed
   int rerun_mismatches = 0;
   std::string rerun_detail;
 };
 Campaign run_campaign(const Invariant& inv, const CheckContext& ctx, int cases, std::uint64_t seed,
                       const std::string& reproduce = "");
-// Cases [range.first, range.last) only, until the first failure, which is shrunk.
+// Cases [range.first, range.last) only, until the first failure, which is shrunk; with
+// watch.on_failure, all of them.
 Campaign run_campaign_range(const Invariant& inv, const CheckContext& ctx, CaseRange range,
                             std::uint64_t seed, const CaseWatch& watch = {});
 

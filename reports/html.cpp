@@ -1,6 +1,7 @@
 // report.html: one self-contained file (inline <style> and <svg>, no scripts, fonts, images or
 // links), written as XHTML-style markup so that both an HTML and a strict XML parser read it
 // without error. Every value from the run passes through xml_escape (text.h).
+#include "props/reference.h"
 #include "reports/plots.h"
 #include "reports/text.h"
 #include "reports/writers.h"
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <initializer_list>
+#include <vector>
 
 namespace zc::reports {
 
@@ -50,15 +52,15 @@ std::string cell(const Cell& c, bool header) {
   return fmt::format(R"(<{} class="{}">{}</{}>)", tag, c.cls, body, tag);
 }
 
-std::string row(std::initializer_list<Cell> cells, bool header = false) {
+std::string row(const std::vector<Cell>& cells, bool header = false) {
   std::string s = "<tr>";
   for (const Cell& c : cells) s += cell(c, header);
   return s + "</tr>\n";
 }
 
-std::string header_row(std::initializer_list<std::string_view> names) {
+std::string header_row(const std::vector<std::string>& names) {
   std::string s = "<tr>";
-  for (std::string_view n : names) s += "<th>" + xml_escape(n) + "</th>";
+  for (const std::string& n : names) s += "<th>" + xml_escape(n) + "</th>";
   return s + "</tr>\n";
 }
 
@@ -165,11 +167,20 @@ std::string html_reference(const VerifyReport& r) {
   const bool holds = j.value("holds", false);
   std::string s = fmt::format(
       "<h2>DeepSpeed {} reference</h2>\n<p id=\"reference\"{}>{} scenarios; values bit for bit in {}; values and "
-      "collectives in {}; {} differ only in listed divergence classes; {} refused by both. Comparison {}.</p>\n",
+      "collectives in {}; {} differ only in listed divergence classes; {} refused by both; {} diverge unlisted. "
+      "Comparison {}.</p>\n",
       xml_escape(j.value("deepspeed", "?")), holds ? "" : " class=\"bad\"", j.value("cases", 0),
       j.value("values_bit_for_bit", 0), j.value("matched", 0), j.value("listed", 0), j.value("refused_by_both", 0),
-      holds ? "holds" : "FAILS");
-  if (j.contains("failure")) s += "<p class=\"bad\">Unlisted divergence: <code>" + xml_escape(j.value("failure", "")) + "</code></p>\n";
+      j.value("unlisted", 0), holds ? "holds" : "FAILS");
+  const nlohmann::json unlisted = j.value("unlisted_classes", nlohmann::json::array());
+  if (!unlisted.empty()) {
+    s += open_table("reference-unlisted") + header_row({"unlisted class", "cases", "first failure", "shrunk counterexample"});
+    for (const nlohmann::json& k : unlisted) {
+      s += row({{k.value("key", "")}, {fmt::format("{}", k.value("cases", 0)), "num"},
+                {k.value("failure", ""), "bad", true}, {k.value("scenario_file", "-"), "", true}});
+    }
+    s += "</table>\n";
+  }
   if (j.contains("error")) s += "<p class=\"bad\">" + xml_escape(j.value("error", "")) + "</p>\n";
   s += open_table("reference-conformance") + header_row({"feature", "scenarios", "values bit for bit", "collectives equal",
                                                          "only listed differences", "refused by both", "failed"});
@@ -184,7 +195,23 @@ std::string html_reference(const VerifyReport& r) {
                              {n("refused_by_both"), "num"},
                              {n("failed"), "num", false}});
   }
-  s += "</table>\n" + open_table("reference-classes") + header_row({"class", "cases", "witness", "DeepSpeed", "summary"});
+  s += "</table>\n";
+  if (j.contains("coverage")) {
+    const nlohmann::json grid = props::coverage_grid(j), summary = props::coverage_summary(j);
+    s += fmt::format("<p>Coverage: {} of {} cells (stage x dtype x communication dtype x clipping x offload x optimizer) "
+                     "drawn; {}.</p>\n", summary.value("drawn", 0), summary.value("cells", 0),
+                     xml_escape(grid.value("what", "")));
+    std::vector<std::string> head = {""};
+    for (const nlohmann::json& c : grid["columns"]) head.push_back(c.get<std::string>());
+    s += open_table("reference-coverage") + header_row(head);
+    for (const nlohmann::json& line : grid["rows"]) {
+      std::vector<Cell> cells = {{line.value("row", "")}};
+      for (const nlohmann::json& c : line["cells"]) cells.push_back({c.get<std::string>(), "num"});
+      s += row(cells);
+    }
+    s += "</table>\n";
+  }
+  s += open_table("reference-classes") + header_row({"class", "cases", "witness", "DeepSpeed", "summary"});
   for (const nlohmann::json& c : j.value("classes", nlohmann::json::array())) {
     const bool ok = c.value("witness_diverges", false);
     s += row({{c.value("id", ""), "", true},

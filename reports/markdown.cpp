@@ -1,6 +1,7 @@
 // report.md: the verify run for a person reading the file or its rendering. Identifiers, files,
 // reproduce strings and failures are code spans; prose is escaped (text.h), so no value from the
 // run can break a table row or inject HTML.
+#include "props/reference.h"
 #include "reports/text.h"
 #include "reports/writers.h"
 
@@ -88,6 +89,42 @@ std::string md_collectives(const VerifyReport& r) {
   return s;
 }
 
+}  // namespace
+
+// Unlisted divergences by class, and the coverage grid (Note [Counting the comparison]).
+std::string md_reference_counts(const nlohmann::json& j) {
+  std::string s;
+  const nlohmann::json unlisted = j.value("unlisted_classes", nlohmann::json::array());
+  if (!unlisted.empty()) {
+    s += "Unlisted divergences, by class (the first case of each shrunk and saved):\n\n"
+         "| class | cases | first failure | shrunk counterexample |\n|---|---:|---|---|\n";
+    for (const nlohmann::json& k : unlisted) {
+      s += fmt::format("| {} | {} | {} | {} |\n", md_text(k.value("key", "")), k.value("cases", 0),
+                       code_or_dash(k.value("failure", "")), code_or_dash(k.value("scenario_file", "")));
+    }
+    s += "\n";
+  }
+  if (!j.contains("coverage")) return s;
+  const nlohmann::json grid = props::coverage_grid(j);
+  const nlohmann::json summary = props::coverage_summary(j);
+  s += fmt::format("Coverage: {} of {} cells (stage x dtype x communication dtype x clipping x offload x optimizer) "
+                   "drawn; {}.\n\n| | ", summary.value("drawn", 0), summary.value("cells", 0), md_text(grid.value("what", "")));
+  std::string rule = "|---|";
+  for (const nlohmann::json& c : grid["columns"]) {
+    s += md_text(c.get<std::string>()) + " | ";
+    rule += "---:|";
+  }
+  s += "\n" + rule + "\n";
+  for (const nlohmann::json& row : grid["rows"]) {
+    s += "| " + md_text(row.value("row", "")) + " | ";
+    for (const nlohmann::json& c : row["cells"]) s += md_text(c.get<std::string>()) + " | ";
+    s += "\n";
+  }
+  return s + "\n";
+}
+
+namespace {
+
 // verify --against deepspeed: the comparison with DeepSpeed, its conformance table and the known
 // divergence classes with their witnesses.
 std::string md_reference(const VerifyReport& r) {
@@ -96,14 +133,12 @@ std::string md_reference(const VerifyReport& r) {
   std::string s = fmt::format(
       "## DeepSpeed {} reference\n\n{} scenarios on real DeepSpeed (CPU, gloo) and on the simulator: values (gradients, "
       "params, masters, loss scale, skipped steps, micro_step_id) bit for bit in {}; values and collectives in {}; "
-      "{} differ only in listed divergence classes; {} refused by both. Comparison {}.\n\n",
+      "{} differ only in listed divergence classes; {} refused by both; {} diverge unlisted. Comparison {}.\n\n",
       md_text(j.value("deepspeed", "?")), j.value("cases", 0), j.value("values_bit_for_bit", 0), j.value("matched", 0),
-      j.value("listed", 0), j.value("refused_by_both", 0), j.value("holds", false) ? "holds" : "**FAILS**");
+      j.value("listed", 0), j.value("refused_by_both", 0), j.value("unlisted", 0),
+      j.value("holds", false) ? "holds" : "**FAILS**");
   if (j.contains("error")) s += "Error: " + md_text(j.value("error", "")) + "\n\n";
-  if (j.contains("failure")) {
-    s += fmt::format("Unlisted divergence: {}; saved as {}\n\n", inline_code(j.value("failure", "")),
-                     inline_code(j.value("scenario_file", "")));
-  }
+  s += md_reference_counts(j);
   s += "| feature | scenarios | values bit for bit | collectives equal | only listed differences | refused by both | failed |\n"
        "|---|---:|---:|---:|---:|---:|---:|\n";
   for (const nlohmann::json& row : j.value("conformance", nlohmann::json::array())) {

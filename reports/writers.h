@@ -21,6 +21,9 @@ void write_all(const props::VerifyReport& r, const std::filesystem::path& dir);
 
 // The documents themselves, for callers that print or test them.
 std::string markdown_report(const props::VerifyReport& r);
+// A DeepSpeed comparison's unlisted classes and coverage grid (props::count_conformance's JSON), as
+// Markdown: the verify report's and the reference soak's.
+std::string md_reference_counts(const nlohmann::json& count);
 std::string html_report(const props::VerifyReport& r);
 std::string junit_report(const props::VerifyReport& r);
 

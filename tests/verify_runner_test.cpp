@@ -158,7 +158,7 @@ TEST(Soak, TheRerunCheckSeesANondeterministicCheck) {
     v.trace_hash ^= ++*calls;  // a different hash on every run of the same case
     return v;
   };
-  const Campaign c = run_campaign_range(flaky, CheckContext{{}, hooks()}, {0, 10, 10}, 1, {5, {}});
+  const Campaign c = run_campaign_range(flaky, CheckContext{{}, hooks()}, {0, 10, 10}, 1, {5, {}, {}});
   EXPECT_EQ(c.reruns, 2);
   EXPECT_EQ(c.rerun_mismatches, 2);
   EXPECT_NE(c.rerun_detail.find("case 5"), std::string::npos) << c.rerun_detail;
