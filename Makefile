@@ -4,6 +4,7 @@ BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
 .PHONY: deps ds-env configure build test run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed gpu-check \
+        soak-deepspeed \
         fuzz clean
 
 deps:
@@ -30,6 +31,12 @@ bench: build
 
 bench-plan: build
 	@./$(BUILD)/bench/zc_plan_bench
+
+# The DeepSpeed reference soak: fresh seeds for $(BUDGET) (default 30m), every scenario compared and
+# counted (matched, listed by class, unlisted), the coverage grid; reports/soak-deepspeed/deepspeed.md.
+soak-deepspeed: build ds-env
+	@./$(BUILD)/cli/zerocheck verify --against deepspeed --only deepspeed --budget $(or $(BUDGET),30m) \
+	  --deepspeed-cases 100 --jobs 1 --out reports/soak-deepspeed
 
 bench-deepspeed: build ds-env
 	@./$(BUILD)/bench/zc_reference_bench

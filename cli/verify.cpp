@@ -248,8 +248,10 @@ int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
              "seeds; {} determinism reruns, {} mismatches; {} failures; {} item errors\n", r.cases, r.distinct,
              r.discarded, r.seconds, r.ranks, r.jobs, r.rounds, r.reruns, r.mismatches, r.failures.size(),
              r.item_errors);
-  fmt::print("slowest case: {:.3f} s, {} (round seed {}, case {}); replay: zerocheck replay {}/slowest.json\n",
-             r.slowest.seconds, r.slowest.invariant, r.slowest.seed, r.slowest.index, s.out.string());
+  if (!r.slowest.invariant.empty()) {  // none when the soak ran the DeepSpeed comparison alone
+    fmt::print("slowest case: {:.3f} s, {} (round seed {}, case {}); replay: zerocheck replay {}/slowest.json\n",
+               r.slowest.seconds, r.slowest.invariant, r.slowest.seed, r.slowest.index, s.out.string());
+  }
   for (const std::string& d : r.mismatch_details) fmt::print("mismatch: {}\n", d);
   for (const std::string& f : r.failures) fmt::print("failure: {}\n", f);
   if (!r.reference.is_null()) print_reference_soak(r, s.out);

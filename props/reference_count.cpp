@@ -271,7 +271,8 @@ nlohmann::json coverage_grid(const nlohmann::json& count) {
             missing += it->second == 0;
           }
           if (reachable == 0) cells.push_back("-");
-          else cells.push_back(missing == 0 ? fmt::format("{}", total) : fmt::format("{} ({} of 3 optimizers)", total, 3 - missing));
+          else if (missing == 0 || total == 0) cells.push_back(fmt::format("{}", total));
+          else cells.push_back(fmt::format("{} ({}/3)", total, 3 - missing));
         }
       }
       Scenario s;
@@ -280,8 +281,8 @@ nlohmann::json coverage_grid(const nlohmann::json& count) {
     }
   }
   return {{"columns", columns}, {"rows", rows},
-          {"what", "scenarios drawn per cell, summed over SGD, Adam and AdamW ('k of 3 optimizers' where some optimizer "
-                   "was never drawn; '-': not a configuration the generator draws)"}};
+          {"what", "scenarios drawn per cell, summed over SGD, Adam and AdamW ('(k/3)': only k of the three optimizers "
+                   "drawn; '-': not a configuration the generator draws)"}};
 }
 
 }  // namespace zc::props

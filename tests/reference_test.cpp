@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -338,6 +340,64 @@ TEST(DeepSpeedReference, CommunicationDataTypeIsDeepSpeedsBitForBit) {
       ADD_FAILURE() << d.field << ": " << d.detail;
     }
   }
+}
+
+// The two scenarios a reference run with other seeds found (fp32 models, a bf16 communication
+// dtype and a clip that binds: ZeRO-0 SGD at world 1, ZeRO-3 Adam under offload at world 3).
+// DeepSpeed's clip coefficient goes through torch's root of the norm, which on these CPUs is MKL's
+// SSE kernel (Note [torch's f32 sqrt on a CPU]), one ulp off the correctly rounded root for both
+// norms (4.75 and 43.75). Everything DeepSpeed records now matches; taking the correctly rounded
+// root (Options::torch_sqrt left at its default) fails them on a CPU where the probe finds the kernel.
+TEST(DeepSpeedReference, ClippingWithA16BitCommunicationDtypeIsDeepSpeedsBitForBit) {
+  const char* scenarios[] = {
+      R"({"adam_w_mode":true,"betas":[0.9,0.999],"boundary":"explicit","check_grad_overflow":true,"coalesce":false,)"
+      R"("commands":[],"communication_data_type":"bf16","compile_passes":[],"contiguous_gradients":false,)"
+      R"("deepcompile":false,"domain":"exact","dtype":"f32","eps":1e-08,"fault":"","grad_accum_dtype":"",)"
+      R"("gradient_accumulation_steps":3,"gradient_clipping":0.5,"lr":0.5,"model":"mlp","momentum":0.0,)"
+      R"("n_backward":4,"offload":"none","optimizer":"SGD","overlap_comm":false,"reduce_bucket_size":16,)"
+      R"("sched_seed":1,"seed":1,"shape":[1,3],"stage":0,"steps":1,"torch_adam":false,"weight_decay":0.0,"world":1})",
+      R"({"adam_w_mode":true,"betas":[0.9,0.999],"boundary":"explicit","check_grad_overflow":true,"coalesce":false,)"
+      R"("commands":[],"communication_data_type":"bf16","compile_passes":[],"contiguous_gradients":false,)"
+      R"("deepcompile":false,"domain":"exact","dtype":"f32","eps":1e-08,"fault":"","grad_accum_dtype":"",)"
+      R"("gradient_accumulation_steps":3,"gradient_clipping":0.5,"lr":0.001,"model":"mlp","momentum":0.0,)"
+      R"("n_backward":1,"offload":"both","optimizer":"Adam","overlap_comm":false,"reduce_bucket_size":1000,)"
+      R"("sched_seed":1,"seed":8,"shape":[1,1,1],"stage":3,"steps":1,"torch_adam":false,"weight_decay":0.0,"world":3})"};
+  ASSERT_TRUE(reference_env().torch_sqrt_unknown.empty()) << reference_env().torch_sqrt_unknown;
+  for (const char* text : scenarios) {
+    const Scenario s = scenario_from_json(nlohmann::json::parse(text));
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools());
+    EXPECT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    EXPECT_TRUE(c.diffs.empty()) << diffs_of(c);
+  }
+}
+
+// Note [Probing torch's sqrt]: the kernel the probe chose reproduces torch's f32 sqrt on 20,000
+// values it never saw (vector and 0-dim), bit for bit.
+TEST(DeepSpeedReference, TheTorchSqrtProbesModelIsTorchsBitForBit) {
+  const ReferenceEnv env = reference_env();
+  ASSERT_TRUE(env.torch_sqrt_unknown.empty()) << env.torch_sqrt_unknown;
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zc-sqrt2-{}.bin", ::getpid());
+  const std::string cmd = fmt::format(
+      "OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= {} -c \"import torch; torch.set_num_threads(1); torch.manual_seed(4); "
+      "x = torch.cat([torch.rand(19000) * 1000, torch.rand(1000) * 1e-20]); "
+      "y = torch.cat([x[:19500].sqrt(), torch.stack([v.clone() ** 0.5 for v in x[19500:]])]); "
+      "open('{}', 'wb').write(torch.cat([x, y]).numpy().tobytes())\"", env.python.string(), out.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<float> xy(40000);
+  std::ifstream in(out, std::ios::binary);
+  in.read(reinterpret_cast<char*>(xy.data()), static_cast<std::streamsize>(xy.size() * sizeof(float)));
+  ASSERT_TRUE(in);
+  std::filesystem::remove(out);
+  int differ = 0, misrounded = 0;
+  for (std::size_t i = 0; i < 20000; ++i) {
+    const float x = xy[i], torch = xy[20000 + i];
+    differ += std::bit_cast<std::uint32_t>(torch_sqrt_f32(x, env.torch_sqrt)) != std::bit_cast<std::uint32_t>(torch);
+    misrounded += std::sqrt(x) != torch;
+  }
+  std::printf("torch's f32 sqrt here: %s; %d of 20000 values off the correctly rounded root\n",
+              env.torch_sqrt == TorchSqrt::mkl_sse ? "MKL's SSE kernel" : "correctly rounded", misrounded);
+  EXPECT_EQ(differ, 0);
 }
 
 // BF16_Optimizer's norm and clip (Note [BF16_Optimizer's norm and clip]): every param's norm on

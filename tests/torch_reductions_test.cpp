@@ -304,3 +304,36 @@ TEST(TorchReductions, StackedSumOfSquaresIsTorchsBitForBit) {
 
 }  // namespace
 }  // namespace zc
+
+namespace zc {
+namespace {
+
+// Note [torch's f32 sqrt on a CPU]: MKL's SSE kernel is a high-accuracy root (within an ulp of the
+// correctly rounded one, which it often is not), whatever this CPU's rsqrtps table; where its
+// rare-value path runs (zero, infinity, NaN, subnormals) the model gives the correctly rounded
+// root. Whether it is the kernel torch runs here is the deepspeed label's question
+// (DeepSpeedReference.TheTorchSqrtProbesModelIsTorchsBitForBit).
+TEST(TorchSqrt, MklSseKernelIsWithinAnUlpOfTheCorrectlyRoundedRoot) {
+  if (!torch_sqrt_mkl_sse_available()) GTEST_SKIP() << "not an x86 CPU: no rsqrtps, no model";
+  std::uint32_t state = 20261204;
+  int differing = 0;
+  for (int i = 0; i < 100000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    const float x = std::ldexp(1.0f + static_cast<float>(state >> 9) * 0x1.0p-23f, static_cast<int>(state % 120) - 60);
+    const float model = mkl_sse_sqrt_f32(x), exact = std::sqrt(x);
+    const auto a = static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(model));
+    const auto b = static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(exact));
+    ASSERT_LE(std::abs(a - b), 1) << "sqrt(" << x << "): model " << model << ", correctly rounded " << exact;
+    differing += a != b;
+    EXPECT_EQ(torch_sqrt_f32(x, TorchSqrt::correctly_rounded), exact);
+  }
+  EXPECT_GT(differing, 0) << "a model that never differs from sqrtf models nothing";
+  for (const float x : {0.0f, -0.0f, INFINITY, 1e-40f}) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(mkl_sse_sqrt_f32(x)), std::bit_cast<std::uint32_t>(std::sqrt(x))) << x;
+  }
+  EXPECT_TRUE(std::isnan(mkl_sse_sqrt_f32(NAN)));
+  EXPECT_TRUE(std::isnan(mkl_sse_sqrt_f32(-1.0f)));
+}
+
+}  // namespace
+}  // namespace zc

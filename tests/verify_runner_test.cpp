@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace zc::props {
 namespace {
@@ -147,6 +148,40 @@ TEST(Soak, CountsCasesAndRerunsUntilTheBudgetEnds) {
   EXPECT_LE(r.distinct, r.cases);
   EXPECT_GT(r.slowest.seconds, 0);
   EXPECT_TRUE(std::filesystem::exists(s.out / "soak.json"));
+}
+
+// Note [Counting campaigns]: with on_failure the campaign runs every case, counts every failure,
+// shrinks the first of each class the watch tells apart, and its first answer is the stopping
+// campaign's own.
+TEST(IndexedCases, ACountingCampaignRunsEveryCaseAndShrinksTheFirstOfEachClass) {
+  const Invariant& inv = *find_invariant("I1-coalesced-bit-exact");
+  const CheckContext ctx{BugSet{KnownBug::B3_offload_copy_gate}, hooks()};
+  const Campaign stopping = run_campaign(inv, ctx, 60, 11);
+  ASSERT_TRUE(stopping.failed);
+  std::map<int, int> by_stage;  // the watch's classes: the failing case's ZeRO stage
+  int watched = 0;
+  CaseWatch watch;
+  watch.on_case = [&](int, const Scenario&, const Verdict&, double) { ++watched; };
+  watch.on_failure = [&](int, const Scenario& s, const Verdict& v) {
+    EXPECT_FALSE(v.holds);
+    return by_stage[s.stage]++ == 0;
+  };
+  const Campaign counting = run_campaign_range(inv, ctx, {0, 60, 60}, 11, watch);
+  const Campaign clean = run_campaign_range(inv, CheckContext{{}, hooks()}, {0, 60, 60}, 11);
+  ASSERT_FALSE(clean.failed) << clean.verdict.failure;
+  EXPECT_EQ(counting.cases, clean.cases) << "every case ran, as in a campaign that never fails";
+  EXPECT_GT(counting.cases, stopping.cases);
+  EXPECT_EQ(watched, counting.cases);
+  int failures = 0;
+  for (const auto& [stage, n] : by_stage) failures += n;
+  EXPECT_EQ(counting.failing_cases, failures);
+  EXPECT_GT(counting.failing_cases, 1) << "B3 fails more than one case of 60";
+  ASSERT_EQ(counting.shrunk.size(), by_stage.size());
+  EXPECT_EQ(counting.first_failing, stopping.first_failing);
+  EXPECT_EQ(counting.counterexample, stopping.counterexample);
+  EXPECT_EQ(counting.reproduce, stopping.reproduce);
+  EXPECT_EQ(counting.shrunk.front().counterexample, stopping.counterexample);
+  for (const ShrunkFailure& f : counting.shrunk) EXPECT_FALSE(f.verdict.holds) << f.verdict.failure;
 }
 
 TEST(Soak, TheRerunCheckSeesANondeterministicCheck) {

@@ -3,6 +3,7 @@
 // saved file replays to the same verdict and trace hash; scenario files are strict.
 #include "engine/errors.h"
 #include "props/proofs.h"
+#include "props/reference.h"
 #include "props/verify.h"
 #include "real/deepcompile_loader.h"
 
@@ -14,6 +15,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <set>
 
 namespace zc::props {
 namespace {
@@ -274,6 +276,68 @@ TEST(FailureModes, SimulatorFaultsGiveTheirPredictedOutcome) {
   s.world = 1;  // nothing to mismatch with: a dropped collective at world 1 changes nothing
   s.fault = "dropped-collective";
   EXPECT_TRUE(inv.check(s, CheckContext{{}, hooks()}).holds);
+}
+
+}  // namespace
+}  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+// Note [Reaching every cell]: the DeepSpeed comparison's generator draws only cells of the coverage
+// space, and 3,000 draws reach every one of its 270 (the old independent draws left a third of them
+// out of a 100-case campaign, among them the two clip + bf16 communication scenarios).
+TEST(ReferenceCoverage, TheGeneratorReachesEveryCellOfTheCoverageSpace) {
+  const std::vector<std::string> cells = reference_coverage_cells();
+  ASSERT_EQ(cells.size(), 270u);
+  const std::set<std::string> space(cells.begin(), cells.end());
+  ASSERT_EQ(space.size(), cells.size()) << "cells are distinct";
+  const rc::Gen<Scenario> gen = gen_reference_scenario();
+  std::set<std::string> drawn;
+  for (int i = 0; i < 3000; ++i) {
+    const Scenario s = gen(rc::Random(rc::Random::Key{20261204u, static_cast<std::uint64_t>(i), 0, 0}), 100).value();
+    const std::string cell = coverage_cell(s);
+    ASSERT_TRUE(space.contains(cell)) << "drawn outside the space: " << cell;
+    drawn.insert(cell);
+  }
+  EXPECT_EQ(drawn.size(), space.size());
+}
+
+// A soak adds its rounds' counts: sums, every cell kept, an unlisted class seen twice counted once
+// with its cases summed and the first shrunk counterexample kept.
+TEST(ReferenceCoverage, MergingCountsSumsThemAndKeepsEachUnlistedClassOnce) {
+  auto count = [](int cases, int unlisted, const std::string& key, bool shrunk) {
+    nlohmann::json j = {{"seeds", {cases}}, {"cases", cases}, {"discarded", 0}, {"matched", cases - unlisted},
+                        {"values_bit_for_bit", cases - unlisted}, {"listed", 0}, {"refused_by_both", 0},
+                        {"unlisted", unlisted}, {"listed_by_class", {{"torch-adam-arithmetic", 1}}},
+                        {"class_ulps", nlohmann::json::object()}, {"conformance", nlohmann::json::array()},
+                        {"coverage", {{{"cell", "stage 0 | f32 | comm default | clip off | offload none | SGD"},
+                                       {"scenarios", cases}, {"matched", cases - unlisted}, {"listed", 0},
+                                       {"unlisted", unlisted}}}},
+                        {"deepspeed_seconds", 1.5}, {"unlisted_classes", nlohmann::json::array()}};
+    if (unlisted > 0) {
+      nlohmann::json k = {{"key", key}, {"cases", unlisted}, {"failure", "x"}};
+      if (shrunk) k["counterexample"] = to_json(Scenario{});
+      j["unlisted_classes"].push_back(k);
+    }
+    return j;
+  };
+  nlohmann::json total;
+  merge_conformance_counts(total, count(10, 2, "params | a", false));
+  merge_conformance_counts(total, count(20, 3, "params | a", true));
+  merge_conformance_counts(total, count(30, 1, "grads | b", true));
+  EXPECT_EQ(total["cases"], 60);
+  EXPECT_EQ(total["unlisted"], 6);
+  EXPECT_EQ(total["matched"], 54);
+  EXPECT_EQ(total["seeds"].size(), 3u);
+  EXPECT_EQ(total["listed_by_class"]["torch-adam-arithmetic"], 3);
+  EXPECT_DOUBLE_EQ(total["deepspeed_seconds"].get<double>(), 4.5);
+  ASSERT_EQ(total["coverage"].size(), 1u);
+  EXPECT_EQ(total["coverage"][0]["scenarios"], 60);
+  ASSERT_EQ(total["unlisted_classes"].size(), 2u);
+  EXPECT_EQ(total["unlisted_classes"][0]["cases"], 5);
+  EXPECT_TRUE(total["unlisted_classes"][0].contains("counterexample")) << "the later shrunk case is kept";
+  EXPECT_EQ(coverage_summary(total)["drawn"], 1);
 }
 
 }  // namespace
