@@ -46,6 +46,17 @@ std::string getenv_or(const char* name, const std::string& fallback) {
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
 }
 
+// A variable an MPI or SLURM launcher set for this process. A worker is a rank of the pool's own
+// gloo world, not of the launcher's: DeepSpeed reads OMPI_COMM_WORLD_LOCAL_RANK and friends in
+// init_distributed and refuses a LOCAL_RANK that disagrees ("conflicting local rank info"), which
+// made every comparison under `mpirun zerocheck verify --against deepspeed` a refusal.
+bool launcher_variable(const std::string& key) {
+  for (const char* prefix : {"OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_", "HYDRA_", "I_MPI_", "MPI_LOCAL", "SLURM_"}) {
+    if (key.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
 // A free loopback port for the rank-0 TCP store (bound to port 0, read back, released).
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -220,6 +231,7 @@ void ReferencePool::start() {
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
+      if (launcher_variable(key)) continue;
       bool ours = false;
       for (const std::string& v : vars) ours = ours || v.substr(0, v.find('=')) == key;
       if (!ours) vars.push_back(kv);
