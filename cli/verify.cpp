@@ -83,18 +83,29 @@ void print_unlisted_classes(const nlohmann::json& r) {
   for (const nlohmann::json& k : r.value("unlisted_classes", nlohmann::json::array())) {
     fmt::print("  unlisted: {} ({} cases)\n    {}\n", k.value("key", ""), k.value("cases", 0), k.value("failure", ""));
     if (k.contains("scenario_file")) fmt::print("    replay: zerocheck replay {}\n", k.value("scenario_file", ""));
-    else fmt::print("    not shrunk (more than {} classes): the scenario is in results.json\n", props::kMaxUnlistedShrinks);
+    else fmt::print("    not shrunk (past the first {} classes of its run): its scenario is in the run's JSON\n",
+                    props::kMaxUnlistedShrinks);
+  }
+}
+
+// Comparisons that raised (a DeepSpeed worker crashed or hung): counted, the first few named.
+void print_errors(const nlohmann::json& r) {
+  if (r.value("errors", 0) == 0) return;
+  fmt::print("  {} comparisons raised (a worker crashed or hung); the first:\n", r.value("errors", 0));
+  for (const nlohmann::json& e : r.value("error_cases", nlohmann::json::array())) {
+    fmt::print("    {}\n", e.value("failure", ""));
   }
 }
 
 void print_reference_summary(const nlohmann::json& r) {
   fmt::print("\nDeepSpeed {} reference: {} scenarios; values bit for bit in {}; everything (values and collectives) in {}; "
-             "{} differ only in listed classes; {} refused by both; {} diverge unlisted{}\n",
+             "{} differ only in listed classes; {} refused by both; {} diverge unlisted; {} errors{}\n",
              r.value("deepspeed", "?"), r.value("cases", 0), r.value("values_bit_for_bit", 0), r.value("matched", 0),
-             r.value("listed", 0), r.value("refused_by_both", 0), r.value("unlisted", 0),
+             r.value("listed", 0), r.value("refused_by_both", 0), r.value("unlisted", 0), r.value("errors", 0),
              r.value("holds", false) ? "" : ": FAILS");
   if (r.contains("error")) fmt::print("    {}\n", r.value("error", ""));
   print_unlisted_classes(r);
+  print_errors(r);
   if (r.contains("coverage_summary")) {
     const nlohmann::json& c = r["coverage_summary"];
     fmt::print("  coverage: {} of {} cells (stage x dtype x communication dtype x clipping x offload x optimizer) drawn\n",
@@ -150,8 +161,9 @@ void print_reference_soak(const props::SoakReport& r, const std::filesystem::pat
   const std::string head = fmt::format(
       "DeepSpeed 0.19.8 reference soak: {} scenarios over {} seeds in {:.0f} s ({:.0f} s in DeepSpeed); {} matched bit "
       "for bit (values and collectives), {} values bit for bit, {} only in listed classes, {} refused by both, {} "
-      "unlisted", j.value("cases", 0), seeds, r.seconds, j.value("deepspeed_seconds", 0.0), j.value("matched", 0),
-      j.value("values_bit_for_bit", 0), j.value("listed", 0), j.value("refused_by_both", 0), j.value("unlisted", 0));
+      "unlisted, {} errors", j.value("cases", 0), seeds, r.seconds, j.value("deepspeed_seconds", 0.0),
+      j.value("matched", 0), j.value("values_bit_for_bit", 0), j.value("listed", 0), j.value("refused_by_both", 0),
+      j.value("unlisted", 0), j.value("errors", 0));
   fmt::print("{}\n", head);
   std::string classes;
   const nlohmann::json by_class = j.value("listed_by_class", nlohmann::json::object());
@@ -160,6 +172,7 @@ void print_reference_soak(const props::SoakReport& r, const std::filesystem::pat
     classes += fmt::format("| `{}` | {} |\n", id, n.get<int>());
   }
   print_unlisted_classes(j);
+  print_errors(j);
   const nlohmann::json cov = props::coverage_summary(j);
   fmt::print("  coverage: {} of {} cells drawn\n", cov.value("drawn", 0), cov.value("cells", 0));
   std::string seed_list;

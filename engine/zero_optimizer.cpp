@@ -83,7 +83,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     if (!plan.sum_sq_before_overflow) prep.local_sum_sq = groups[i]->norm_sum_sq(prep);
     sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
-  const double norm = lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype, plan.torch_root);
+  const double norm =
+      lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype, plan.torch_root);
   // is_invalid_grad_norm: overflow, the step is skipped. DeepSpeed updates the loss scale after
   // this test, with the overflow; here it was updated without it, which differs only for a
   // dynamic (fp16) scale, whose finite grads cannot give an f32 norm that is not finite.
@@ -157,7 +158,8 @@ double ZeroOptimizer::norm_root(double sum_sq, DType dtype, bool torch_root) con
   return static_cast<double>(torch_root ? torch_sqrt_f32(x, opts_.torch_sqrt) : std::sqrt(x));
 }
 
-double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype, bool torch_root) {
+double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype,
+                                  bool torch_root) {
   if (!partitioned) return norm_root(local_sum_sq, reduce_dtype, torch_root);
   ZC_ASSERT(reduce_dtype == DType::f32 || reduce_dtype == DType::f64, "norm reduced in {}", dtype_name(reduce_dtype));
   Tensor t = dev_.alloc(reduce_dtype, {1}, "total_norm", MemCategory::temporaries);  // [1]

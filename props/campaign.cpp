@@ -203,11 +203,14 @@ Campaign run_campaign_range(const Invariant& inv, const CheckContext& ctx, CaseR
       if (watch.rerun_every > 0 && i % watch.rerun_every == 0) rerun_check(property, random, size, i, probe, c);
       if (type == CaseType::Failure) {
         ++c.failing_cases;
-        if (watch.on_failure && !watch.on_failure(i, *probe.failing, probe.failing_verdict)) break;
-        const std::vector<std::size_t> path = shrink(sh);
-        const ShrunkFailure f{i, *probe.failing, probe.failing_verdict,
-                              reproduce_string(inv.name, seed, {random, size, path}), static_cast<int>(path.size())};
-        if (!c.failed) {  // the first failure is the campaign's answer, as without on_failure
+        const bool wanted = !watch.on_failure || watch.on_failure(i, *probe.failing, probe.failing_verdict);
+        ShrunkFailure f{i, *probe.failing, probe.failing_verdict, reproduce_string(inv.name, seed, {random, size, {}}), 0};
+        if (wanted) {
+          const std::vector<std::size_t> path = shrink(sh);
+          f = {i, *probe.failing, probe.failing_verdict, reproduce_string(inv.name, seed, {random, size, path}),
+               static_cast<int>(path.size())};
+        }
+        if (!c.failed) {  // the first failure is the campaign's answer (unshrunk if the watch declined)
           c.failed = true;
           c.first_failing = i;
           c.shrink_steps = f.shrink_steps;
@@ -219,7 +222,7 @@ Campaign run_campaign_range(const Invariant& inv, const CheckContext& ctx, CaseR
           c.seconds = total.seconds();
           return c;
         }
-        c.shrunk.push_back(f);
+        if (wanted) c.shrunk.push_back(f);
       }
       break;
     }

@@ -121,8 +121,10 @@ inline constexpr int kMaxUnlistedShrinks = 8;
 
 // The comparison counted, not stopped (Note [Counting the comparison] in reference_count.cpp):
 // every scenario of cases [0, cases) of `seed` runs and is sorted into matched, listed (by class),
-// refused by both, or unlisted (by class: the first case of each shrunk, the rest counted). JSON:
-// seeds, cases, discarded, matched, values_bit_for_bit, listed, refused_by_both, unlisted,
+// refused by both, or unlisted (by class: the first case of each shrunk, the rest counted); a
+// comparison that raised (a worker crashed or hung) is an error, counted apart. JSON:
+// seeds, cases, discarded, matched, values_bit_for_bit, listed, refused_by_both, unlisted, errors,
+// error_cases [{seed, index, failure, scenario}] (the first five),
 // listed_by_class, class_ulps, unlisted_classes [{key, cases, seed, index, failure, scenario,
 // shrunk, counterexample, counterexample_failure, trace_hash, reproduce}], conformance (rows by
 // feature), coverage (rows by coverage_cell, every cell of reference_coverage_cells()),

@@ -11,8 +11,10 @@
 // to a class of its own, keyed by the fields no class covers and the configuration's main axes
 // (stage, dtype, communication dtype, clipping, offload, optimizer): the first case of each such
 // class is shrunk and saved once, the later ones only counted, and at most kMaxUnlistedShrinks classes
-// per campaign are shrunk (each shrink reruns DeepSpeed tens of times). The verdict still fails
-// on any unlisted divergence.
+// per campaign are shrunk (each shrink reruns DeepSpeed tens of times). A comparison that raised
+// (a worker crashed or hung: RankFailure) is neither: it is an error, counted with its scenario
+// and never shrunk (a hang costs the pool's timeout each time). The verdict fails on any unlisted
+// divergence and on any error.
 #include "props/reference.h"
 
 #include "engine/errors.h"
@@ -26,10 +28,13 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <optional>
 
 namespace zc::props {
 
 namespace {
+
+constexpr std::size_t kMaxErrorCases = 5;  // errors whose scenario is kept (all are counted)
 
 // "default" when the scenario leaves communication_data_type to DeepSpeed (the model dtype).
 std::string comm_label(const Scenario& s) { return s.comm_dtype.empty() ? "default" : s.comm_dtype; }
@@ -60,7 +65,8 @@ const std::array<const char*, 4> kCoverageColumns = {"scenarios", "matched", "li
 template <std::size_t N>
 void add_row(nlohmann::json& table, const char* key_name, const std::string& key,
              const std::array<const char*, N>& columns, const std::array<int, N>& counts) {
-  auto it = std::find_if(table.begin(), table.end(), [&](const nlohmann::json& r) { return r.value(key_name, "") == key; });
+  auto it = std::find_if(table.begin(), table.end(),
+                         [&](const nlohmann::json& r) { return r.value(key_name, "") == key; });
   if (it == table.end()) {
     nlohmann::json row = {{key_name, key}};
     for (const char* c : columns) row[c] = 0;
@@ -126,30 +132,42 @@ std::vector<std::string> reference_coverage_cells() {
 nlohmann::json count_conformance(ReferencePools& pools, const std::vector<DivergenceClass>& classes, int cases,
                                  std::uint64_t seed) {
   // The check stashes each evaluation's full verdict; on_case (once per case, before any shrink)
-  // counts the case's.
-  auto last = std::make_shared<std::pair<ReferenceVerdict, double>>();
+  // counts the case's. None stashed: the comparison raised (a worker crashed or hung, a RankFailure
+  // naming it), which is counted as an error, never as a verdict.
+  auto last = std::make_shared<std::optional<std::pair<ReferenceVerdict, double>>>();
   Invariant inv;
   inv.name = kConformanceInvariant;
   inv.gen = gen_reference_scenario;
   inv.check = [&pools, &classes, last](const Scenario& s, const CheckContext&) {
     if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
+    last->reset();
     const ReferenceComparison c = compare_with_deepspeed(s, pools);
-    *last = {classify(s, c, classes), c.ds_seconds};
-    return last->first.verdict;
+    *last = std::make_pair(classify(s, c, classes), c.ds_seconds);
+    return (*last)->first.verdict;
   };
   nlohmann::json j = {{"seeds", {seed}}, {"cases", 0}, {"matched", 0}, {"values_bit_for_bit", 0}, {"listed", 0},
                       {"refused_by_both", 0}, {"unlisted", 0}, {"listed_by_class", nlohmann::json::object()},
                       {"class_ulps", nlohmann::json::object()}, {"unlisted_classes", nlohmann::json::array()},
                       {"conformance", nlohmann::json::array()}, {"coverage", nlohmann::json::array()},
-                      {"deepspeed_seconds", 0.0}, {"scenario_hashes", nlohmann::json::array()}};
-  for (const std::string& cell : reference_coverage_cells()) add_row(j["coverage"], "cell", cell, kCoverageColumns, {});
+                      {"deepspeed_seconds", 0.0}, {"scenario_hashes", nlohmann::json::array()}, {"errors", 0},
+                      {"error_cases", nlohmann::json::array()}};
+  for (const std::string& cell : reference_coverage_cells()) {
+    add_row(j["coverage"], "cell", cell, kCoverageColumns, {});
+  }
   std::map<std::string, std::size_t> class_at;  // unlisted key -> index in unlisted_classes
   CaseWatch watch;
-  watch.on_case = [&](int, const Scenario& s, const Verdict&, double) {
-    const ReferenceVerdict& v = last->first;
+  watch.on_case = [&](int index, const Scenario& s, const Verdict& given, double) {
     j["cases"] = j["cases"].get<int>() + 1;
     j["scenario_hashes"].push_back(fnv1a(to_json(s).dump()));
-    j["deepspeed_seconds"] = j["deepspeed_seconds"].get<double>() + last->second;
+    if (!last->has_value()) {  // the comparison raised
+      j["errors"] = j["errors"].get<int>() + 1;
+      if (j["error_cases"].size() < kMaxErrorCases) {
+        j["error_cases"].push_back({{"seed", seed}, {"index", index}, {"failure", given.failure}, {"scenario", to_json(s)}});
+      }
+      return;
+    }
+    const ReferenceVerdict& v = (*last)->first;
+    j["deepspeed_seconds"] = j["deepspeed_seconds"].get<double>() + (*last)->second;
     const bool matched = v.matched && !v.refused, listed = v.verdict.holds && !v.matched && !v.refused;
     const bool unlisted = !v.verdict.holds && !v.refused;
     const std::pair<const char*, bool> counts[] = {{"matched", matched}, {"values_bit_for_bit", v.values_match},
@@ -157,7 +175,9 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
                                                    {"unlisted", unlisted}};
     for (const auto& [k, on] : counts) j[k] = j[k].get<int>() + (on ? 1 : 0);
     for (const std::string& id : v.classes) j["listed_by_class"][id] = j["listed_by_class"].value(id, 0) + 1;
-    for (const auto& [id, u] : v.class_ulps) j["class_ulps"][id] = std::max(j["class_ulps"].value(id, std::int64_t{-1}), u);
+    for (const auto& [id, u] : v.class_ulps) {
+      j["class_ulps"][id] = std::max(j["class_ulps"].value(id, std::int64_t{-1}), u);
+    }
     for (const std::string& f : features(s)) {
       add_row(j["conformance"], "feature", f, kTableColumns,
               {1, v.values_match, v.comm_match, listed, v.refused, !v.verdict.holds});
@@ -165,7 +185,8 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
     add_row(j["coverage"], "cell", coverage_cell(s), kCoverageColumns, {1, matched, listed, unlisted});
   };
   watch.on_failure = [&](int index, const Scenario& s, const Verdict& verdict) {
-    const std::string key = unlisted_key(s, last->first);
+    if (!last->has_value()) return false;  // an error, counted by on_case: a crash is not shrunk
+    const std::string key = unlisted_key(s, (*last)->first);
     if (const auto it = class_at.find(key); it != class_at.end()) {
       nlohmann::json& k = j["unlisted_classes"][it->second];
       k["cases"] = k["cases"].get<int>() + 1;
@@ -198,28 +219,34 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
     into = more;
     return;
   }
-  for (const char* k : {"cases", "discarded", "matched", "values_bit_for_bit", "listed", "refused_by_both", "unlisted"}) {
+  for (const char* k :
+       {"cases", "discarded", "matched", "values_bit_for_bit", "listed", "refused_by_both", "unlisted", "errors"}) {
     into[k] = into.value(k, 0) + more.value(k, 0);
   }
   into["deepspeed_seconds"] = into.value("deepspeed_seconds", 0.0) + more.value("deepspeed_seconds", 0.0);
-  for (const auto& s : more["seeds"]) into["seeds"].push_back(s);
-  for (const auto& [id, n] : more["listed_by_class"].items()) into["listed_by_class"][id] = into["listed_by_class"].value(id, 0) + n.get<int>();
-  for (const auto& [id, u] : more["class_ulps"].items()) {
+  for (const auto& s : more.at("seeds")) into["seeds"].push_back(s);
+  for (const auto& e : more.value("error_cases", nlohmann::json::array())) {
+    if (into["error_cases"].size() < kMaxErrorCases) into["error_cases"].push_back(e);
+  }
+  for (const auto& [id, n] : more.at("listed_by_class").items()) {
+    into["listed_by_class"][id] = into["listed_by_class"].value(id, 0) + n.get<int>();
+  }
+  for (const auto& [id, u] : more.at("class_ulps").items()) {
     into["class_ulps"][id] = std::max(into["class_ulps"].value(id, std::int64_t{-1}), u.get<std::int64_t>());
   }
-  for (const nlohmann::json& row : more["conformance"]) {
+  for (const nlohmann::json& row : more.at("conformance")) {
     std::array<int, kTableColumns.size()> counts{};
     for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = row.value(kTableColumns[k], 0);
     add_row(into["conformance"], "feature", row.value("feature", ""), kTableColumns, counts);
   }
   sort_rows(into["conformance"], "feature");
-  for (const nlohmann::json& row : more["coverage"]) {
+  for (const nlohmann::json& row : more.at("coverage")) {
     std::array<int, kCoverageColumns.size()> counts{};
     for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = row.value(kCoverageColumns[k], 0);
     add_row(into["coverage"], "cell", row.value("cell", ""), kCoverageColumns, counts);
   }
   // An unlisted class seen again adds its count; the first shrunk case found is the one kept.
-  for (const nlohmann::json& k : more["unlisted_classes"]) {
+  for (const nlohmann::json& k : more.at("unlisted_classes")) {
     auto it = std::find_if(into["unlisted_classes"].begin(), into["unlisted_classes"].end(),
                            [&](const nlohmann::json& e) { return e.value("key", "") == k.value("key", ""); });
     if (it == into["unlisted_classes"].end()) {

@@ -138,14 +138,20 @@ std::vector<float> probe_inputs() {
 // torch's answers for the inputs: the vector sqrt of all, then pow(0.5) of 0-dim tensors for the
 // first 256. Empty when the probe did not run (the reason in `why`).
 std::vector<float> torch_sqrt_of(const ReferenceEnv& env, const std::vector<float>& xs, std::string& why) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("zc-sqrt-{}", ::getpid());
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path(ec) / fmt::format("zc-sqrt-{}", ::getpid());
+  std::filesystem::create_directories(dir, ec);
   {
     std::ofstream out(dir / "x.f32", std::ios::binary);
     out.write(reinterpret_cast<const char*>(xs.data()), static_cast<std::streamsize>(xs.size() * sizeof(float)));
+    if (!out) {
+      why = fmt::format("cannot write the probe's inputs in {}", dir.string());
+      return {};
+    }
   }
+  // At most two minutes (importing torch takes seconds), paths quoted.
   const std::string cmd = fmt::format(
-      "cd {} && OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= {} -c \"import torch; torch.set_num_threads(1); "
+      "cd '{}' && OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= timeout 120 '{}' -c \"import torch; torch.set_num_threads(1); "
       "x = torch.frombuffer(bytearray(open('x.f32', 'rb').read()), dtype=torch.float32); "
       "y = torch.cat([x.sqrt(), torch.stack([x[i].clone().pow(0.5) for i in range(256)])]); "
       "open('y.f32', 'wb').write(y.numpy().tobytes())\" > probe.log 2>&1", dir.string(), env.python.string());
@@ -157,9 +163,12 @@ std::vector<float> torch_sqrt_of(const ReferenceEnv& env, const std::vector<floa
   } else {
     std::ifstream in(dir / "y.f32", std::ios::binary);
     in.read(reinterpret_cast<char*>(ys.data()), static_cast<std::streamsize>(ys.size() * sizeof(float)));
-    if (!in) why = "the probe wrote no answers", ys.clear();
+    if (!in) {
+      why = "the probe wrote no answers";
+      ys.clear();
+    }
   }
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir, ec);
   return ys;
 }
 
@@ -187,9 +196,11 @@ void probe_torch_sqrt(ReferenceEnv& env) {
     answer = first_rounded.empty() ? "correctly_rounded"
              : first_mkl.empty()   ? "mkl_sse"
                                    : fmt::format("unknown: {}; {}", first_rounded, first_mkl);
+    // Cached when the environment is writable (a shared read-only one probes every time).
     const std::filesystem::path tmp = cache.string() + fmt::format(".{}", ::getpid());
-    std::ofstream(tmp) << answer << "\n";
-    std::filesystem::rename(tmp, cache);
+    std::error_code ec;
+    if (std::ofstream(tmp) << answer << "\n") std::filesystem::rename(tmp, cache, ec);
+    std::filesystem::remove(tmp, ec);
   }
   if (answer == "mkl_sse") env.torch_sqrt = TorchSqrt::mkl_sse;
   else if (answer != "correctly_rounded") env.torch_sqrt_unknown = answer;

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <fstream>
+#include <map>
 
 namespace zc::props {
 
@@ -124,18 +125,19 @@ void SoakJob::add_deepspeed(std::size_t item, const nlohmann::json& res) {
   const nlohmann::json& count = res["reference"];
   for (const std::uint64_t h : count.value("scenario_hashes", std::vector<std::uint64_t>{})) scenarios_.insert(h);
   t.distinct = static_cast<std::int64_t>(scenarios_.size());
-  std::set<std::string> known;
+  std::map<std::string, bool> known;  // unlisted classes the soak has seen -> one of them was shrunk
   if (!t.reference.is_null()) {
-    for (const nlohmann::json& k : t.reference["unlisted_classes"]) known.insert(k.value("key", ""));
+    for (const nlohmann::json& k : t.reference["unlisted_classes"]) known[k.value("key", "")] = k.contains("counterexample");
   }
   nlohmann::json more = count;
   more.erase("scenario_hashes");
   int n = 0;
   for (nlohmann::json& k : more["unlisted_classes"]) {
     ++n;
-    if (known.contains(k.value("key", ""))) continue;
+    const auto seen = known.find(k.value("key", ""));
+    if (seen != known.end() && (seen->second || !k.contains("counterexample"))) continue;  // nothing new to save
     std::string saved = "not shrunk: the scenario is in soak.json";
-    if (k.contains("counterexample")) {
+    if (k.contains("counterexample")) {  // the class's first shrunk case, in this round or a later one
       const std::filesystem::path file = opts_.out / "counterexamples" / fmt::format("{}-{}-{}.json", kConformanceInvariant, item, n);
       save_case({scenario_from_json(k["counterexample"]), kConformanceInvariant, {}, false,
                  k.value("trace_hash", std::uint64_t{0}), k.value("counterexample_failure", ""), k.value("reproduce", ""),
@@ -143,8 +145,15 @@ void SoakJob::add_deepspeed(std::size_t item, const nlohmann::json& res) {
       k["scenario_file"] = file.string();
       saved = "saved: " + file.string();
     }
-    t.failures.push_back(fmt::format("{}: unlisted divergence, class {}: {} ({})", name(item), k.value("key", ""),
-                                     k.value("failure", ""), saved));
+    if (seen == known.end()) {
+      t.failures.push_back(fmt::format("{}: unlisted divergence, class {}: {} ({})", name(item), k.value("key", ""),
+                                       k.value("failure", ""), saved));
+    }
+  }
+  if (more.value("errors", 0) > 0) {
+    const nlohmann::json first = more.value("error_cases", nlohmann::json::array());
+    t.failures.push_back(fmt::format("{}: {} comparisons raised; the first: {}", name(item), more.value("errors", 0),
+                                     first.empty() ? "" : first[0].value("failure", "")));
   }
   merge_conformance_counts(t.reference, more);
 }

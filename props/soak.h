@@ -62,7 +62,7 @@ struct SoakReport {
   int jobs = 1;
   bool passed() const {
     return mismatches == 0 && failures.empty() && item_errors == 0 &&
-           (reference.is_null() || reference.value("unlisted", 0) == 0);
+           (reference.is_null() || (reference.value("unlisted", 0) == 0 && reference.value("errors", 0) == 0));
   }
 };
 nlohmann::json to_json(const SoakReport& r);

@@ -184,6 +184,23 @@ TEST(IndexedCases, ACountingCampaignRunsEveryCaseAndShrinksTheFirstOfEachClass) 
   for (const ShrunkFailure& f : counting.shrunk) EXPECT_FALSE(f.verdict.holds) << f.verdict.failure;
 }
 
+// A watch that declines to shrink still sees the campaign fail: its answer is the first failing
+// case, unshrunk, and nothing is in `shrunk`.
+TEST(IndexedCases, ACountingCampaignThatShrinksNothingStillFails) {
+  const Invariant& inv = *find_invariant("I1-coalesced-bit-exact");
+  const CheckContext ctx{BugSet{KnownBug::B3_offload_copy_gate}, hooks()};
+  CaseWatch watch;
+  watch.on_failure = [](int, const Scenario&, const Verdict&) { return false; };
+  const Campaign c = run_campaign_range(inv, ctx, {0, 60, 60}, 11, watch);
+  const Campaign stopping = run_campaign(inv, ctx, 60, 11);
+  ASSERT_TRUE(c.failed);
+  EXPECT_EQ(c.first_failing, stopping.first_failing);
+  EXPECT_EQ(c.shrink_steps, 0);
+  EXPECT_TRUE(c.shrunk.empty());
+  EXPECT_FALSE(c.verdict.holds);
+  EXPECT_GT(c.failing_cases, 1);
+}
+
 TEST(Soak, TheRerunCheckSeesANondeterministicCheck) {
   Invariant flaky = *find_invariant("I2-micro-step-zero-at-flush");
   auto calls = std::make_shared<std::uint64_t>(0);
