@@ -65,8 +65,8 @@ SoakJob::SoakJob(const SoakOptions& opts) : opts_(opts) {
 }
 
 std::string SoakJob::name(std::size_t item) const {
-  const std::size_t k = item % kinds();
-  return fmt::format("round {} {}", item / kinds(), k < invs_.size() ? invs_[k]->name : "deepspeed");
+  const Invariant* inv = invariant_of(item);
+  return fmt::format("round {} {}", item / kinds(), inv != nullptr ? inv->name : "deepspeed");
 }
 
 std::uint64_t SoakJob::fingerprint() const {
@@ -89,8 +89,8 @@ nlohmann::json SoakJob::run_deepspeed(std::uint64_t seed) const {
 
 nlohmann::json SoakJob::run(std::size_t item) const {
   const std::uint64_t seed = round_seed(opts_.seed, static_cast<std::int64_t>(item / kinds()));
-  if (item % kinds() == invs_.size()) return run_deepspeed(seed);
-  const Invariant& inv = *invs_[item % kinds()];
+  if (invariant_of(item) == nullptr) return run_deepspeed(seed);
+  const Invariant& inv = *invariant_of(item);
   nlohmann::json hashes = nlohmann::json::array();
   nlohmann::json slowest = {{"seconds", -1.0}};
   CaseWatch watch;

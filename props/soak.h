@@ -81,13 +81,20 @@ class SoakJob {
   std::string name(std::size_t item) const;
 
  private:
+  // Items per round: the DeepSpeed comparison first (so that a short budget runs it too), then the
+  // engine's invariants. nullptr: item is the comparison's.
   std::size_t kinds() const { return invs_.size() + (deepspeed_ ? 1 : 0); }
+  const Invariant* invariant_of(std::size_t item) const {
+    const std::size_t k = item % kinds();
+    if (deepspeed_) return k == 0 ? nullptr : invs_[k - 1];
+    return invs_[k];
+  }
   nlohmann::json run_deepspeed(std::uint64_t seed) const;
   void add_deepspeed(std::size_t item, const nlohmann::json& res);
 
   SoakOptions opts_;
   std::vector<const Invariant*> invs_;
-  bool deepspeed_ = false;  // the last kind of each round is the DeepSpeed comparison
+  bool deepspeed_ = false;  // each round's first item is the DeepSpeed comparison
   std::set<std::uint64_t> scenarios_;
   SoakReport totals_;
 };
