@@ -63,8 +63,10 @@ fi
 
 echo "ds-env: prebuilding DeepSpeed CPU ops ($ops) into $env_dir/torch_extensions"
 DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TORCH_EXTENSIONS_DIR="$env_dir/torch_extensions" \
-  "$env_dir/bin/python" - "$ops" <<'PY' || fail "building the DeepSpeed CPU ops failed; see above"
+  PYTHONPATH="$PWD/reference/deepspeed" "$env_dir/bin/python" - "$ops" <<'PY' || fail "building the DeepSpeed CPU ops failed; see above"
 import sys
+import build_lock  # torch's extension lock as an flock, the one the workers take (build_lock.py)
+build_lock.install()
 import deepspeed.ops.op_builder.cpu as builders
 for name in sys.argv[1].split():
     getattr(builders, name)().load(verbose=False)

@@ -8,6 +8,9 @@ micro-step), steps, coalesce, explicit, eval, offload_param, zero_extra and ds_e
 config)."""
 import os, sys, json, datetime, traceback
 import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_lock
+build_lock.install()  # a killed rank must not leave torch's extension lock behind (build_lock.py)
 import deepspeed
 import deepspeed.comm as dist
 

@@ -16,6 +16,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import build_lock  # noqa: E402  (beside this script)
+
+build_lock.install()  # a killed run must not leave torch's extension lock behind
+
 
 def bits(t):
     return " ".join(f"{x:08x}" for x in t.numpy().view(np.uint32).tolist())

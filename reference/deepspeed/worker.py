@@ -29,6 +29,10 @@ import traceback  # noqa: E402
 
 import torch  # noqa: E402
 
+import build_lock  # noqa: E402
+
+build_lock.install()  # before DeepSpeed loads an op: a killed worker must not leave a lock behind
+
 import deepspeed  # noqa: E402
 import deepspeed.comm as ds_comm  # noqa: E402
 
