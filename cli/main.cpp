@@ -105,7 +105,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--steps", plan.steps, "Training steps simulated (the last one is timed)")->check(CLI::Range(1, 4));
   plan_cmd->add_option("--attention", plan.attention, "materialised (eager) | fused (FlashAttention-style memory)")
       ->check(CLI::IsMember({"materialised", "fused"}));
-  plan_cmd->add_option("--fit", plan.fit_gib, "GiB per GPU: which stage, offload and micro-batch fit, fastest first");
+  CLI::Option* plan_fit = plan_cmd->add_option("--fit", plan.fit_gib, "Search the stage, offload and micro-batch "
+                                               "settings that fit, fastest first; optional budget in GiB per GPU "
+                                               "(default: the GPU's capacity)")->expected(0, 1);
   plan_cmd->add_option("--out", plan.out, "Write plan.json and plan.html (fit.json, fit.html with --fit) here");
   plan_cmd->add_option("--hardware", plan.hardware, "Device, network and host figures (default: plan/hardware.json)");
   plan_cmd->add_flag("--json", plan.json, "Print JSON instead of the table");
@@ -129,7 +131,10 @@ int main(int argc, char** argv) {
       return zc::cli::run_demo(demo);
     }
     if (run_cmd->parsed()) return zc::cli::run_training(run);
-    if (plan_cmd->parsed()) return zc::cli::run_plan_cli(plan);
+    if (plan_cmd->parsed()) {
+      plan.fit = plan_fit->count() > 0;
+      return zc::cli::run_plan_cli(plan);
+    }
     if (vr_cmd->parsed()) return zc::cli::run_verify_real(argc, argv, vr);
     if (prove_cmd->parsed()) return zc::cli::run_prove(prove_timeout_s * 1000);
     if (verify_cmd->parsed()) {

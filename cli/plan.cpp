@@ -65,30 +65,52 @@ void write(const std::filesystem::path& file, const std::string& text) {
   if (!out) throw UsageError(fmt::format("cannot write {}", file.string()));
 }
 
-int run_fit(const plan::PlanOptions& p, const plan::Hardware& hw, const PlanCliOptions& o) {
-  const auto budget = static_cast<std::int64_t>(*o.fit_gib * 1024.0 * 1024 * 1024);
+// --fit [GiB]: the budget is the GPU's capacity unless given; a budget above the capacity is
+// capped to it with a warning (a plan never says "fits" where the GPU has less). The table lists
+// what fits fastest first, then what does not in search order; each row's verdict is its plan's
+// `fits`, the one fit.json and fit.html show.
+int run_fit(plan::PlanOptions p, const plan::Hardware& hw, const PlanCliOptions& o) {
+  const plan::GpuSpec& gpu = hw.gpu(p.gpu);
+  std::int64_t budget = gpu.memory_bytes;
+  if (o.fit_gib) {
+    if (!(*o.fit_gib > 0)) throw ConfigError(fmt::format("--fit {}: a budget is a positive number of GiB", *o.fit_gib));
+    const auto asked = static_cast<std::int64_t>(*o.fit_gib * 1024.0 * 1024 * 1024);
+    if (asked > gpu.memory_bytes) {
+      fmt::print(stderr, "zerocheck plan: warning: --fit {} GiB is more than the {}'s {}; the budget is the GPU's "
+                 "capacity (choose the GPU with --gpu)\n", *o.fit_gib, gpu.name, format_bytes(gpu.memory_bytes));
+    }
+    budget = std::min(asked, gpu.memory_bytes);
+  }
   std::vector<plan::FitCandidate> tried;
   const std::vector<plan::FitCandidate> fits = plan::search_fits(p, hw, budget, &tried);
-  fmt::print("zerocheck plan --fit {} GiB: {} on {} x {}\n", *o.fit_gib, p.model.preset, p.world,
-             hw.gpu(p.gpu).name);
-  fmt::print("  {:<8}{:<18}{:>6}{:>14}{:>8}{:>12}{:>14}\n", "stage", "offload", "mb", "GPU peak", "fits",
-             "step", "tokens/s");
+  std::vector<const plan::FitCandidate*> rows;
+  for (const plan::FitCandidate& c : fits) rows.push_back(&c);
   for (const plan::FitCandidate& c : tried) {
-    const std::int64_t need = std::max(c.result.device.peak, c.result.device.construction_peak);
-    fmt::print("  {:<8}{:<18}{:>6}{:>14}{:>8}{:>10.1f}ms{:>14.0f}\n", c.stage, c.offload, c.micro_batch,
-               format_bytes(need), need <= budget ? "yes" : "no", c.result.step_us / 1e3, c.result.tokens_per_s);
+    if (!c.result.fits) rows.push_back(&c);
+  }
+  fmt::print("zerocheck plan --fit {} per rank: {} on {} x {}; what fits, fastest first, then what does not\n",
+             format_bytes(budget), p.model.preset, p.world, gpu.name);
+  fmt::print("  {:<8}{:<18}{:>6}{:>8}{:>14}{:>8}{:>12}{:>14}\n", "stage", "offload", "mb", "global", "GPU peak",
+             "fits", "step", "tokens/s");
+  for (const plan::FitCandidate* c : rows) {
+    const std::int64_t need = std::max(c->result.device.peak, c->result.device.construction_peak);
+    fmt::print("  {:<8}{:<18}{:>6}{:>8}{:>14}{:>8}{:>10.1f}ms{:>14.0f}\n", c->stage, c->offload, c->micro_batch,
+               c->result.global_batch(), format_bytes(need), c->result.fits ? "yes" : "no", c->result.step_us / 1e3,
+               c->result.tokens_per_s);
   }
   std::vector<plan::PlanResult> results;
-  for (const plan::FitCandidate& c : tried) results.push_back(c.result);
+  for (const plan::FitCandidate* c : rows) results.push_back(c->result);
   if (!o.out.empty()) {
     std::filesystem::create_directories(o.out);
     nlohmann::json j = nlohmann::json::array();
     for (const plan::PlanResult& r : results) j.push_back(plan::to_json(r));
     write(std::filesystem::path(o.out) / "fit.json", j.dump(2) + "\n");
-    write(std::filesystem::path(o.out) / "fit.html", plan::to_html(results, "zerocheck plan --fit"));
+    write(std::filesystem::path(o.out) / "fit.html",
+          plan::to_html(results, fmt::format("zerocheck plan --fit {}", format_bytes(budget))));
   }
   if (fits.empty()) {
-    fmt::print("nothing fits in {} GiB\n", *o.fit_gib);
+    fmt::print("nothing fits in {}: {}\n", format_bytes(budget),
+               tried.empty() ? std::string() : plan::fit_message(tried.back().result));
     return 1;
   }
   const plan::FitCandidate& best = fits.front();
@@ -104,7 +126,7 @@ int run_fit(const plan::PlanOptions& p, const plan::Hardware& hw, const PlanCliO
 int run_plan_cli(const PlanCliOptions& o) {
   const plan::Hardware hw = plan::load_hardware(o.hardware.empty() ? plan::default_hardware_path() : o.hardware);
   const plan::PlanOptions p = options_of(o);
-  if (o.fit_gib) return run_fit(p, hw, o);
+  if (o.fit) return run_fit(p, hw, o);
   const plan::PlanResult r = plan::run_plan(p, hw);
   const plan::DeepSpeedEstimates ds = o.no_deepspeed ? plan::DeepSpeedEstimates{false, "--no-deepspeed", {}}
                                                      : plan::deepspeed_estimates(r);

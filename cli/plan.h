@@ -21,7 +21,8 @@ struct PlanCliOptions {
   std::optional<long long> micro_batch, seq;
   int steps = 2;
   std::string attention = "materialised";
-  std::optional<double> fit_gib;
+  bool fit = false;                // --fit given, with or without a budget
+  std::optional<double> fit_gib;   // --fit's budget in GiB; unset: the GPU's capacity
   std::string out;
   std::string hardware;
   bool json = false;

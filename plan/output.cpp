@@ -53,7 +53,7 @@ std::string to_text(const PlanResult& r) {
                      format_bytes(r.device.construction_peak), format_bytes(r.cpu.construction_peak));
   const std::string why = fit_message(r);
   out += fmt::format("  {}\n\n", why.empty() ? fmt::format("fits in {} ({} of it used)",
-                                                           format_bytes(r.device_capacity),
+                                                           format_bytes(r.memory_budget),
                                                            format_bytes(std::max(r.device.peak, r.device.construction_peak)))
                                              : why);
   out += fmt::format("collectives per step (rank {})\n", r.worst_rank);
@@ -94,9 +94,11 @@ nlohmann::json to_json(const PlanResult& r) {
                        {"schedule", std::string(sim::schedule_name(r.schedule))}}},
           {"config", {{"stage", r.stage}, {"dtype", r.dtype}, {"offload", r.offload},
                       {"micro_batch", r.micro_batch}, {"gradient_accumulation_steps", r.ga},
+                      {"global_batch", r.global_batch()},
                       {"experts", r.experts}, {"ep_size", r.ep_size}}},
           {"worst_rank", r.worst_rank},
           {"memory", {{"gpu", mem(r.device)}, {"cpu", mem(r.cpu)}, {"gpu_capacity_bytes", r.device_capacity},
+                      {"budget_bytes", r.memory_budget},
                       {"fits", r.fits}, {"message", fit_message(r)}}},
           {"collectives_per_step", colls},
           {"time_us", {{"step", r.step_us}, {"compute", r.compute_us}, {"communication", r.comm_us},
@@ -122,7 +124,7 @@ std::string label_of(const PlanResult& r) {
 // Horizontal stacked bars, one per plan: the composition of its GPU peak.
 std::string memory_plot(const std::vector<PlanResult>& plans) {
   using namespace reports;
-  const double left = 190, width = 520, top = 30, pitch = 24;
+  const double left = 250, width = 480, top = 30, pitch = 24;
   double max_v = 1;
   for (const PlanResult& p : plans) {
     max_v = std::max({max_v, static_cast<double>(p.device.peak), static_cast<double>(p.device_capacity)});
@@ -189,7 +191,7 @@ std::string timeline_plot(const PlanResult& p) {
 
 std::string time_plot(const std::vector<PlanResult>& plans) {
   using namespace reports;
-  const double left = 190, width = 520, top = 30, pitch = 24;
+  const double left = 250, width = 480, top = 30, pitch = 24;
   double max_v = 1;
   for (const PlanResult& p : plans) max_v = std::max(max_v, p.step_us / 1e3);
   const Axis axis = nice_axis(max_v, false);
@@ -224,17 +226,43 @@ std::string time_plot(const std::vector<PlanResult>& plans) {
 }  // namespace
 
 std::string to_html(const std::vector<PlanResult>& plans, const std::string& title) {
-  std::string body;
-  for (const PlanResult& p : plans) {
-    body += "<pre>" + reports::xml_escape(to_text(p)) + "</pre>\n";
+  using reports::xml_escape;
+  // The verdict first: one plan opens with its banner, several (--fit) with their table.
+  std::string head;
+  if (plans.size() == 1) {
+    const PlanResult& p = plans.front();
+    const std::string why = fit_message(p);
+    head = fmt::format("<p class=\"verdict {}\">{}</p>\n<p>{}; {}</p>\n", p.fits ? "fits" : "nofit",
+                       xml_escape(why.empty() ? fmt::format("fits: rank {} needs {} of {}", p.worst_rank,
+                                                            format_bytes(std::max(p.device.peak, p.device.construction_peak)),
+                                                            format_bytes(p.memory_budget))
+                                              : why),
+                       xml_escape(p.config_summary), xml_escape(fmt::format("{:.1f} ms per step, {:.0f} tokens/s",
+                                                                            p.step_us / 1e3, p.tokens_per_s)));
+  } else if (!plans.empty()) {
+    head = "<table><tr><th>stage</th><th>offload</th><th>micro-batch</th><th>global batch</th><th>GPU peak</th>"
+           "<th>fits</th><th>step</th><th>tokens/s</th></tr>\n";
+    for (const PlanResult& p : plans) {
+      head += fmt::format("<tr class=\"{}\"><td>ZeRO-{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                          "<td>{:.1f} ms</td><td>{:.0f}</td></tr>\n", p.fits ? "fits" : "nofit", p.stage,
+                          xml_escape(p.offload), p.micro_batch, p.global_batch(),
+                          format_bytes(std::max(p.device.peak, p.device.construction_peak)), p.fits ? "yes" : "no",
+                          p.step_us / 1e3, p.tokens_per_s);
+    }
+    head += "</table>\n";
   }
+  std::string body;
+  for (const PlanResult& p : plans) body += "<pre>" + xml_escape(to_text(p)) + "</pre>\n";
   return fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title>\n"
       "<style>body{{font-family:sans-serif;margin:2em;max-width:70em}}pre{{background:#f6f8fa;"
-      "padding:1em;overflow-x:auto}}</style></head>\n<body><h1>{0}</h1>\n<figure>{1}</figure>\n"
+      "padding:1em;overflow-x:auto}}svg{{max-width:100%;height:auto}}.verdict{{font-size:1.3em;padding:.5em;"
+      "border-radius:4px}}.verdict.fits{{background:#e6f4ea}}.verdict.nofit{{background:#fce8e6}}"
+      "table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}"
+      "tr.nofit{{color:#888}}</style></head>\n<body><h1>{0}</h1>\n{5}<figure>{1}</figure>\n"
       "<figure>{2}</figure>\n<figure>{4}</figure>\n{3}</body></html>\n",
-      reports::xml_escape(title), memory_plot(plans), time_plot(plans), body,
-      plans.empty() ? std::string() : timeline_plot(plans.front()));
+      xml_escape(title), memory_plot(plans), time_plot(plans), body,
+      plans.empty() ? std::string() : timeline_plot(plans.front()), head);
 }
 
 }  // namespace zc::plan

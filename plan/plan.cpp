@@ -164,6 +164,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.gpu_name = gpu.name;
   r.network_name = net.name;
   r.device_capacity = gpu.memory_bytes;
+  r.memory_budget = std::min(o.memory_budget.value_or(gpu.memory_bytes), gpu.memory_bytes);
   if (peak_tflops(gpu, cfg.model_dtype()) <= 0) {
     throw ConfigError(fmt::format("{} has no {} peak in {} (it does not support that dtype)",
                                   gpu.name, r.dtype, hw.path));
@@ -217,7 +218,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.worst_rank = w.rank;
   r.device = w.device;
   r.cpu = w.cpu;
-  r.fits = r.device.peak <= r.device_capacity && r.device.construction_peak <= r.device_capacity;
+  r.fits = r.device.peak <= r.memory_budget && r.device.construction_peak <= r.memory_budget;
   r.collectives = w.collectives;
   r.compute_us = w.compute_us;
   r.comm_us = w.comm_us;
@@ -232,17 +233,38 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.mfu = r.step_us > 0 ? static_cast<double>(r.flops_per_step) /
                               (r.step_us * 1e-6 * peak_tflops(gpu, cfg.model_dtype()) * 1e12)
                         : 0;
-  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {}{}", r.stage,
-                                 r.dtype, r.offload, r.micro_batch, r.seq, r.ga,
+  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {} (global batch {}){}",
+                                 r.stage, r.dtype, r.offload, r.micro_batch, r.seq, r.ga, r.global_batch(),
                                  r.experts > 0 ? fmt::format(", {} experts over ep_size {}",
                                                              r.experts, r.ep_size)
                                                : std::string());
   return r;
 }
 
+namespace {
+
+// What a user can change to make a plan fit, from the settings it ran with; --fit tries the
+// stage, offload and micro-batch ones.
+std::string fit_levers(const PlanResult& r) {
+  std::vector<std::string> levers;
+  if (r.device.at_peak[static_cast<std::size_t>(MemCategory::activations)] > 0 && r.options.model.attention == AttentionMemory::materialised) {
+    levers.push_back("--attention fused (FlashAttention-style memory)");
+  }
+  if (r.micro_batch > 1) levers.push_back(fmt::format("a micro-batch below {} (--micro-batch)", r.micro_batch));
+  if (r.experts == 0 && r.stage < 3) levers.push_back(fmt::format("ZeRO-{} (zero_optimization.stage)", r.stage + 1));
+  if (r.offload == "none" && r.stage > 0) levers.push_back("offload_optimizer to cpu");
+  if (r.stage == 3 && r.offload.find("param") == std::string::npos) levers.push_back("offload_param to cpu");
+  if (levers.empty()) return "; no lever left: more ranks, or a GPU with more memory (--gpu)";
+  std::string out = "; levers: ";
+  for (std::size_t i = 0; i < levers.size(); ++i) out += (i ? ", " : "") + levers[i];
+  return out + "; --fit searches stage, offload and micro-batch";
+}
+
+}  // namespace
+
 std::string fit_message(const PlanResult& r) {
   const std::int64_t need = std::max(r.device.peak, r.device.construction_peak);
-  if (need <= r.device_capacity) return "";
+  if (need <= r.memory_budget) return "";
   std::vector<std::pair<std::int64_t, std::size_t>> cats;
   for (std::size_t k = 0; k < kMemCategories; ++k) cats.emplace_back(r.device.at_peak[k], k);
   std::sort(cats.rbegin(), cats.rend());
@@ -251,10 +273,13 @@ std::string fit_message(const PlanResult& r) {
     largest += fmt::format("{}{} {}", i ? ", " : "", mem_category_name(static_cast<MemCategory>(cats[i].second)),
                            format_bytes(cats[i].first));
   }
-  return fmt::format("does not fit: rank {} needs {} of {} ({}{})", r.worst_rank, format_bytes(need),
-                     format_bytes(r.device_capacity),
+  return fmt::format("does not fit: rank {} needs {} of {}{} ({}{})", r.worst_rank, format_bytes(need),
+                     format_bytes(r.memory_budget),
+                     r.memory_budget < r.device_capacity
+                         ? fmt::format(" (the --fit budget; the GPU has {})", format_bytes(r.device_capacity))
+                         : std::string(),
                      r.device.construction_peak > r.device.peak ? "at construction; " : "",
-                     "largest categories: " + largest);
+                     "largest categories: " + largest) + fit_levers(r);
 }
 
 }  // namespace zc::plan
@@ -279,10 +304,10 @@ std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& h
       z.erase("offload_param");
       if (offload != "none") z["offload_optimizer"] = {{"device", "cpu"}};
       if (offload == "optimizer+param") z["offload_param"] = {{"device", "cpu"}};
+      o.memory_budget = budget_bytes;
       FitCandidate c{stage, offload, mb, run_plan(o, hw)};
-      const std::int64_t need = std::max(c.result.device.peak, c.result.device.construction_peak);
       if (tried) tried->push_back(c);
-      if (need > budget_bytes) break;
+      if (!c.result.fits) break;
       fits.push_back(std::move(c));
     }
   }

@@ -68,6 +68,9 @@ struct PlanOptions {
   // How the simulated ranks take turns (Note [Decoupled schedule] in sim/sim_cluster.h); unset:
   // decoupled, or interleaved for an MoE model (its expert-parallel groups need split()).
   std::optional<sim::Schedule> schedule;
+  // The memory a rank may use (--fit GiB); unset: the GPU's capacity. Never above the capacity
+  // (a larger budget is the caller's to refuse or cap: cli/plan.cpp warns and caps).
+  std::optional<std::int64_t> memory_budget;
 };
 inline constexpr int kFullSimulationRanks = 4096;  // about 7 s for Llama-2 7B at ZeRO-3 (decoupled)
 // Threads a decoupled plan runs its ranks on (SimOptions::threads; the figures do not depend on it).
@@ -112,7 +115,8 @@ struct PlanResult {
   std::vector<RankFigures> ranks;
   MemoryFigures device, cpu;     // of worst_rank
   std::int64_t device_capacity = 0;
-  bool fits = true;
+  std::int64_t memory_budget = 0;  // what fits is judged against: the capacity, or --fit's budget
+  bool fits = true;                // the one verdict the table, JSON and HTML all show
   std::vector<CollectiveFigure> collectives;  // worst_rank's, per step
   // Time of one step (the last simulated one), in us, worst_rank's: compute, collective time on
   // its communication stream, the time it sat blocked in collectives (communication not hidden
@@ -122,6 +126,8 @@ struct PlanResult {
   std::int64_t flops_per_step = 0;
   std::int64_t kernels_per_step = 0;  // device ops the step launched (meta counts them)
   double tokens_per_s = 0;  // micro_batch * seq * ga * world / step time
+  // DeepSpeed's train_batch_size: micro-batch x GA x data-parallel ranks.
+  std::int64_t global_batch() const { return micro_batch * ga * options.world; }
   double mfu = 0;           // model FLOPs / (step time * peak), the plan's own figure
   std::string notes;        // how the figures were made
 };
@@ -130,7 +136,7 @@ struct PlanResult {
 // (MoE at stages 0/3, a world the batch sizes cannot divide); a config that does not fit is a
 // result with fits = false, not an error.
 PlanResult run_plan(const PlanOptions& o, const Hardware& hw);
-// "does not fit: rank r needs X GiB of Y (largest categories ...)", or "" when it fits.
+// "does not fit: rank r needs X GiB of Y (largest categories ...; levers: ...)", or "" when it fits.
 std::string fit_message(const PlanResult& r);
 
 // --fit GiB: every stage, offload and micro-batch setting that fits the budget, fastest first.

@@ -329,5 +329,48 @@ TEST(PlanOutput, JsonAndHtmlCarryTheFigures) {
   EXPECT_NE(to_text(r).find("collectives per step"), std::string::npos);
 }
 
+// One fit verdict: under a --fit budget below the GPU's capacity, every candidate's `fits` (what
+// the table, fit.json and fit.html show) is its need against that budget, the search stops a
+// setting at its first miss, and the message names the budget and the levers.
+TEST(PlanFit, EveryCandidateIsJudgedAgainstTheBudgetOnce) {
+  PlanOptions o = tiny(1, 2);
+  o.steps = 1;
+  const PlanResult full = run_plan(o, hardware());
+  const std::int64_t need1 = std::max(full.device.peak, full.device.construction_peak);
+  const std::int64_t budget = need1 + need1 / 2;  // micro-batch 1 fits; larger ones stop somewhere
+  std::vector<FitCandidate> tried;
+  const std::vector<FitCandidate> fits = search_fits(o, hardware(), budget, &tried);
+  ASSERT_FALSE(fits.empty());
+  bool some_miss = false;
+  for (const FitCandidate& c : tried) {
+    const std::int64_t need = std::max(c.result.device.peak, c.result.device.construction_peak);
+    EXPECT_EQ(c.result.memory_budget, budget);
+    EXPECT_EQ(c.result.fits, need <= budget) << "ZeRO-" << c.stage << " mb " << c.micro_batch;
+    EXPECT_EQ(to_json(c.result).at("memory").at("fits").get<bool>(), c.result.fits);
+    if (!c.result.fits) {
+      some_miss = true;
+      const std::string why = fit_message(c.result);
+      EXPECT_NE(why.find("the --fit budget"), std::string::npos) << why;
+      EXPECT_NE(why.find("levers: "), std::string::npos) << why;
+    }
+  }
+  EXPECT_TRUE(some_miss) << "the budget should stop some micro-batch";
+  for (std::size_t i = 1; i < fits.size(); ++i) {
+    EXPECT_GE(fits[i - 1].result.tokens_per_s, fits[i].result.tokens_per_s) << "fastest first";
+  }
+}
+
+TEST(PlanFit, ABudgetAboveTheCapacityIsTheCapacity) {
+  PlanOptions o = tiny(1, 2);
+  o.steps = 1;
+  o.memory_budget = std::int64_t{1} << 50;
+  const PlanResult r = run_plan(o, hardware());
+  EXPECT_EQ(r.memory_budget, r.device_capacity);
+  EXPECT_EQ(to_json(r).at("memory").at("budget_bytes").get<std::int64_t>(), r.device_capacity);
+  EXPECT_EQ(to_json(r).at("config").at("global_batch").get<std::int64_t>(), 2) << "micro-batch 1 x GA 1 x 2 ranks";
+  const std::string html = to_html({r}, "t");
+  EXPECT_NE(html.find("<p class=\"verdict fits\">fits: rank"), std::string::npos) << "plan.html opens with the verdict";
+}
+
 }  // namespace
 }  // namespace zc::plan
