@@ -53,9 +53,7 @@ SoakJob::SoakJob(const SoakOptions& opts) : opts_(opts) {
     only.erase(ds);
   }
   deepspeed_ = opts_.deepspeed_cases_per_item > 0;
-  for (const std::string& name : only) {
-    if (find_invariant(name) == nullptr) throw ConfigError(fmt::format("--only: no invariant '{}'", name));
-  }
+  only = expand_invariant_names(only);  // I1 .. I4 as short ids; ConfigError naming the known ones
   const bool engine = opts_.only.empty() || !only.empty();  // --only deepspeed alone: no engine invariant
   for (const Invariant& i : invariants()) {
     if (engine && (only.empty() || std::find(only.begin(), only.end(), i.name) != only.end())) invs_.push_back(&i);

@@ -54,6 +54,10 @@ struct VerifyOptions {
   std::function<void(const std::string&, int, int)> progress;
 };
 
+// --only's names, expanded: a full invariant name, or a short id (I1 .. I4, any case) for every
+// invariant of that id; ConfigError naming the known ones for anything else.
+std::vector<std::string> expand_invariant_names(const std::vector<std::string>& names);
+
 // The work items of one verify run (Note [Work items]): every invariant's campaign in ranges of
 // cases, each bug hunt, each proof, the collective counts, the DeepSpeed campaigns. The list
 // depends on the options alone, never on how many processes or ranks run it, so any split of it
