@@ -9,6 +9,8 @@
 #include "cli/verify_real.h"
 #include "engine/errors.h"
 
+#include "zc_version.h"  // generated (cli/CMakeLists.txt)
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -17,6 +19,14 @@
 int main(int argc, char** argv) {
   CLI::App app{"zerocheck: a ZeRO engine, a deterministic simulated cluster and a verifier"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("zerocheck ") + ZC_VERSION +
+#ifdef ZC_HAVE_CUDA
+                                        "; GPU backend (CUDA, NCCL) built"
+#else
+                                        "; no GPU backend in this build"
+#endif
+                                        "; DeepSpeed reference: deepspeed 0.19.8, torch 2.10.0 "
+                                        "(reference/deepspeed/requirements.txt)");
 
   zc::cli::DemoOptions demo;
   std::string order = "linear";
