@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   CLI::App* plan_cmd = app.add_subcommand("plan", "Per-rank memory by category, collectives and step time for a model at N ranks, from the engine in meta mode");
   plan_cmd->add_option("--config", plan.config_path, "DeepSpeed ds_config.json")->required()->check(CLI::ExistingFile);
   plan_cmd->add_option("--model", plan.model, "gpt2-xl | llama-2-7b | llama-2-13b | llama-2-70b | mixtral-8x7b (or a tiny test shape)");
-  plan_cmd->add_option("--model-json", plan.model_json, "A custom transformer shape (see README)")->check(CLI::ExistingFile);
+  plan_cmd->add_option("--model-json", plan.model_json, "A custom transformer shape (format: docs/plan.md)")->check(CLI::ExistingFile);
   plan_cmd->add_option("--world-size", plan.world_size, "Data-parallel ranks")->check(CLI::Range(1, 1 << 20));
   plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node (default: the GPU's node)")->check(CLI::Range(1, 1024));
   plan_cmd->add_option("--gpu", plan.gpu, "a100 | a100-40gb | h100 | h200 | v100 | l40s (plan/hardware.json)");

@@ -479,28 +479,28 @@ Verdict check_failure_modes(const Scenario& s, const CheckContext& ctx) {
 }
 
 const char* kI1Exact =
-    "SPEC 6, I1. In the exact data domain (values k * 2^-e sized so every partial sum fits the mantissa, SPEC 8), "
+    "S6 (docs/invariants.md#s6-coalesce-grad-reduction), I1. In the exact data domain (values k * 2^-e sized so every partial sum fits the mantissa, S8 (docs/invariants.md#s8-exact-data-domain)), "
     "N backwards inside coalesce_grad_reduction and then step() give bit-identical averaged gradients, fp32 master "
     "partitions and 16-bit params to the same N backwards reduced one by one, for every stage 1-3, contiguous, "
     "overlap, offload, dtype, bucket size and world. In this domain float addition is associative, so any difference "
     "is a plumbing bug (a dropped, doubled or stale chunk), never rounding.";
 const char* kI1Ulp =
-    "SPEC 6, I1 for arbitrary floats (gaussian data, Synthetic model): bit-identical when N = 1, world = 1 or stage 1; "
+    "S6 (docs/invariants.md#s6-coalesce-grad-reduction), I1 for arbitrary floats (gaussian data, Synthetic model): bit-identical when N = 1, world = 1 or stage 1; "
     "otherwise the baseline's and the coalesced reduction's averaged gradients are each within gamma_k * sum|g| of the "
     "exact (f64) gradient, with k the roundings on the longest chain (micro-batch mean, scale, N accumulations, division "
     "by the world, world - 1 reduction adds, the cast) and gamma_k = k*u/(1-k*u), u the dtype's unit roundoff. "
     "This is the standard bound for two association orders of the same sum; a dropped chunk exceeds it.";
 const char* kI2 =
-    "SPEC 6, I2. For ZeRO-3, micro_step_id is 0 at every coalesce flush over several steps, so partition_grads copies "
+    "S6 (docs/invariants.md#s6-coalesce-grad-reduction), I2. For ZeRO-3, micro_step_id is 0 at every coalesce flush over several steps, so partition_grads copies "
     "the reduced partition into the gradient buffer instead of adding to the previous step's stale one. The seen-flag "
     "must not be set while coalescing (bug B4 sets it and micro_step_id reaches N-1).";
 const char* kI3 =
-    "SPEC 3, I3. For every stage, every subset of compile passes and deepcompile on/off, over the whole lifecycle "
+    "S3 (docs/invariants.md#s3-deepcompile), I3. For every stage, every subset of compile passes and deepcompile on/off, over the whole lifecycle "
     "(compile, N forward/backward per step, step, destroy), the DeepCompile runtime is never loaded when a "
     "parallelization pass (autosp, autotp) is in use, and no runtime call other than loading happens before init(). "
     "Checked against the real dlopen'ed runtime plugin, which records every call.";
 const char* kI4 =
-    "SPEC 7, I4. Every copy of a module tree (clone(), copy construction, serialize + deserialize) rebinds each "
+    "S7 (docs/invariants.md#s7-paramdict-copies-tracing), I4. Every copy of a module tree (clone(), copy construction, serialize + deserialize) rebinds each "
     "ParamDict to its new module (never null, never the original), the original is unchanged (owners, ZeRO status, "
     "shards, data), and tracing (the compile front end: a deep copy run forward with fake meta params) succeeds, also "
     "on a ZeRO-3 model whose params are partitioned. Checked on every rank after a training step, over MLPs, Synthetic "
@@ -520,7 +520,7 @@ const char* kCrossRank =
     "A rank that steps on its own unreduced gradient (for example when the allreduce gate skips a parallelization-only "
     "compile pass, bug B8) diverges from the others.";
 const char* kOnePass =
-    "SPEC 6: coalesced N backwards issue exactly one reduction pass per step, counted by the Comm's own statistics: "
+    "S6 (docs/invariants.md#s6-coalesce-grad-reduction): coalesced N backwards issue exactly one reduction pass per step, counted by the Comm's own statistics: "
     "the reductions (all_reduce, reduce_scatter, reduce) of a coalesced step do not depend on N (same count as one "
     "backward), and for stages 2 and 3 with N >= 2 they are strictly fewer than the per-backward baseline's. ZeRO-3's "
     "param all_gathers are not reductions: DeepSpeed's coordinator prefetches from the second forward on.";

@@ -163,7 +163,7 @@ struct ReferenceOptions {
 // `as_predicted`; `holds` when every witness rounds apart on DeepSpeed as predicted.
 nlohmann::json fpa_witnesses_on_deepspeed(ReferencePools& pools, unsigned timeout_ms);
 
-// The report's `reference` object (README: results.json schema), with `saved_cases`: the
+// The report's `reference` object (docs/deepspeed-reference.md: the reference object in results.json), with `saved_cases`: the
 // counterexamples and witnesses ({saved_file, saved_case}) for the caller to write.
 nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePools& pools);
 

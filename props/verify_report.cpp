@@ -1,4 +1,4 @@
-// results.json: the machine-readable form of a verify run (the README documents every key).
+// results.json: the machine-readable form of a verify run (docs/verify.md documents every key).
 #include "props/verify_report.h"
 
 namespace zc::props {

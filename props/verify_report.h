@@ -72,7 +72,7 @@ struct VerifyReport {
   std::vector<CollectivePoint> collectives;
   std::vector<std::string> errors;  // work items that failed outright (a crash, an exception)
   // verify --against deepspeed: the DeepSpeed reference's campaigns (props/reference.h,
-  // run_reference_campaigns; README: the `reference` object). Null when not run.
+  // run_reference_campaigns; docs/deepspeed-reference.md: the `reference` object). Null when not run.
   nlohmann::json reference;
 
   // No work item failed, every invariant holds, every known bug is caught, every proof gives its expected verdict,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's zerocheck plan table: Llama-2 7B (bf16, AdamW, micro-batch 1 x 4096 tokens) on
+# docs/plan.md's zerocheck plan table: Llama-2 7B (bf16, AdamW, micro-batch 1 x 4096 tokens) on
 # H100s at ZeRO-1/2/3 with and without optimizer offload, at 8, 64 and 1,024 ranks (every rank
 # simulated). Prints a Markdown table; set ZC_BIN to another zerocheck binary.
 # MODEL=mixtral-8x7b [EP=8]: the MoE preset at ZeRO-1/2 (DeepSpeed refuses MoE at 0 and 3), with

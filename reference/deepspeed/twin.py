@@ -30,7 +30,7 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 # The reference's one patch of DeepSpeed, for the recorder's getters only (a finding about
-# DeepSpeed 0.19.8, README "DeepSpeed fidelity", point 10). With round_robin_gradients the ZeRO-1/2
+# DeepSpeed 0.19.8, docs/fidelity.md, point 10). With round_robin_gradients the ZeRO-1/2
 # flat buffer holds the params in round-robin order, but _link_all_hp_params
 # (runtime/zero/stage_1_and_2.py:824-850) passes link_hp_params the params in group order and
 # their offsets only when parameter_alignment padding exists (`if any(round_robin_bit16_padding)`);
