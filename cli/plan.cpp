@@ -83,6 +83,9 @@ int run_fit(plan::PlanOptions p, const plan::Hardware& hw, const PlanCliOptions&
   }
   std::vector<plan::FitCandidate> tried;
   const std::vector<plan::FitCandidate> fits = plan::search_fits(p, hw, budget, &tried);
+  if (!tried.empty()) {
+    for (const std::string& w : tried.front().result.warnings) fmt::print(stderr, "warning: {}\n", w);
+  }
   std::vector<const plan::FitCandidate*> rows;
   for (const plan::FitCandidate& c : fits) rows.push_back(&c);
   for (const plan::FitCandidate& c : tried) {
@@ -128,6 +131,7 @@ int run_plan_cli(const PlanCliOptions& o) {
   const plan::PlanOptions p = options_of(o);
   if (o.fit) return run_fit(p, hw, o);
   const plan::PlanResult r = plan::run_plan(p, hw);
+  for (const std::string& w : r.warnings) fmt::print(stderr, "warning: {}\n", w);
   const plan::DeepSpeedEstimates ds = o.no_deepspeed ? plan::DeepSpeedEstimates{false, "--no-deepspeed", {}}
                                                      : plan::deepspeed_estimates(r);
   nlohmann::json j = plan::to_json(r);

@@ -1,7 +1,10 @@
 // Config parsing: a Reader walks the JSON with a key path, checks every type, remembers which keys
-// it consumed, and turns the rest into warnings. Cross-key rules come after all keys are read.
+// it consumed, and turns the rest into warnings, or, in the blocks DeepSpeed's pydantic models
+// close (engine/deepspeed_config_keys.h), refuses what DeepSpeed refuses. Cross-key rules come
+// after all keys are read.
 #include "engine/config.h"
 
+#include "engine/deepspeed_config_keys.h"
 #include "engine/errors.h"
 
 #include <nlohmann/json.hpp>
@@ -21,6 +24,21 @@ namespace {
 using json = nlohmann::json;
 
 std::string type_of(const json& v) { return v.type_name(); }
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
 
 // Reads one JSON object; `path` names it in messages ("zero_optimization").
 class Reader {
@@ -94,6 +112,30 @@ class Reader {
       }
     }
   }
+  // For a block DeepSpeed's pydantic model reads with extra="forbid" (engine/deepspeed_config_keys.h):
+  // a key DeepSpeed does not know is refused as DeepSpeed refuses it, naming the closest known key;
+  // a key it knows that zerocheck did not read is accepted with a warning that it is not modelled.
+  template <std::size_t N>
+  void refuse_unknown_as_deepspeed(const std::string_view (&deepspeed)[N], std::string_view model) {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (seen_.count(it.key())) continue;
+      if (std::find(std::begin(deepspeed), std::end(deepspeed), it.key()) != std::end(deepspeed)) {
+        warnings_.push_back(fmt::format("'{}' accepted and ignored: DeepSpeed reads it, zerocheck does not model it",
+                                        key_path(it.key())));
+        continue;
+      }
+      std::string_view nearest;
+      std::size_t best = 3;  // suggest within two edits
+      for (std::string_view k : deepspeed) {
+        const std::size_t d = edit_distance(it.key(), k);
+        if (d < best) best = d, nearest = k;
+      }
+      throw ConfigError(fmt::format("unknown key '{}'{}: DeepSpeed {} refuses it (\"Extra inputs are not permitted\", "
+                                    "{}), and so does zerocheck", key_path(it.key()),
+                                    nearest.empty() ? std::string() : fmt::format(" (did you mean '{}'?)", nearest),
+                                    deepspeed_keys::kVersion, model));
+    }
+  }
   std::vector<std::string>& warnings() { return warnings_; }
 
   ConfigError error(const std::string& key, const std::string& why) const {
@@ -123,7 +165,11 @@ OffloadDevice read_offload(Reader& zr, const std::string& key) {
   const std::string dev = r.string("device", "none");
   r.boolean("pin_memory", false);
   r.number("buffer_count", 4);
-  r.warn_unknown();
+  if (key == "offload_optimizer") {
+    r.refuse_unknown_as_deepspeed(deepspeed_keys::kOffloadOptimizerKeys, deepspeed_keys::kOffloadOptimizerKeysModel);
+  } else {
+    r.refuse_unknown_as_deepspeed(deepspeed_keys::kOffloadParamKeys, deepspeed_keys::kOffloadParamKeysModel);
+  }
   if (dev == "none") return OffloadDevice::none;
   if (dev == "cpu") return OffloadDevice::cpu;
   if (dev == "nvme") {
@@ -153,20 +199,20 @@ void read_zero(Config& c, Reader& top) {
   zc.offload_optimizer = read_offload(r, "offload_optimizer");
   zc.offload_param = read_offload(r, "offload_param");
   zc.stage3_param_persistence_threshold =
-      r.integer("stage3_param_persistence_threshold", zc.stage3_param_persistence_threshold);
+      r.integer("stage3_param_persistence_threshold", r.integer("param_persistence_threshold", zc.stage3_param_persistence_threshold));
   require(zc.stage3_param_persistence_threshold >= 0, r, "stage3_param_persistence_threshold", "must be >= 0");
-  zc.stage3_prefetch_bucket_size = r.integer("stage3_prefetch_bucket_size", zc.stage3_prefetch_bucket_size);
+  zc.stage3_prefetch_bucket_size = r.integer("stage3_prefetch_bucket_size", r.integer("prefetch_bucket_size", zc.stage3_prefetch_bucket_size));
   require(zc.stage3_prefetch_bucket_size >= 0, r, "stage3_prefetch_bucket_size", "must be >= 0");
-  zc.stage3_max_live_parameters = r.integer("stage3_max_live_parameters", zc.stage3_max_live_parameters);
+  zc.stage3_max_live_parameters = r.integer("stage3_max_live_parameters", r.integer("max_live_parameters", zc.stage3_max_live_parameters));
   require(zc.stage3_max_live_parameters >= 0, r, "stage3_max_live_parameters", "must be >= 0");
-  zc.stage3_max_reuse_distance = r.integer("stage3_max_reuse_distance", zc.stage3_max_reuse_distance);
+  zc.stage3_max_reuse_distance = r.integer("stage3_max_reuse_distance", r.integer("max_reuse_distance", zc.stage3_max_reuse_distance));
   require(zc.stage3_max_reuse_distance >= 0, r, "stage3_max_reuse_distance", "must be >= 0");
   for (const char* k : {"allgather_partitions", "load_from_fp32_weights", "elastic_checkpoint",
                         "sub_group_size",
                         "stage3_gather_16bit_weights_on_model_save", "ignore_unused_parameters"}) {
     if (r.has(k)) c.warnings.push_back(fmt::format("'zero_optimization.{}' accepted and ignored: it does not change what zerocheck models", k));
   }
-  r.warn_unknown();
+  r.refuse_unknown_as_deepspeed(deepspeed_keys::kZeroKeys, deepspeed_keys::kZeroKeysModel);
   // DeepSpeed 0.19.8 accepts both and acts on neither (only ZeRO-3 partitions parameters; stage 0
   // builds no ZeRO optimizer to offload): zerocheck does the same, and says so.
   if (zc.offload_param == OffloadDevice::cpu && zc.stage != 3) {
@@ -357,7 +403,7 @@ void read_precision(Config& c, Reader& top) {
     fc.min_loss_scale = r.number("min_loss_scale", 1.0);
     require(fc.min_loss_scale > 0, r, "min_loss_scale", "must be positive");
     r.boolean("auto_cast", false);
-    r.warn_unknown();
+    r.refuse_unknown_as_deepspeed(deepspeed_keys::kFp16Keys, deepspeed_keys::kFp16KeysModel);
   }
   for (const char* key : {"bf16", "bfloat16"}) {
     const json* b = top.object(key);
@@ -366,7 +412,7 @@ void read_precision(Config& c, Reader& top) {
     c.bf16.enabled = r.boolean("enabled", false);
     c.bf16.check_grad_overflow = r.boolean("check_grad_overflow", true);  // precision_config.py's default
     r.boolean("immediate_grad_update", false);
-    r.warn_unknown();
+    r.refuse_unknown_as_deepspeed(deepspeed_keys::kBf16Keys, deepspeed_keys::kBf16KeysModel);
   }
   if (const json* d = top.object("data_types")) {
     Reader r(*d, "data_types", c.warnings);
@@ -396,7 +442,7 @@ void read_parallel(Config& c, Reader& top) {
     Reader r(*t, "tensor_parallel", c.warnings);
     c.autotp_size = r.small_integer("autotp_size", 1);
     require(c.autotp_size >= 1, r, "autotp_size", "must be >= 1");
-    r.warn_unknown();
+    r.refuse_unknown_as_deepspeed(deepspeed_keys::kTensorParallelKeys, deepspeed_keys::kTensorParallelKeysModel);
   }
   if (const json* m = top.object("moe")) {
     Reader r(*m, "moe", c.warnings);

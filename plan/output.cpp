@@ -97,6 +97,7 @@ nlohmann::json to_json(const PlanResult& r) {
                       {"global_batch", r.global_batch()},
                       {"experts", r.experts}, {"ep_size", r.ep_size}}},
           {"worst_rank", r.worst_rank},
+          {"config_warnings", r.warnings},
           {"memory", {{"gpu", mem(r.device)}, {"cpu", mem(r.cpu)}, {"gpu_capacity_bytes", r.device_capacity},
                       {"budget_bytes", r.memory_budget},
                       {"fits", r.fits}, {"message", fit_message(r)}}},

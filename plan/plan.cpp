@@ -143,6 +143,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
     cfg_json.erase("train_batch_size");
   }
   const Config cfg = Config::from_json(cfg_json, o.world);
+  r.warnings = cfg.warnings;
   if (!cfg.optimizer_given) {  // Note [No optimizer] in engine/engine.cpp
     throw ConfigError(fmt::format(
         "the ds_config has no \"optimizer\" block, so DeepSpeed 0.19.8 cannot train this config (ZeRO-1/2 refuse it at "

@@ -130,6 +130,7 @@ struct PlanResult {
   std::int64_t global_batch() const { return micro_batch * ga * options.world; }
   double mfu = 0;           // model FLOPs / (step time * peak), the plan's own figure
   std::string notes;        // how the figures were made
+  std::vector<std::string> warnings;  // the config's (Config::warnings), as `zerocheck run` prints them
 };
 
 // Runs the plan. ConfigError / NotImplementedError for what the engine or DeepSpeed refuses

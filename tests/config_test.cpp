@@ -56,6 +56,38 @@ TEST(Config, AcceptsARealUsersFile) {
   EXPECT_TRUE(warned) << "unknown keys warn, they do not fail";
 }
 
+// Where DeepSpeed's pydantic models forbid extras (zero_optimization, its offload blocks, fp16,
+// bf16, tensor_parallel), a key DeepSpeed does not know is refused as DeepSpeed refuses it, with
+// the nearest known key; a key DeepSpeed knows and zerocheck does not model is accepted with a
+// warning; DeepSpeed's field names beside their stage3_ aliases are read.
+TEST(Config, UnknownKeysAreRefusedWhereDeepSpeedRefusesThem) {
+  const auto refused = [](const std::string& text, const std::string& want) {
+    try {
+      Config::from_json_text(text, 2);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Extra inputs are not permitted"), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "overlap_com": true}})",
+          "unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?): DeepSpeed 0.19.8 refuses it");
+  refused(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memry": true}}})",
+          "'zero_optimization.offload_param.pin_memry' (did you mean 'pin_memory'?)");
+  refused(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true, "loss_scale": 0}})", "'bf16.loss_scale'");
+  refused(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "xyzzy": 1}})", "'fp16.xyzzy':");
+  const Config c = Config::from_json_text(
+      R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "zero_quantized_weights": false,
+          "prefetch_bucket_size": 1234, "stage3_max_live_parameters": 99}})", 2);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 1234) << "DeepSpeed's field name beside its stage3_ alias";
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 99);
+  bool warned = false;
+  for (const std::string& w : c.warnings) {
+    warned |= w.find("'zero_optimization.zero_quantized_weights' accepted and ignored: DeepSpeed reads it") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+}
+
 // As DeepSpeed 0.19.8: offload_param below stage 3 and offload_optimizer at stage 0 are accepted
 // and ignored, with a warning that names the key (zerocheck used to refuse them).
 TEST(Config, GradientScalingIsReadAtStageZeroAndIgnoredWithAWarningAtZeroOne) {
