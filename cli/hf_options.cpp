@@ -6,29 +6,33 @@ namespace zc::cli {
 void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch) {
   const char* g = "Hugging Face Trainer arguments (fill \"auto\" in --config; a given one must agree with it)";
   if (with_batch) {
-    cmd->add_option("--per-device-train-batch-size,--micro-batch", a.per_device_train_batch_size,
+    cmd->add_option("--per-device-train-batch-size,--per_device_train_batch_size,--micro-batch", a.per_device_train_batch_size,
                     "train_micro_batch_size_per_gpu")->group(g)->check(CLI::Range(1LL, 1LL << 20));
   }
-  cmd->add_option("--gradient-accumulation-steps", a.gradient_accumulation_steps, "gradient_accumulation_steps")
+  cmd->add_option("--gradient-accumulation-steps,--gradient_accumulation_steps", a.gradient_accumulation_steps, "gradient_accumulation_steps")
       ->group(g)->check(CLI::Range(1LL, 1LL << 20));
-  cmd->add_option("--max-grad-norm", a.max_grad_norm, "gradient_clipping")->group(g)->check(CLI::NonNegativeNumber);
-  cmd->add_option("--learning-rate", a.learning_rate, "optimizer.params.lr and scheduler.params.warmup_max_lr")
+  cmd->add_option("--max-grad-norm,--max_grad_norm", a.max_grad_norm, "gradient_clipping")->group(g)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--learning-rate,--learning_rate", a.learning_rate, "optimizer.params.lr and scheduler.params.warmup_max_lr")
       ->group(g)->check(CLI::NonNegativeNumber);
-  cmd->add_option("--adam-beta1", a.adam_beta1, "optimizer.params.betas[0]")->group(g)->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--adam-beta2", a.adam_beta2, "optimizer.params.betas[1]")->group(g)->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--adam-epsilon", a.adam_epsilon, "optimizer.params.eps")->group(g)->check(CLI::PositiveNumber);
-  cmd->add_option("--weight-decay", a.weight_decay, "optimizer.params.weight_decay")->group(g)
+  cmd->add_option("--adam-beta1,--adam_beta1", a.adam_beta1, "optimizer.params.betas[0]")->group(g)->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--adam-beta2,--adam_beta2", a.adam_beta2, "optimizer.params.betas[1]")->group(g)->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--adam-epsilon,--adam_epsilon", a.adam_epsilon, "optimizer.params.eps")->group(g)->check(CLI::PositiveNumber);
+  cmd->add_option("--weight-decay,--weight_decay", a.weight_decay, "optimizer.params.weight_decay")->group(g)
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--warmup-steps", a.warmup_steps, "scheduler.params.warmup_num_steps")->group(g)
+  cmd->add_option("--warmup-steps,--warmup_steps", a.warmup_steps, "scheduler.params.warmup_num_steps")->group(g)
       ->check(CLI::Range(0LL, 1LL << 40));
-  cmd->add_option("--warmup-ratio", a.warmup_ratio, "warmup_num_steps = ceil(steps x ratio) when --warmup-steps is 0")
-      ->group(g)->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--warmup-ratio,--warmup_ratio", a.warmup_ratio,
+                  "warmup_num_steps = ceil(max-steps x ratio) when --warmup-steps is 0")->group(g)->check(CLI::Range(0.0, 1.0));
+  // The training length, as the Trainer's max_steps: it fills scheduler.params.total_num_steps. The
+  // simulated --steps are a few steps of that run, never its length.
+  cmd->add_option("--max-steps,--max_steps", a.max_steps, "scheduler.params.total_num_steps (the training run's "
+                  "optimizer steps; --steps only says how many of them zerocheck simulates)")
+      ->group(g)->check(CLI::Range(1LL, 1LL << 40));
   cmd->add_flag("--fp16", a.fp16, "fp16.enabled (absent: false for \"auto\")")->group(g);
   cmd->add_flag("--bf16", a.bf16, "bf16.enabled (absent: false for \"auto\")")->group(g);
 }
 
-HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> steps,
-                             std::optional<long long> hidden) {
+HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> hidden) {
   HfTrainingArgs t;
   t.world_size = world;
   t.per_device_train_batch_size = a.per_device_train_batch_size;
@@ -41,7 +45,7 @@ HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long l
   t.weight_decay = a.weight_decay;
   t.warmup_steps = a.warmup_steps;
   t.warmup_ratio = a.warmup_ratio;
-  t.num_training_steps = steps;
+  t.num_training_steps = a.max_steps;
   t.hidden_size = hidden;
   t.fp16 = a.fp16;
   t.bf16 = a.bf16;

@@ -12,18 +12,18 @@
 namespace zc::cli {
 
 struct HfCliArgs {
-  std::optional<long long> per_device_train_batch_size, gradient_accumulation_steps, warmup_steps;
+  std::optional<long long> per_device_train_batch_size, gradient_accumulation_steps, warmup_steps, max_steps;
   std::optional<double> max_grad_norm, learning_rate, adam_beta1, adam_beta2, adam_epsilon, weight_decay,
       warmup_ratio;
   bool fp16 = false, bf16 = false;
 };
 
 // Registers --gradient-accumulation-steps, --max-grad-norm, --learning-rate, --adam-beta1,
-// --adam-beta2, --adam-epsilon, --weight-decay, --warmup-steps, --warmup-ratio, --fp16, --bf16, and
-// (with_batch) --per-device-train-batch-size.
+// --adam-beta2, --adam-epsilon, --weight-decay, --warmup-steps, --warmup-ratio, --max-steps, --fp16,
+// --bf16, and (with_batch) --per-device-train-batch-size; each also in the Trainer's underscore
+// spelling (--per_device_train_batch_size).
 void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch);
 
-HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> steps,
-                             std::optional<long long> hidden);
+HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> hidden);
 
 }  // namespace zc::cli

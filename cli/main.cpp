@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node (default: the GPU's node)")->check(CLI::Range(1, 1024));
   plan_cmd->add_option("--gpu", plan.gpu, "a100 | a100-40gb | h100 | h200 | v100 | l40s (plan/hardware.json)");
   plan_cmd->add_option("--network", plan.network, "ib-hdr | ib-ndr | ib-edr | roce-100g (default: the GPU's node)");
-  plan_cmd->add_option("--micro-batch,--per-device-train-batch-size", plan.micro_batch, "Override train_micro_batch_size_per_gpu")->check(CLI::Range(1, 1 << 16));
+  plan_cmd->add_option("--micro-batch,--per-device-train-batch-size,--per_device_train_batch_size", plan.micro_batch, "Override train_micro_batch_size_per_gpu")->check(CLI::Range(1, 1 << 16));
   zc::cli::add_hf_options(plan_cmd, plan.hf, /*with_batch=*/false);
   plan_cmd->add_option("--seq", plan.seq, "Sequence length (default: the model's)")->check(CLI::Range(1, 1 << 20));
   plan_cmd->add_option("--steps", plan.steps, "Training steps simulated (the last one is timed)")->check(CLI::Range(1, 4));

@@ -43,7 +43,7 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
   }
   HfCliArgs hf = o.hf;
   hf.per_device_train_batch_size = o.micro_batch;
-  p.ds_config = resolve_hf_auto(p.ds_config, training_args(hf, o.world_size, o.steps, p.model.dim));
+  p.ds_config = resolve_hf_auto(p.ds_config, training_args(hf, o.world_size, p.model.dim));
   p.world = o.world_size;
   p.gpu = o.gpu;
   p.gpus_per_node = o.gpus_per_node;

@@ -48,7 +48,7 @@ int run_training(const RunOptions& o) {
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(fmt::format("'{}' is not valid JSON: {}", o.config_path, e.what()));
   }
-  j = resolve_hf_auto(std::move(j), training_args(o.hf, o.world_size, o.steps, o.hidden));
+  j = resolve_hf_auto(std::move(j), training_args(o.hf, o.world_size, o.hidden));
   const Config cfg = Config::from_json(j, o.world_size);  // validates before anything runs
   for (const std::string& w : cfg.warnings) fmt::print("warning: {}\n", w);
   props::RunSpec spec;

@@ -119,7 +119,7 @@ void fill_batch_and_optimizer(Resolver& r, const HfTrainingArgs& a) {
 void fill_scheduler(Resolver& r, const HfTrainingArgs& a) {
   r.fill("scheduler.params.warmup_min_lr", json(0), "", /*check=*/false);  // not a trainer argument
   r.fill("scheduler.params.warmup_max_lr", opt(a.learning_rate), "--learning-rate");
-  r.fill("scheduler.params.total_num_steps", opt(a.num_training_steps), "--steps");
+  r.fill("scheduler.params.total_num_steps", opt(a.num_training_steps), "--max-steps");
   std::optional<json> warmup;
   if (a.warmup_steps && *a.warmup_steps > 0) {
     warmup = json(*a.warmup_steps);
@@ -128,7 +128,7 @@ void fill_scheduler(Resolver& r, const HfTrainingArgs& a) {
   } else if (a.warmup_steps) {
     warmup = json(0);
   }
-  r.fill("scheduler.params.warmup_num_steps", warmup, "--warmup-steps (or --warmup-ratio with --steps)");
+  r.fill("scheduler.params.warmup_num_steps", warmup, "--warmup-steps (or --warmup-ratio with --max-steps)");
 }
 
 void fill_precision_and_buckets(Resolver& r, const HfTrainingArgs& a) {

@@ -43,7 +43,7 @@ struct HfTrainingArgs {
   std::optional<double> weight_decay;
   std::optional<std::int64_t> warmup_steps;
   std::optional<double> warmup_ratio;
-  std::optional<std::int64_t> num_training_steps;  // the run's optimizer steps
+  std::optional<std::int64_t> num_training_steps;  // the training run's optimizer steps (--max-steps), not the simulated ones
   bool fp16 = false;  // --fp16 was given
   bool bf16 = false;  // --bf16 was given
   std::optional<std::int64_t> hidden_size;  // the model's, for the bucket sizes
