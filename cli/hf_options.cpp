@@ -1,6 +1,13 @@
 // add_hf_options and training_args (cli/hf_options.h).
 #include "cli/hf_options.h"
 
+#include "engine/errors.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
 namespace zc::cli {
 
 void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch) {
@@ -28,6 +35,12 @@ void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch) {
   cmd->add_option("--max-steps,--max_steps", a.max_steps, "scheduler.params.total_num_steps (the training run's "
                   "optimizer steps; --steps only says how many of them zerocheck simulates)")
       ->group(g)->check(CLI::Range(1LL, 1LL << 40));
+  cmd->add_option("--optimizer", a.optimizer, "A client optimizer, as a script passes to deepspeed.initialize: adam | "
+                  "adamw | sgd (torch.optim; --learning-rate, --adam-beta1/2, --adam-epsilon, --weight-decay, "
+                  "--momentum set it); it takes the place of the config's optimizer block, as in DeepSpeed")
+      ->group(g)->check(CLI::IsMember({"adam", "adamw", "sgd"}));
+  cmd->add_option("--momentum", a.momentum, "torch.optim.SGD's momentum (--optimizer sgd)")->group(g)
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--fp16", a.fp16, "fp16.enabled (absent: false for \"auto\")")->group(g);
   cmd->add_flag("--bf16", a.bf16, "bf16.enabled (absent: false for \"auto\")")->group(g);
 }
@@ -50,6 +63,38 @@ HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long l
   t.fp16 = a.fp16;
   t.bf16 = a.bf16;
   return t;
+}
+
+nlohmann::json load_ds_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("cannot read --config '{}'", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(fmt::format("--config '{}' is not JSON (comments allowed): {}. DeepSpeed reads hjson; zerocheck "
+                                  "reads its JSON subset with // and /* */ comments, not trailing commas or "
+                                  "quoteless strings", path, e.what()));
+  }
+}
+
+nlohmann::json as_training_script(nlohmann::json cfg, const HfCliArgs& a, const HfTrainingArgs& t,
+                                  std::vector<std::string>& notes) {
+  const bool hf = has_hf_auto(cfg);
+  cfg = resolve_hf_auto(std::move(cfg), t);
+  if (!a.optimizer.empty()) {
+    ClientOptimizer c{a.optimizer, t.learning_rate, t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay,
+                      a.momentum, "--optimizer " + a.optimizer};
+    return with_client_optimizer(std::move(cfg), c, notes);
+  }
+  if (hf && cfg.is_object() && !cfg.contains("optimizer")) {
+    const ClientOptimizer c = trainer_default_optimizer(t);
+    notes.push_back(fmt::format("the ds_config has no \"optimizer\" block and is a Hugging Face config: training with "
+                                "{}, lr {}", c.origin, *c.lr));
+    return with_client_optimizer(std::move(cfg), c, notes);
+  }
+  return cfg;
 }
 
 }  // namespace zc::cli

@@ -7,7 +7,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace zc::cli {
 
@@ -16,6 +20,8 @@ struct HfCliArgs {
   std::optional<double> max_grad_norm, learning_rate, adam_beta1, adam_beta2, adam_epsilon, weight_decay,
       warmup_ratio;
   bool fp16 = false, bf16 = false;
+  std::string optimizer;  // --optimizer: a client optimizer (adam | adamw | sgd), engine/hf_auto.h
+  std::optional<double> momentum;  // --momentum, for sgd
 };
 
 // Registers --gradient-accumulation-steps, --max-grad-norm, --learning-rate, --adam-beta1,
@@ -25,5 +31,17 @@ struct HfCliArgs {
 void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch);
 
 HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> hidden);
+
+// Reads a ds_config file as DeepSpeed does, as far as zerocheck can: JSON with // and /* */
+// comments (DeepSpeed reads hjson; other hjson forms are refused naming the place). ConfigError
+// naming the file otherwise.
+nlohmann::json load_ds_config(const std::string& path);
+
+// What a training script does around the ds_config: "auto" values resolved from the Trainer's
+// options, then the client optimizer (--optimizer), or the Trainer's default optimizer for a
+// Hugging Face config without an "optimizer" block. Notes (a replaced block, the Trainer's
+// default) are appended to `notes`.
+nlohmann::json as_training_script(nlohmann::json ds_config, const HfCliArgs& a, const HfTrainingArgs& t,
+                                  std::vector<std::string>& notes);
 
 }  // namespace zc::cli

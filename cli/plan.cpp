@@ -17,13 +17,7 @@ namespace {
 
 plan::PlanOptions options_of(const PlanCliOptions& o) {
   plan::PlanOptions p;
-  std::ifstream in(o.config_path);
-  if (!in) throw ConfigError(fmt::format("cannot read --config {}", o.config_path));
-  try {
-    p.ds_config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(fmt::format("--config {} is not valid JSON: {}", o.config_path, e.what()));
-  }
+  p.ds_config = load_ds_config(o.config_path);
   if (!o.model_json.empty()) {
     std::ifstream mj(o.model_json);
     if (!mj) throw ConfigError(fmt::format("cannot read --model-json {}", o.model_json));
@@ -43,7 +37,9 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
   }
   HfCliArgs hf = o.hf;
   hf.per_device_train_batch_size = o.micro_batch;
-  p.ds_config = resolve_hf_auto(p.ds_config, training_args(hf, o.world_size, p.model.dim));
+  std::vector<std::string> notes;
+  p.ds_config = as_training_script(p.ds_config, hf, training_args(hf, o.world_size, p.model.dim), notes);
+  for (const std::string& n : notes) fmt::print(stderr, "note: {}\n", n);
   p.world = o.world_size;
   p.gpu = o.gpu;
   p.gpus_per_node = o.gpus_per_node;

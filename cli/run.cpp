@@ -38,19 +38,20 @@ std::function<std::unique_ptr<Model>()> model_factory(const RunOptions& o) {
 }  // namespace
 
 int run_training(const RunOptions& o) {
-  std::ifstream in(o.config_path);
-  if (!in) throw ConfigError(fmt::format("cannot read --config '{}'", o.config_path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ConfigError(fmt::format("'{}' is not valid JSON: {}", o.config_path, e.what()));
-  }
-  j = resolve_hf_auto(std::move(j), training_args(o.hf, o.world_size, o.hidden));
+  std::vector<std::string> notes;
+  nlohmann::json j = as_training_script(load_ds_config(o.config_path), o.hf,
+                                        training_args(o.hf, o.world_size, o.hidden), notes);
+  for (const std::string& n : notes) fmt::print("note: {}\n", n);
   const Config cfg = Config::from_json(j, o.world_size);  // validates before anything runs
   for (const std::string& w : cfg.warnings) fmt::print("warning: {}\n", w);
+  if (cfg.optimizer.torch_adam && cfg.optimizer.type != OptimizerType::sgd) {
+    // Refused before anything runs (HostDevice::adam_step would refuse at the first step).
+    throw NotImplementedError(
+        "torch.optim.Adam/AdamW (a client optimizer, or torch_adam) computes with torch's CPU arithmetic, which "
+        "zerocheck does not model bit for bit (docs/deepspeed-reference.md, class torch-adam-arithmetic), and run "
+        "computes values: plan the config instead (memory and time do not depend on it), or run it with DeepSpeed's "
+        "own optimizer, \"optimizer\": {\"type\": \"AdamW\"} (FusedAdam); --optimizer sgd runs");
+  }
   props::RunSpec spec;
   spec.ds_config = j;
   spec.world = o.world_size;

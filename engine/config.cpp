@@ -610,6 +610,7 @@ Config Config::from_json(const json& j, int world_size) {
   read_zero(c, top);
   read_parallel(c, top);
   c.zero_allow_untested_optimizer = top.boolean("zero_allow_untested_optimizer", false);
+  top.boolean("zero_force_ds_cpu_optimizer", true);  // read where a client optimizer is added (engine/hf_auto.h)
   if (top.has("communication_data_type")) {  // config.py get_communication_data_type
     const std::string v = lowercase(top.string("communication_data_type", ""));
     if (v == "fp32") c.communication_data_type = DType::f32;

@@ -148,7 +148,8 @@ void Engine::check_optimizer_given(Call call) const {
                         : stage == 0 && cfg_.bf16.enabled ? Call::step
                                                           : Call::backward;
   if (call != fails_at) return;
-  constexpr const char* kAddOne = "add one, e.g. \"optimizer\": {\"type\": \"Adam\"}";
+  constexpr const char* kAddOne = "add one, e.g. \"optimizer\": {\"type\": \"Adam\"}, or (zerocheck run, plan) name the "
+                                  "client optimizer a script passes to deepspeed.initialize with --optimizer";
   if (call == Call::initialize) {
     throw ConfigError(fmt::format("zero stage {0} requires an optimizer: the ds_config has no \"optimizer\" block, "
                                   "and DeepSpeed 0.19.8 refuses that at initialize (AssertionError: zero stage {0} "

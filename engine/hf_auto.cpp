@@ -165,4 +165,66 @@ json resolve_hf_auto(json ds_config, const HfTrainingArgs& args) {
   return ds_config;
 }
 
+bool has_hf_auto(const json& j) {
+  if (j.is_string()) return j.get<std::string>() == "auto";
+  if (j.is_object() || j.is_array()) {
+    for (const json& v : j) {
+      if (has_hf_auto(v)) return true;
+    }
+  }
+  return false;
+}
+
+ClientOptimizer trainer_default_optimizer(const HfTrainingArgs& a) {
+  ClientOptimizer c;
+  c.type = "adamw";
+  c.lr = a.learning_rate.value_or(5e-5);
+  c.beta1 = a.adam_beta1.value_or(0.9);
+  c.beta2 = a.adam_beta2.value_or(0.999);
+  c.eps = a.adam_epsilon.value_or(1e-8);
+  c.weight_decay = a.weight_decay.value_or(0.0);
+  c.origin = "the Hugging Face Trainer's default optimizer (torch.optim.AdamW, optim \"adamw_torch\")";
+  return c;
+}
+
+json with_client_optimizer(json cfg, const ClientOptimizer& c, std::vector<std::string>& warnings) {
+  if (!cfg.is_object()) throw ConfigError(fmt::format("ds_config must be an object, got {}", cfg.type_name()));
+  json params = json::object();
+  if (c.type == "adam" || c.type == "adamw") {
+    params["torch_adam"] = true;  // torch.optim.Adam / AdamW, not DeepSpeed's FusedAdam
+    params["adam_w_mode"] = c.type == "adamw";
+    if (c.beta1 || c.beta2) params["betas"] = json::array({c.beta1.value_or(0.9), c.beta2.value_or(0.999)});
+    if (c.eps) params["eps"] = *c.eps;
+    // torch.optim.AdamW's own default weight_decay is 0.01, Adam's 0.
+    params["weight_decay"] = c.weight_decay.value_or(c.type == "adamw" ? 0.01 : 0.0);
+  } else if (c.type == "sgd") {
+    if (c.momentum) params["momentum"] = *c.momentum;
+    if (c.weight_decay) params["weight_decay"] = *c.weight_decay;
+  } else {
+    throw ConfigError(fmt::format("{}: '{}' is not a client optimizer zerocheck models: use adam, adamw or sgd "
+                                  "(torch.optim.Adam, AdamW, SGD)", c.origin, c.type));
+  }
+  if (c.type == "sgd" && !c.lr) {
+    throw ConfigError(fmt::format("{}: torch.optim.SGD needs a learning rate: give --learning-rate", c.origin));
+  }
+  params["lr"] = c.lr.value_or(1e-3);  // torch.optim.Adam / AdamW's default
+  const json* zero = cfg.contains("zero_optimization") ? &cfg["zero_optimization"] : nullptr;
+  const bool offload = zero != nullptr && zero->is_object() && zero->value("stage", 0) > 0 &&
+                       zero->contains("offload_optimizer") && (*zero)["offload_optimizer"].is_object() &&
+                       (*zero)["offload_optimizer"].value("device", "none") == "cpu";
+  if (offload && cfg.value("zero_force_ds_cpu_optimizer", true)) {
+    throw ConfigError(fmt::format(
+        "{}: you are using ZeRO-Offload with a client provided optimizer (torch.optim.{}), which DeepSpeed 0.19.8 "
+        "refuses (ZeRORuntimeException, runtime/engine.py _configure_optimizer): use DeepSpeedCPUAdam through an "
+        "\"optimizer\" block in the ds_config, or set \"zero_force_ds_cpu_optimizer\": false",
+        c.origin, c.type == "adamw" ? "AdamW" : c.type == "adam" ? "Adam" : "SGD"));
+  }
+  if (cfg.contains("optimizer")) {
+    warnings.push_back(fmt::format("the ds_config's \"optimizer\" block is ignored: {} takes its place, as DeepSpeed's "
+                                   "client optimizer does (runtime/engine.py _configure_optimizer)", c.origin));
+  }
+  cfg["optimizer"] = {{"type", c.type == "sgd" ? "SGD" : c.type == "adamw" ? "AdamW" : "Adam"}, {"params", params}};
+  return cfg;
+}
+
 }  // namespace zc

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace zc {
 
@@ -52,5 +53,28 @@ struct HfTrainingArgs {
 // The config with every "auto" replaced; ConfigError listing every mismatch, or naming the first
 // unfillable "auto" key and the option that fills it.
 nlohmann::json resolve_hf_auto(nlohmann::json ds_config, const HfTrainingArgs& args);
+
+// Whether the config holds an "auto" anywhere: a config written for the Hugging Face integration.
+bool has_hf_auto(const nlohmann::json& ds_config);
+
+// A client optimizer: what a training script passes to deepspeed.initialize(optimizer=...), a
+// torch.optim class built with these arguments (unset: torch's own defaults).
+struct ClientOptimizer {
+  std::string type;  // "adam" | "adamw" | "sgd" (torch.optim.Adam, AdamW, SGD)
+  std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum;
+  std::string origin;  // for messages: "--optimizer adamw", "the Hugging Face Trainer's default"
+};
+// The Trainer's optimizer when the ds_config has none (TrainingArguments' defaults: optim
+// "adamw_torch", learning_rate 5e-5, adam_beta1 0.9, adam_beta2 0.999, adam_epsilon 1e-8,
+// weight_decay 0), with the Trainer options the user gave.
+ClientOptimizer trainer_default_optimizer(const HfTrainingArgs& args);
+// The config as DeepSpeed 0.19.8 trains it with that client optimizer (engine.py
+// _configure_optimizer): the client optimizer takes the place of a config "optimizer" block (a
+// warning says so), torch's arithmetic (torch_adam); under ZeRO-Offload DeepSpeed refuses a client
+// optimizer that is not DeepSpeedCPUAdam unless "zero_force_ds_cpu_optimizer" is false (its
+// ZeRORuntimeException, as a ConfigError); SGD under ZeRO needs zero_allow_untested_optimizer, as
+// from the config. ConfigError for an unknown type.
+nlohmann::json with_client_optimizer(nlohmann::json ds_config, const ClientOptimizer& client,
+                                     std::vector<std::string>& warnings);
 
 }  // namespace zc

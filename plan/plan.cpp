@@ -148,8 +148,8 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
     throw ConfigError(fmt::format(
         "the ds_config has no \"optimizer\" block, so DeepSpeed 0.19.8 cannot train this config (ZeRO-1/2 refuse it at "
         "initialize; stage 0 and ZeRO-3 fail at the first backward or step) and plan has no step to measure; add the "
-        "optimizer you train with, e.g. \"optimizer\": {{\"type\": \"AdamW\"}} (a client optimizer, such as the "
-        "Hugging Face Trainer's, is not modelled)"));
+        "optimizer you train with, e.g. \"optimizer\": {{\"type\": \"AdamW\"}}, or name the client optimizer your "
+        "script passes to deepspeed.initialize: --optimizer adamw --learning-rate LR"));
   }
   r.micro_batch = cfg.train_micro_batch_size_per_gpu > 0 ? cfg.train_micro_batch_size_per_gpu : 1;
   r.ga = static_cast<int>(cfg.gradient_accumulation_steps);

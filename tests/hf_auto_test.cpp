@@ -112,6 +112,58 @@ TEST(HfAuto, EveryDisagreementWithAGivenOptionIsListed) {
   EXPECT_EQ(error_of(cfg, a), "");
 }
 
+// A client optimizer (what a script passes to deepspeed.initialize) takes the place of the config's
+// block as DeepSpeed's does: torch's arithmetic, torch's defaults, a warning when a block is
+// replaced; ZeRO-Offload refuses it unless zero_force_ds_cpu_optimizer is false; SGD under ZeRO
+// still needs zero_allow_untested_optimizer; the Trainer's default is torch AdamW at lr 5e-5.
+TEST(ClientOptimizer, TakesThePlaceOfTheConfigsBlockAsInDeepSpeed) {
+  nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 1}, {"zero_optimization", {{"stage", 2}}}};
+  std::vector<std::string> notes;
+  ClientOptimizer adamw{"adamw", 3e-4, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, "--optimizer adamw"};
+  const nlohmann::json with = with_client_optimizer(cfg, adamw, notes);
+  EXPECT_TRUE(notes.empty());
+  const Config c = Config::from_json(with, 2);
+  EXPECT_TRUE(c.optimizer_given);
+  EXPECT_TRUE(c.optimizer.torch_adam);
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01) << "torch.optim.AdamW's default";
+
+  cfg["optimizer"] = {{"type", "Adam"}, {"params", {{"lr", 1.0}}}};
+  const nlohmann::json replaced = with_client_optimizer(cfg, adamw, notes);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("\"optimizer\" block is ignored: --optimizer adamw takes its place"), std::string::npos) << notes[0];
+  EXPECT_DOUBLE_EQ(Config::from_json(replaced, 2).optimizer.lr, 3e-4);
+
+  cfg["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  try {
+    with_client_optimizer(cfg, adamw, notes);
+    ADD_FAILURE() << "ZeRO-Offload with a client optimizer accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_force_ds_cpu_optimizer"), std::string::npos) << e.what();
+  }
+  cfg["zero_force_ds_cpu_optimizer"] = false;
+  EXPECT_TRUE(Config::from_json(with_client_optimizer(cfg, adamw, notes), 2).optimizer.torch_adam);
+
+  ClientOptimizer sgd{"sgd", 0.1, std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0.9, "--optimizer sgd"};
+  cfg.erase("zero_force_ds_cpu_optimizer");
+  cfg["zero_optimization"].erase("offload_optimizer");
+  EXPECT_THROW(Config::from_json(with_client_optimizer(cfg, sgd, notes), 2), ConfigError) << "untested at ZeRO-2";
+  cfg["zero_allow_untested_optimizer"] = true;
+  const Config s = Config::from_json(with_client_optimizer(cfg, sgd, notes), 2);
+  EXPECT_EQ(s.optimizer.type, OptimizerType::sgd);
+  EXPECT_DOUBLE_EQ(s.optimizer.momentum, 0.9);
+  sgd.lr.reset();
+  EXPECT_THROW(with_client_optimizer(cfg, sgd, notes), ConfigError) << "torch.optim.SGD needs lr";
+
+  const ClientOptimizer trainer = trainer_default_optimizer(HfTrainingArgs{});
+  EXPECT_EQ(trainer.type, "adamw");
+  EXPECT_DOUBLE_EQ(*trainer.lr, 5e-5);
+  EXPECT_DOUBLE_EQ(*trainer.weight_decay, 0.0);
+  EXPECT_TRUE(has_hf_auto(hf_config()));
+  EXPECT_FALSE(has_hf_auto(cfg));
+}
+
 TEST(LrSchedule, UnmodelledSchedulersAndBadParamsAreRefused) {
   const nlohmann::json base = {{"train_micro_batch_size_per_gpu", 1}};
   nlohmann::json j = base;
