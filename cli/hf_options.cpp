@@ -82,7 +82,7 @@ nlohmann::json load_ds_config(const std::string& path) {
 nlohmann::json as_training_script(nlohmann::json cfg, const HfCliArgs& a, const HfTrainingArgs& t,
                                   std::vector<std::string>& notes) {
   const bool hf = has_hf_auto(cfg);
-  cfg = resolve_hf_auto(std::move(cfg), t);
+  cfg = resolve_hf_auto(std::move(cfg), t, &notes);
   if (!a.optimizer.empty()) {
     ClientOptimizer c{a.optimizer, t.learning_rate, t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay,
                       a.momentum, "--optimizer " + a.optimizer};

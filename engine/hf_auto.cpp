@@ -67,6 +67,22 @@ class Resolver {
     }
   }
 
+  // An "auto" whose option was not given takes TrainingArguments' default, as the Trainer's does,
+  // for the values that change neither memory nor collectives (learning rate, betas, eps, weight
+  // decay, clipping's threshold); a note names each default taken.
+  void fill_or_default(const std::string& key, const std::optional<json>& value, const json& trainer_default,
+                       const std::string& option) {
+    json* node = find(key);
+    if (node != nullptr && is_auto(*node) && !value) {
+      *node = trainer_default;
+      defaults_.push_back(fmt::format("'{}' \"auto\" <- {} (TrainingArguments' default; {} sets it)", key,
+                                      trainer_default.dump(), option));
+      return;
+    }
+    fill(key, value, option);
+  }
+  const std::vector<std::string>& defaults() const { return defaults_; }
+
   // Any "auto" the integration does not fill.
   void leftovers(const json& node, const std::string& path) {
     if (is_auto(node)) unfilled_.push_back(fmt::format("'{}' is \"auto\", which the Hugging Face integration does "
@@ -91,6 +107,7 @@ class Resolver {
   json& config_;
   std::vector<std::string> mismatches_;
   std::vector<std::string> unfilled_;
+  std::vector<std::string> defaults_;
 };
 
 template <class T>
@@ -107,18 +124,18 @@ void fill_batch_and_optimizer(Resolver& r, const HfTrainingArgs& a) {
     tbs = json(a.world_size * *a.per_device_train_batch_size * *a.gradient_accumulation_steps);
   }
   r.fill("train_batch_size", tbs, "--per-device-train-batch-size and --gradient-accumulation-steps (x world size)");
-  r.fill("gradient_clipping", opt(a.max_grad_norm), "--max-grad-norm");
-  r.fill("optimizer.params.lr", opt(a.learning_rate), "--learning-rate");
+  r.fill_or_default("gradient_clipping", opt(a.max_grad_norm), json(1.0), "--max-grad-norm");
+  r.fill_or_default("optimizer.params.lr", opt(a.learning_rate), json(5e-5), "--learning-rate");
   std::optional<json> betas;
-  if (a.adam_beta1 && a.adam_beta2) betas = json::array({*a.adam_beta1, *a.adam_beta2});
-  r.fill("optimizer.params.betas", betas, "--adam-beta1 and --adam-beta2");
-  r.fill("optimizer.params.eps", opt(a.adam_epsilon), "--adam-epsilon");
-  r.fill("optimizer.params.weight_decay", opt(a.weight_decay), "--weight-decay");
+  if (a.adam_beta1 || a.adam_beta2) betas = json::array({a.adam_beta1.value_or(0.9), a.adam_beta2.value_or(0.999)});
+  r.fill_or_default("optimizer.params.betas", betas, json::array({0.9, 0.999}), "--adam-beta1 and --adam-beta2");
+  r.fill_or_default("optimizer.params.eps", opt(a.adam_epsilon), json(1e-8), "--adam-epsilon");
+  r.fill_or_default("optimizer.params.weight_decay", opt(a.weight_decay), json(0.0), "--weight-decay");
 }
 
 void fill_scheduler(Resolver& r, const HfTrainingArgs& a) {
   r.fill("scheduler.params.warmup_min_lr", json(0), "", /*check=*/false);  // not a trainer argument
-  r.fill("scheduler.params.warmup_max_lr", opt(a.learning_rate), "--learning-rate");
+  r.fill_or_default("scheduler.params.warmup_max_lr", opt(a.learning_rate), json(5e-5), "--learning-rate");
   r.fill("scheduler.params.total_num_steps", opt(a.num_training_steps), "--max-steps");
   std::optional<json> warmup;
   if (a.warmup_steps && *a.warmup_steps > 0) {
@@ -154,7 +171,7 @@ void fill_precision_and_buckets(Resolver& r, const HfTrainingArgs& a) {
 
 }  // namespace
 
-json resolve_hf_auto(json ds_config, const HfTrainingArgs& args) {
+json resolve_hf_auto(json ds_config, const HfTrainingArgs& args, std::vector<std::string>* notes) {
   if (!ds_config.is_object()) throw ConfigError(fmt::format("ds_config must be an object, got {}", ds_config.type_name()));
   Resolver r(ds_config);
   fill_batch_and_optimizer(r, args);
@@ -162,6 +179,7 @@ json resolve_hf_auto(json ds_config, const HfTrainingArgs& args) {
   fill_precision_and_buckets(r, args);
   r.leftovers(ds_config, "");
   r.finish();
+  if (notes != nullptr) notes->insert(notes->end(), r.defaults().begin(), r.defaults().end());
   return ds_config;
 }
 

@@ -16,8 +16,10 @@
 //   stage3_prefetch_bucket_size <- int(0.9 x hidden x hidden) and
 //   stage3_param_persistence_threshold <- 10 x hidden (hidden: the model's hidden size)
 //
-// Where zerocheck differs, on purpose: an "auto" that no given option fills is refused naming the
-// key and the option (HF would take TrainingArguments' defaults silently); a number that is not
+// Where zerocheck differs, on purpose: an "auto" that changes memory or collectives (batch sizes,
+// accumulation, the schedule's lengths) and that no given option fills is refused naming the key
+// and the option (HF would take TrainingArguments' defaults silently; the value-only ones take
+// them here too, each named in a note); a number that is not
 // "auto" is checked only against an option the user gave (HF checks it against its defaults too),
 // and every disagreement is listed in one ConfigError, as HF lists them. An "auto" anywhere else
 // (a key the integration does not fill) is refused naming the key.
@@ -51,8 +53,12 @@ struct HfTrainingArgs {
 };
 
 // The config with every "auto" replaced; ConfigError listing every mismatch, or naming the first
-// unfillable "auto" key and the option that fills it.
-nlohmann::json resolve_hf_auto(nlohmann::json ds_config, const HfTrainingArgs& args);
+// unfillable "auto" key and the option that fills it. The values that change neither memory nor
+// collectives (learning rate, betas, eps, weight decay, gradient_clipping, warmup_max_lr) take
+// TrainingArguments' defaults when their option is not given, as the Trainer's do; each such
+// default is a line in `notes`.
+nlohmann::json resolve_hf_auto(nlohmann::json ds_config, const HfTrainingArgs& args,
+                               std::vector<std::string>* notes = nullptr);
 
 // Whether the config holds an "auto" anywhere: a config written for the Hugging Face integration.
 bool has_hf_auto(const nlohmann::json& ds_config);

@@ -76,10 +76,10 @@ TEST(HfAuto, FillsEveryAutoAsTheIntegrationDoes) {
 
 TEST(HfAuto, AnAutoNoOptionFillsNamesTheKeyAndTheOption) {
   HfTrainingArgs a = full_args();
-  a.learning_rate.reset();
+  a.per_device_train_batch_size.reset();  // changes memory: never defaulted
   const std::string e = error_of(hf_config(), a);
-  EXPECT_NE(e.find("'optimizer.params.lr' is \"auto\": give --learning-rate"), std::string::npos) << e;
-  EXPECT_NE(e.find("'scheduler.params.warmup_max_lr' is \"auto\": give --learning-rate"), std::string::npos) << e;
+  EXPECT_NE(e.find("'train_micro_batch_size_per_gpu' is \"auto\": give --per-device-train-batch-size"),
+            std::string::npos) << e;
   a = full_args();
   a.hidden_size.reset();
   EXPECT_NE(error_of(hf_config(), a).find("'zero_optimization.reduce_bucket_size' is \"auto\": give --hidden"),
@@ -88,6 +88,33 @@ TEST(HfAuto, AnAutoNoOptionFillsNamesTheKeyAndTheOption) {
   other["zero_optimization"]["sub_group_size"] = "auto";  // the integration fills no such key
   EXPECT_NE(error_of(other, full_args()).find("'zero_optimization.sub_group_size' is \"auto\", which the Hugging "
                                               "Face integration does not fill"), std::string::npos);
+}
+
+// The values that change neither memory nor collectives take TrainingArguments' defaults when
+// their option is not given, as the Trainer's do, each named in a note.
+TEST(HfAuto, ValueOnlyAutosTakeTheTrainersDefaultsWithANote) {
+  HfTrainingArgs a = full_args();
+  a.learning_rate.reset();
+  a.adam_beta1.reset();
+  a.adam_beta2.reset();
+  a.adam_epsilon.reset();
+  a.weight_decay.reset();
+  a.max_grad_norm.reset();
+  std::vector<std::string> notes;
+  const nlohmann::json j = resolve_hf_auto(hf_config(), a, &notes);
+  EXPECT_DOUBLE_EQ(j["optimizer"]["params"]["lr"].get<double>(), 5e-5);
+  EXPECT_EQ(j["optimizer"]["params"]["betas"], nlohmann::json::array({0.9, 0.999}));
+  EXPECT_DOUBLE_EQ(j["optimizer"]["params"]["eps"].get<double>(), 1e-8);
+  EXPECT_DOUBLE_EQ(j["optimizer"]["params"]["weight_decay"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["gradient_clipping"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["scheduler"]["params"]["warmup_max_lr"].get<double>(), 5e-5);
+  bool named = false;
+  for (const std::string& n : notes) {
+    named |= n.find("'optimizer.params.lr' \"auto\" <- 5e-05 (TrainingArguments' default; --learning-rate sets it)") !=
+             std::string::npos;
+  }
+  EXPECT_TRUE(named);
+  EXPECT_EQ(notes.size(), 6u);
 }
 
 TEST(HfAuto, EveryDisagreementWithAGivenOptionIsListed) {
