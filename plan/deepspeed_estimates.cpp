@@ -10,6 +10,7 @@
 // buckets, reduce or gather buffers, no prefetch, persistent params or activations, and no
 // temporaries; zerocheck counts every allocation the engine makes, so the difference between the
 // two is those categories plus where the formulas' model states differ from the engine's.
+#include "engine/data_files.h"
 #include "engine/errors.h"
 #include "plan/plan.h"
 #include "props/reference_pool.h"
@@ -69,7 +70,7 @@ DeepSpeedEstimates deepspeed_estimates(const PlanResult& r) {
       "DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES= {} {} --params {} --largest-layer {} "
       "--gpus-per-node {} --nodes {} 2>&1",
       shell_quote(env.python.string()),
-      shell_quote(std::string(ZC_SOURCE_DIR) + "/reference/deepspeed/estimators.py"), r.params,
+      shell_quote(data_file("reference/deepspeed/estimators.py", ZC_SOURCE_DIR).string()), r.params,
       r.largest_param, std::min(r.gpus_per_node, r.options.world), nodes);
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(cmd.c_str(), "r"), ::pclose);
   if (!pipe) {

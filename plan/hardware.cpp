@@ -1,5 +1,6 @@
 // plan/hardware.json: device, network and host figures with their sources (the file says where
 // each comes from); read strictly, so a misspelt key or a missing figure is an error naming it.
+#include "engine/data_files.h"
 #include "engine/errors.h"
 #include "plan/plan.h"
 
@@ -41,7 +42,7 @@ const HostSpec& Hardware::host(const std::string& key) const {
   return find_key(hosts, key, "host", path);
 }
 
-std::string default_hardware_path() { return std::string(ZC_SOURCE_DIR) + "/plan/hardware.json"; }
+std::string default_hardware_path() { return data_file("plan/hardware.json", ZC_SOURCE_DIR).string(); }
 
 Hardware load_hardware(const std::string& path) {
   std::ifstream in(path);

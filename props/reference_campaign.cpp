@@ -3,6 +3,7 @@
 // list honest, and the invariants checked on DeepSpeed itself.
 #include "props/reference.h"
 
+#include "engine/data_files.h"
 #include "engine/errors.h"
 #include "engine/rng.h"
 #include "engine/trace.h"
@@ -24,7 +25,7 @@
 namespace zc::props {
 
 std::filesystem::path divergence_classes_file() {
-  return std::filesystem::path(ZC_SOURCE_DIR) / "reference" / "deepspeed" / "known_divergences.json";
+  return data_file("reference/deepspeed/known_divergences.json", ZC_SOURCE_DIR);
 }
 
 std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path& file) {

@@ -6,6 +6,7 @@
 // a fresh pool. Workers die with this process too (PR_SET_PDEATHSIG).
 #include "props/reference_pool.h"
 
+#include "engine/data_files.h"
 #include "engine/errors.h"
 #include "engine/rng.h"
 #include "engine/trace.h"
@@ -82,7 +83,7 @@ ReferenceEnv reference_env() {
   const std::string cache = getenv_or("XDG_CACHE_HOME", getenv_or("HOME", "/root") + "/.cache");
   e.env_dir = getenv_or("ZC_DS_ENV", cache + "/zerocheck/ds-env");
   e.python = e.env_dir / "bin" / "python";
-  e.worker = getenv_or("ZC_DS_WORKER", std::string(ZC_SOURCE_DIR) + "/reference/deepspeed/worker.py");
+  e.worker = getenv_or("ZC_DS_WORKER", data_file("reference/deepspeed/worker.py", ZC_SOURCE_DIR).string());
   if (const char* t = std::getenv("ZC_DS_TIMEOUT_S")) e.timeout_s = std::atof(t);
   if (!std::filesystem::exists(e.env_dir / ".zerocheck-complete") || !std::filesystem::exists(e.python)) {
     throw ConfigError(fmt::format("the DeepSpeed reference environment {} is missing or incomplete: run "
