@@ -97,6 +97,10 @@ int main(int argc, char** argv) {
                          "the work items its journal.jsonl lacks (same options as that run)")->check(CLI::ExistingDirectory);
   verify_cmd->add_option("--item-timeout-s", verify.item_timeout_s, "A work item still running after this many seconds "
                          "is killed and reported as failed")->check(CLI::Range(1.0, 1e7));
+  verify_cmd->add_option("--config", verify.config, "Check the invariants around this ds_config.json: its stage, dtypes, "
+                         "buckets, offload, clipping and optimizer pinned; worlds, backwards, boundaries, models and "
+                         "data drawn. Invariants only (no bug hunt or proof unless --bugs)")->check(CLI::ExistingFile);
+  zc::cli::add_hf_options(verify_cmd, verify.hf, /*with_batch=*/false);
   verify_cmd->add_option("--budget", verify.budget, "Soak: draw fresh seeds for this long (90s, 10m, 8h), rerun every "
                          "10th case for determinism; writes soak.json (default --out reports/soak)");
 

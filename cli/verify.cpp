@@ -277,6 +277,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   const int jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (!o.budget.empty()) {
     if (!o.resume.empty()) throw UsageError("--budget and --resume: a soak run has no journal to resume");
+    if (!o.config.empty()) throw UsageError("--budget and --config: a soak draws the whole space; run --config with a profile");
     return run_soak_cli(o, jobs, mpi);
   }
   props::VerifyOptions opts;
@@ -309,6 +310,27 @@ int run_verify_cli(const VerifyCliOptions& o) {
     opts.deepspeed_i3 = o.deepspeed_i3;
     props::reference_env();  // a missing environment is an error now, not after the other items
   }
+  if (!o.config.empty()) {
+    if (o.against == "deepspeed") {
+      throw UsageError("--config and --against deepspeed: the DeepSpeed comparison draws its own scenarios; run it "
+                       "separately (a --config counterexample's ds_config is written beside it for DeepSpeed)");
+    }
+    std::vector<std::string> notes;
+    // The scenarios' models are 16 wide or less: "auto" bucket sizes resolve from hidden 16.
+    nlohmann::json given = load_ds_config(o.config);
+    if (given.is_object()) {  // the batch is drawn (props/user_config.h): its "auto"s need no option
+      for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+        given.erase(k);
+      }
+    }
+    const nlohmann::json cfg = as_training_script(given, o.hf, training_args(o.hf, 1, 16), notes);
+    opts.user_config = props::user_config_from_json(cfg, o.config);
+    opts.proofs = false;  // the proofs are about zerocheck's engine, not this config
+    opts.user_config->warnings.insert(opts.user_config->warnings.end(), notes.begin(), notes.end());
+    for (const std::string& w : opts.user_config->warnings) fmt::print(stderr, "warning: {}\n", w);
+    for (const std::string& n : opts.user_config->not_checked) fmt::print(stderr, "not checked: {}\n", n);
+    fmt::print(stderr, "zerocheck verify --config {}: pinned {}\n", o.config, props::describe(opts.user_config->pins));
+  }
   opts.hooks = real_hooks();
   opts.faults = faults_from_env();
   opts.item_timeout_s = o.item_timeout_s;
@@ -323,10 +345,13 @@ int run_verify_cli(const VerifyCliOptions& o) {
 
   fmt::print("\n{:<48} {:>6} {:>6} {:>8}\n", "invariant", "holds", "cases", "seconds");
   for (const props::InvariantResult& i : report.invariants) {
-    fmt::print("{:<48} {:>6} {:>6} {:>8.1f}\n", i.name, i.holds ? "yes" : "NO", i.cases, i.seconds);
-    if (!i.holds) fmt::print("    {}\n    saved: {}\n", i.failure, i.scenario_file);
+    fmt::print("{:<48} {:>6} {:>6} {:>8.1f}\n", i.name, !i.not_applicable.empty() ? "n/a" : i.holds ? "yes" : "NO",
+               i.cases, i.seconds);
+    if (!i.not_applicable.empty()) fmt::print("    not applicable to this config: {}\n", i.not_applicable);
+    if (!i.holds) fmt::print("    {}\n    saved: {}{}\n", i.failure, i.scenario_file,
+                             i.ds_config_file.empty() ? "" : " (its ds_config: " + i.ds_config_file + ")");
   }
-  fmt::print("\n{:<4} {:<7} {:<40} {:>6} {:>8}\n", "bug", "caught", "by", "cases", "seconds");
+  if (!report.bugs.empty()) fmt::print("\n{:<4} {:<7} {:<40} {:>6} {:>8}\n", "bug", "caught", "by", "cases", "seconds");
   for (const props::BugResult& b : report.bugs) {
     fmt::print("{:<4} {:<7} {:<40} {:>6} {:>8.1f}\n", b.id, b.caught ? "yes" : "NO", b.by, b.cases_to_catch, b.seconds);
   }

@@ -1,6 +1,8 @@
 // `zerocheck verify` (the main job) and `zerocheck replay FILE`.
 #pragma once
 
+#include "cli/hf_options.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@ struct VerifyCliOptions {
   std::string budget;         // "10m", "90s", "8h": a soak run of that long instead of the profile
   bool out_given = false;     // --out was on the command line
   double item_timeout_s = 7200;  // a work item still running after this is killed and reported
+  std::string config;         // --config: the invariants around this ds_config (props/user_config.h)
+  HfCliArgs hf;               // with --config: the Trainer's options and the client optimizer
 };
 int run_verify_cli(const VerifyCliOptions& o);
 

@@ -335,7 +335,7 @@ nlohmann::json ds_config(const Scenario& s) {
 
 namespace {
 
-constexpr std::int64_t kMicroBatch = 2;
+constexpr std::int64_t kMicroBatch = kScenarioMicroBatch;
 
 int bits_for(std::int64_t v) {
   int bits = 0;

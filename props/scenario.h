@@ -101,6 +101,9 @@ Scenario scenario_from_json(const nlohmann::json& j);
 // One line: "z2 w4 n2 bf16 contiguous overlap bucket 16 synthetic[5,3] exact ...".
 std::string describe(const Scenario& s);
 
+// Every scenario's micro-batch per rank (to_run_spec); its global batch is this x world x GA.
+inline constexpr std::int64_t kScenarioMicroBatch = 2;
+
 DType dtype_of(const Scenario& s);
 // The DeepSpeed config the scenario trains with.
 nlohmann::json ds_config(const Scenario& s);

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cctype>
 #include <csignal>
+#include <fstream>
 #include <map>
 
 namespace zc::props {
@@ -235,6 +236,15 @@ InvariantResult merge_ranges(const Invariant& inv, const std::vector<const nlohm
   return r;
 }
 
+// verify --config: a counterexample's ds_config beside its scenario file (X.json -> X.ds_config.json).
+std::string write_ds_config(const nlohmann::json& scenario, const std::string& scenario_file) {
+  const std::string file = scenario_file.substr(0, scenario_file.size() - 5) + ".ds_config.json";
+  nlohmann::json j = ds_config(scenario_from_json(scenario));
+  j["train_micro_batch_size_per_gpu"] = kScenarioMicroBatch;  // the batch the scenario ran with
+  std::ofstream(file) << j.dump(2) << "\n";
+  return file;
+}
+
 void write_saved(const nlohmann::json& res, const std::filesystem::path& out, std::string& scenario_file) {
   if (!res.contains("saved_case")) return;
   const std::filesystem::path file = out / res.value("saved_file", "counterexamples/unnamed.json");
@@ -270,7 +280,19 @@ std::vector<std::string> expand_invariant_names(const std::vector<std::string>& 
 VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
   opts_.only = expand_invariant_names(opts_.only);
   for (const Invariant& i : invariants()) {
-    if (opts_.only.empty() || std::find(opts_.only.begin(), opts_.only.end(), i.name) != opts_.only.end()) invs_.push_back(&i);
+    if (!opts_.only.empty() && std::find(opts_.only.begin(), opts_.only.end(), i.name) == opts_.only.end()) continue;
+    if (!opts_.user_config) {
+      invs_.push_back(&i);
+      continue;
+    }
+    // verify --config: the invariant around the user's config, or n/a naming the setting it never takes.
+    const std::string why = not_applicable_reason(i, *opts_.user_config);
+    if (!why.empty()) {
+      not_applicable_.emplace_back(i.name, why);
+      continue;
+    }
+    pinned_.push_back(pinned(i, *opts_.user_config));
+    invs_.push_back(&pinned_.back());
   }
   // --only judges what it selects: without --bugs, the hunts are those of the known bugs one of
   // the selected invariants is expected to catch (a hunt through an invariant that cannot see
@@ -278,9 +300,9 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
   std::vector<KnownBugInfo> bugs;
   for (const KnownBugInfo& b : known_bugs()) {
     const bool asked = opts_.bugs.empty()
-                           ? opts_.only.empty() || std::any_of(invs_.begin(), invs_.end(), [&](const Invariant* i) {
+                           ? !opts_.user_config && (opts_.only.empty() || std::any_of(invs_.begin(), invs_.end(), [&](const Invariant* i) {
                                return expected_catcher(std::string(b.caught_by), i->name);
-                             })
+                             }))
                            : std::find(opts_.bugs.begin(), opts_.bugs.end(), std::string(b.code)) != opts_.bugs.end();
     if (asked) bugs.push_back(b);
   }
@@ -304,7 +326,7 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
     items_.push_back({fmt::format("bug {}", b.code), [this, b] { return bug_item(b, opts_, invs_); }});
   }
   // DeepSpeed's hazards run with the bug hunts (--bugs H1 selects one; --only an invariant skips them).
-  if (o.engine_items && o.only.empty()) {
+  if (o.engine_items && o.only.empty() && !o.user_config) {
     for (const Hazard& h : hazards()) {
       if (!o.bugs.empty() && std::find(o.bugs.begin(), o.bugs.end(), h.code) == o.bugs.end()) continue;
       items_.push_back({fmt::format("bug {}", h.code), [this, &h] { return hazard_item(h, opts_); }});
@@ -318,7 +340,7 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
                         [this, inv, range] { return invariant_range_item(*inv, opts_, range); }});
     }
   }
-  if (o.engine_items) items_.push_back({"collectives", [this] { return collectives_item(opts_); }});
+  if (o.engine_items && !o.user_config) items_.push_back({"collectives", [this] { return collectives_item(opts_); }});
   // The DeepSpeed reference in its own child too: its worker pools live and die with it.
   if (o.deepspeed_cases > 0) {
     items_.push_back({"deepspeed", [this] {
@@ -343,6 +365,7 @@ nlohmann::json VerifyJob::run(std::size_t i, int attempt) const {
 std::uint64_t VerifyJob::fingerprint() const {
   std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", opts_.profile.name, opts_.profile.cases, opts_.profile.bug_cases,
                                 opts_.profile.proof_timeout_ms, opts_.seed, opts_.deepspeed_cases, opts_.deepspeed_i3);
+  if (opts_.user_config) key += "|config " + opts_.user_config->ds_config.dump();
   for (const Item& item : items_) key += "|" + item.name;
   return fnv1a(key);
 }
@@ -402,6 +425,9 @@ VerifyReport VerifyJob::merge(const std::vector<nlohmann::json>& results, double
       if (!res.value("replay_detail", "").empty()) replays.detail = res.value("replay_detail", "");
       BugResult b = report_from_json({{"known_bugs", {res}}}).bugs.at(0);
       write_saved(res, opts_.out, b.scenario_file);
+      if (opts_.user_config && !b.scenario_file.empty() && b.scenario.is_object()) {
+        write_ds_config(b.scenario, b.scenario_file);
+      }
       report.bugs.push_back(b);
     }
   }
@@ -410,7 +436,34 @@ VerifyReport VerifyJob::merge(const std::vector<nlohmann::json>& results, double
     const nlohmann::json* chosen = nullptr;
     InvariantResult r = merge_ranges(*inv, ranges[inv->name], replays, &chosen);
     if (chosen != nullptr) write_saved(*chosen, opts_.out, r.scenario_file);
+    if (opts_.user_config && !r.counterexample.is_null() && !r.scenario_file.empty()) {
+      // The counterexample as the ds_config it trains with, beside its scenario (which holds the calls:
+      // world, backwards per step, boundary, steps, data seed), for DeepSpeed or a colleague.
+      r.ds_config_file = write_ds_config(r.counterexample, r.scenario_file);
+    }
     report.invariants.push_back(r);
+  }
+  if (opts_.user_config) {
+    for (const auto& [name, why] : not_applicable_) {
+      InvariantResult r;
+      r.name = name;
+      r.explanation = find_invariant(name)->explanation;
+      r.not_applicable = why;
+      report.invariants.push_back(r);
+    }
+    std::vector<std::string> order;
+    for (const Invariant& i : invariants()) order.push_back(i.name);
+    std::stable_sort(report.invariants.begin(), report.invariants.end(), [&](const auto& a, const auto& b) {
+      return std::find(order.begin(), order.end(), a.name) < std::find(order.begin(), order.end(), b.name);
+    });
+    if (invs_.empty() && !not_applicable_.empty()) {  // nothing ran: a PASS would say the config was checked
+      report.errors.push_back(fmt::format("verify --config {}: no selected invariant applies to this config (each "
+                                          "says which of its settings its scenarios never take)",
+                                          opts_.user_config->path));
+    }
+    const UserConfig& u = *opts_.user_config;
+    report.user_config = {{"path", u.path}, {"pinned", to_json(u.pins)}, {"not_checked", u.not_checked},
+                          {"warnings", u.warnings}};
   }
   // The determinism invariant's reruns count too: each of its cases ran twice.
   for (const InvariantResult& inv : report.invariants) {

@@ -7,8 +7,10 @@
 #pragma once
 
 #include "props/invariants.h"
+#include "props/user_config.h"
 #include "props/verify_report.h"
 
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -48,6 +50,9 @@ struct VerifyOptions {
   bool resume = false;            // take finished items from out/journal.jsonl, run only the rest
   double item_timeout_s = 7200;   // a work item's child still running after this is killed (a failed item)
   RunHooks hooks;
+  // verify --config: the invariants around this config only (props/user_config.h); no bug hunt,
+  // hazard, proof or collective count unless --bugs names some.
+  std::optional<UserConfig> user_config;
   VerifyFaults faults;
   std::string started;  // the wall-clock start for the report (the caller's clock; ISO 8601 UTC)
   // Called as work items finish: (finished item, done, total).
@@ -84,6 +89,8 @@ class VerifyJob {
   };
   VerifyOptions opts_;
   std::vector<const Invariant*> invs_;
+  std::deque<Invariant> pinned_;  // verify --config: invs_ point here
+  std::vector<std::pair<std::string, std::string>> not_applicable_;  // verify --config: name, why
   std::vector<Item> items_;
 };
 

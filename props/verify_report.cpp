@@ -33,8 +33,10 @@ nlohmann::json to_json(const VerifyReport& r) {
     j["invariants"].push_back({{"name", i.name}, {"explanation", i.explanation}, {"holds", i.holds},
                                {"cases", i.cases}, {"discarded", i.discarded}, {"seconds", i.seconds},
                                {"failure", i.failure}, {"counterexample", i.counterexample},
-                               {"scenario_file", i.scenario_file}, {"reproduce", i.reproduce}});
+                               {"scenario_file", i.scenario_file}, {"reproduce", i.reproduce},
+                               {"ds_config_file", i.ds_config_file}, {"not_applicable", i.not_applicable}});
   }
+  if (!r.user_config.is_null()) j["user_config"] = r.user_config;
   j["known_bugs"] = nlohmann::json::array();
   for (const BugResult& b : r.bugs) {
     j["known_bugs"].push_back({{"id", b.id}, {"summary", b.summary}, {"expected_by", b.expected_by},
@@ -68,6 +70,7 @@ VerifyReport report_from_json(const nlohmann::json& j) {
   r.ranks = j.value("ranks", 1);
   r.seconds = j.value("seconds", 0.0);
   r.started = j.value("started", "");
+  r.user_config = j.value("user_config", nlohmann::json());
   for (const auto& i : j.value("invariants", nlohmann::json::array())) {
     InvariantResult x;
     x.name = i.at("name");
@@ -78,6 +81,8 @@ VerifyReport report_from_json(const nlohmann::json& j) {
     x.seconds = i.at("seconds");
     x.failure = i.value("failure", "");
     x.counterexample = i.value("counterexample", nlohmann::json());
+    x.ds_config_file = i.value("ds_config_file", "");
+    x.not_applicable = i.value("not_applicable", "");
     x.scenario_file = i.value("scenario_file", "");
     x.reproduce = i.value("reproduce", "");
     r.invariants.push_back(std::move(x));

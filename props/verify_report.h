@@ -26,6 +26,10 @@ struct InvariantResult {
   nlohmann::json counterexample;  // the shrunk scenario (null when it holds)
   std::string scenario_file;    // where the counterexample was saved ("" when it holds)
   std::string reproduce;        // RapidCheck's reproduce string
+  std::string ds_config_file;   // verify --config: the counterexample as a ds_config ("" otherwise)
+  // verify --config: why the invariant does not apply to the user's config ("" when it does); such
+  // an invariant ran no case and is reported n/a, not as holding.
+  std::string not_applicable;
 };
 
 struct BugResult {
@@ -74,6 +78,9 @@ struct VerifyReport {
   // verify --against deepspeed: the DeepSpeed reference's campaigns (props/reference.h,
   // run_reference_campaigns; docs/deepspeed-reference.md: the `reference` object). Null when not run.
   nlohmann::json reference;
+  // verify --config: {"path", "pinned" (the scenario fields the config decides), "not_checked",
+  // "warnings"}. Null otherwise.
+  nlohmann::json user_config;
 
   // No work item failed, every invariant holds, every known bug is caught, every proof gives its expected verdict,
   // the determinism check found no mismatch, and the DeepSpeed reference (when run) holds.

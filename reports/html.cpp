@@ -85,7 +85,7 @@ std::string html_invariants(const VerifyReport& r) {
                   header_row({"invariant", "holds", "cases", "discarded", "seconds"});
   for (const InvariantResult& i : r.invariants) {
     s += row({{i.name, "", true},
-              {yes_no(i.holds), bad_unless(i.holds)},
+              {i.not_applicable.empty() ? yes_no(i.holds) : "n/a", bad_unless(i.holds)},
               {fmt::format("{}", i.cases), "num"},
               {fmt::format("{}", i.discarded), "num"},
               {seconds(i.seconds), "num"}});
@@ -94,6 +94,12 @@ std::string html_invariants(const VerifyReport& r) {
   for (const InvariantResult& i : r.invariants) {
     s += fmt::format("<h3><code>{}</code></h3>\n<p>{}</p>\n", xml_escape(i.name),
                      xml_escape(i.explanation));
+    if (!i.not_applicable.empty()) {
+      s += fmt::format("<p>Not applicable to this config: {}</p>\n", xml_escape(i.not_applicable));
+    }
+    if (!i.ds_config_file.empty()) {
+      s += fmt::format("<p>The counterexample's ds_config: <code>{}</code></p>\n", xml_escape(i.ds_config_file));
+    }
     if (i.holds) continue;
     s += fmt::format(
         "<p class=\"bad\">Does not hold: <code>{}</code></p>\n"

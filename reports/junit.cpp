@@ -18,6 +18,7 @@ struct JunitCase {
   std::string failure_type;     // "" when it passed
   std::string failure_message;  // one line, the message attribute
   std::string failure_text;     // the details: counterexample, reproduce string
+  std::string skipped;          // why it did not run (verify --config: not applicable); "" otherwise
 };
 
 struct JunitSuite {
@@ -28,7 +29,8 @@ struct JunitSuite {
 JunitSuite invariant_suite(const props::VerifyReport& r) {
   JunitSuite s{"invariants", {}};
   for (const props::InvariantResult& i : r.invariants) {
-    JunitCase c{i.name, i.seconds, "", "", ""};
+    JunitCase c{i.name, i.seconds, "", "", "", ""};
+    if (!i.not_applicable.empty()) c.skipped = "not applicable to this config: " + i.not_applicable;
     if (!i.holds) {
       c.failure_type = "InvariantDoesNotHold";
       c.failure_message = fmt::format("{} does not hold: {}", i.name, i.failure);
@@ -43,7 +45,7 @@ JunitSuite invariant_suite(const props::VerifyReport& r) {
 JunitSuite bug_suite(const props::VerifyReport& r) {
   JunitSuite s{"known_bugs", {}};
   for (const props::BugResult& b : r.bugs) {
-    JunitCase c{b.id, b.seconds, "", "", ""};
+    JunitCase c{b.id, b.seconds, "", "", "", ""};
     if (!b.caught) {
       c.failure_type = "KnownBugNotCaught";
       c.failure_message = fmt::format("{} not caught after {:.2f} s (expected: {}): {}", b.id,
@@ -58,7 +60,7 @@ JunitSuite bug_suite(const props::VerifyReport& r) {
 JunitSuite proof_suite(const props::VerifyReport& r) {
   JunitSuite s{"proofs", {}};
   for (const props::ProofResult& p : r.proofs) {
-    JunitCase c{p.name, p.seconds, "", "", ""};
+    JunitCase c{p.name, p.seconds, "", "", "", ""};
     if (!p.ok()) {
       c.failure_type = "UnexpectedVerdict";
       c.failure_message =
@@ -71,7 +73,7 @@ JunitSuite proof_suite(const props::VerifyReport& r) {
 }
 
 JunitSuite determinism_suite(const props::VerifyReport& r) {
-  JunitCase c{"same-seed-reruns", 0, "", "", ""};
+  JunitCase c{"same-seed-reruns", 0, "", "", "", ""};
   if (r.determinism.mismatches > 0) {
     c.failure_type = "Nondeterminism";
     c.failure_message = determinism_line(r.determinism);
@@ -81,19 +83,24 @@ JunitSuite determinism_suite(const props::VerifyReport& r) {
 }
 
 std::string render_suite(const JunitSuite& s) {
-  int failures = 0;
+  int failures = 0, skipped = 0;
   double seconds = 0;
   for (const JunitCase& c : s.cases) {
     failures += !c.failure_type.empty();
+    skipped += !c.skipped.empty();
     seconds += c.seconds;
   }
   std::string out = fmt::format(
-      "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" "
+      "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\" "
       "time=\"{:.3f}\">\n",
-      xml_escape(s.name, true), s.cases.size(), failures, seconds);
+      xml_escape(s.name, true), s.cases.size(), failures, skipped, seconds);
   for (const JunitCase& c : s.cases) {
     out += fmt::format("    <testcase classname=\"zerocheck.{}\" name=\"{}\" time=\"{:.3f}\"",
                        xml_escape(s.name, true), xml_escape(c.name, true), c.seconds);
+    if (!c.skipped.empty()) {
+      out += fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n", xml_escape(c.skipped, true));
+      continue;
+    }
     if (c.failure_type.empty()) {
       out += "/>\n";
       continue;

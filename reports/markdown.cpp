@@ -32,10 +32,12 @@ std::string md_invariants(const VerifyReport& r) {
       "|---|---|---:|---:|---:|\n";
   for (const InvariantResult& i : r.invariants) {
     s += fmt::format("| {} | {} | {} | {} | {:.2f} |\n", md_code(i.name),
-                     i.holds ? "yes" : "**NO**", i.cases, i.discarded, i.seconds);
+                     !i.not_applicable.empty() ? "n/a" : i.holds ? "yes" : "**NO**", i.cases, i.discarded, i.seconds);
   }
   for (const InvariantResult& i : r.invariants) {
     s += fmt::format("\n### {}\n\n{}\n", md_code(i.name, false), md_text(i.explanation));
+    if (!i.not_applicable.empty()) s += fmt::format("\n**Not applicable to this config:** {}\n", md_text(i.not_applicable));
+    if (!i.ds_config_file.empty()) s += fmt::format("\nThe counterexample's ds_config: {}\n", inline_code(i.ds_config_file));
     if (i.holds) continue;
     s += fmt::format("\n**Does not hold:** {}\n", inline_code(i.failure));
     s += fmt::format("\nShrunk counterexample, saved as {}, reproduce with {}:\n\n{}",

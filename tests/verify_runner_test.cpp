@@ -4,10 +4,12 @@
 // cases and reruns, and its rerun check sees a nondeterministic check.
 #include "engine/errors.h"
 #include "props/soak.h"
+#include "props/user_config.h"
 #include "props/verify.h"
 #include "real/deepcompile_loader.h"
 
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
 
 #include <unistd.h>
 
@@ -244,6 +246,63 @@ TEST(VerifyOnly, ShortIdsSelectTheirInvariantsAndTheirBugHuntsOnly) {
   bool b1 = false;
   for (std::size_t i = 0; i < named.size(); ++i) b1 = b1 || named.name(i) == "bug B1";
   EXPECT_TRUE(b1);
+}
+
+// verify --config: every drawn scenario carries the config's settings; an invariant whose scenarios
+// never take one of them is n/a naming it (I2 at ZeRO-2), not a vacuous pass; a bug hunt through a
+// pinned invariant catches B4 at ZeRO-3 and writes the counterexample's ds_config with the config's
+// settings; a run where nothing applies fails.
+TEST(VerifyConfig, ScenariosArePinnedAndInapplicableInvariantsAreNamed) {
+  const nlohmann::json z3 = {{"bf16", {{"enabled", true}}},
+                             {"gradient_clipping", 1.0},
+                             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}}},
+                             {"zero_optimization", {{"stage", 3}, {"overlap_comm", true}, {"reduce_bucket_size", 5e8}}}};
+  const UserConfig u = user_config_from_json(z3, "z3.json");
+  EXPECT_EQ(u.pins.stage, 3);
+  EXPECT_EQ(u.pins.dtype, "bf16");
+  const Invariant& i1 = *find_invariant("I1-coalesced-ulp-bound");
+  ASSERT_EQ(not_applicable_reason(i1, u), "");
+  const rc::Gen<Scenario> gen = pinned(i1, u).gen();
+  rc::Random random(rc::Random::Key{1, 2, 3, 4});
+  for (int k = 0; k < 50; ++k) {
+    rc::Random r = random.split();
+    const Scenario s = gen(r, k).value();
+    EXPECT_EQ(s.stage, 3);
+    EXPECT_EQ(s.dtype, "bf16");
+    EXPECT_TRUE(s.overlap);
+    EXPECT_EQ(s.reduce_bucket_size, 500'000'000);
+    EXPECT_EQ(s.optimizer, "AdamW");
+    EXPECT_DOUBLE_EQ(s.lr, 3e-4);
+    EXPECT_DOUBLE_EQ(s.clip, 1.0);
+  }
+  nlohmann::json z2 = z3;
+  z2["zero_optimization"]["stage"] = 2;
+  const std::string why = not_applicable_reason(*find_invariant("I2-micro-step-zero-at-flush"),
+                                                user_config_from_json(z2, "z2.json"));
+  EXPECT_NE(why.find("zero_optimization.stage = 2"), std::string::npos) << why;
+
+  VerifyOptions o = small("config");
+  o.only = {"I2"};
+  o.bugs = {"B4"};
+  o.user_config = u;
+  const VerifyReport r = run_verify(o);
+  ASSERT_EQ(r.bugs.size(), 1u);
+  EXPECT_TRUE(r.bugs[0].caught) << r.bugs[0].failure;
+  std::ifstream saved(r.bugs[0].scenario_file.substr(0, r.bugs[0].scenario_file.size() - 5) + ".ds_config.json");
+  ASSERT_TRUE(saved) << "no ds_config beside " << r.bugs[0].scenario_file;
+  const nlohmann::json cfg = nlohmann::json::parse(saved);
+  EXPECT_EQ(cfg["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(cfg["optimizer"]["params"]["lr"], 3e-4);
+  EXPECT_EQ(cfg["train_micro_batch_size_per_gpu"], kScenarioMicroBatch);
+  EXPECT_TRUE(r.passed());
+
+  o.user_config = user_config_from_json(z2, "z2.json");
+  o.bugs.clear();
+  o.out = scratch("config-none");
+  const VerifyReport none = run_verify(o);
+  ASSERT_EQ(none.invariants.size(), 1u);
+  EXPECT_NE(none.invariants[0].not_applicable.find("stage = 2"), std::string::npos);
+  EXPECT_FALSE(none.passed()) << "nothing applied: not a pass";
 }
 
 }  // namespace
