@@ -24,18 +24,34 @@ constexpr std::string_view kStyle = R"(
 body { font-family: "DejaVu Sans", Arial, sans-serif; color: #222; max-width: 1150px;
        margin: 1.5em auto; padding: 0 1em; line-height: 1.4; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: 2px; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: 0.6em 0 1em; font-size: 14px; }
+table { border-collapse: collapse; margin: 0.6em 0 1em; font-size: 14px; max-width: 100%; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
+td code { overflow-wrap: anywhere; }
 th { background: #f3f5f7; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .verdict { font-size: 20px; font-weight: bold; padding: 8px 12px; border-radius: 4px; }
 .pass { background: #e3f4e6; color: #1d6b31; }
 .fail { background: #fbe3e3; color: #a11; }
 .bad { color: #b11; font-weight: bold; }
-pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; word-break: break-all; }
+pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; overflow-wrap: anywhere; }
 code { font-family: "DejaVu Sans Mono", monospace; font-size: 13px; }
 svg { display: block; margin: 1em 0; max-width: 100%; height: auto; }
 )";
+
+// A scenario's JSON, escaped, with a break opportunity after each field's comma, so that a long
+// scenario wraps between fields rather than mid-word.
+std::string json_with_breaks(const nlohmann::json& j) {
+  const std::string escaped = xml_escape(compact_json(j));
+  std::string out;
+  bool in_string = false;
+  for (std::size_t i = 0; i < escaped.size(); ++i) {
+    const char c = escaped[i];
+    if (c == '"' || (c == '&' && escaped.compare(i, 6, "&quot;") == 0)) in_string = !in_string;
+    out += c;
+    if (c == ',' && !in_string) out += "<wbr/>";
+  }
+  return out;
+}
 
 // A table cell: text is escaped here; `cls` "num" right-aligns, "bad" marks a failure.
 struct Cell {
@@ -106,7 +122,7 @@ std::string html_invariants(const VerifyReport& r) {
         "<p>Shrunk counterexample, saved as <code>{}</code>, reproduce with "
         "<code>{}</code>:</p>\n<pre><code>{}</code></pre>\n",
         xml_escape(i.failure), xml_escape(i.scenario_file), xml_escape(i.reproduce),
-        xml_escape(compact_json(i.counterexample)));
+        json_with_breaks(i.counterexample));
   }
   return s;
 }
@@ -137,7 +153,7 @@ std::string html_bugs(const VerifyReport& r) {
     }
     s += fmt::format(
         "<p>Failure: <code>{}</code> ({} shrink steps)</p>\n<pre><code>{}</code></pre>\n",
-        xml_escape(b.failure), b.shrink_steps, xml_escape(compact_json(b.scenario)));
+        xml_escape(b.failure), b.shrink_steps, json_with_breaks(b.scenario));
   }
   return s;
 }

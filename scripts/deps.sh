@@ -11,6 +11,7 @@ pkgs=(
   libxml2-dev
   libgoogle-perftools-dev
   clang-14 libclang-rt-14-dev
+  chromium fonts-dejavu-core
 )
 
 missing=()
