@@ -31,11 +31,7 @@ namespace zc::cli {
 
 namespace {
 
-props::RunHooks real_hooks() {
-  props::RunHooks h;
-  h.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
-  return h;
-}
+props::RunHooks real_hooks() { return {real::plugin_loaders()}; }
 
 void draw_progress(const std::string& item, int done, int total) {
   const int width = 30;

@@ -319,17 +319,19 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
   if (o.proofs) {  // in reverse: the FPA lemmas, the longest items, start first; merge() restores the order
     const std::vector<ProofTask> tasks = proof_tasks(o.profile.proof_timeout_ms);
     for (auto t = tasks.rbegin(); t != tasks.rend(); ++t) {
-      items_.push_back({"proof " + t->name, [task = *t] { return proof_item(task); }});
+      items_.push_back({"proof " + t->name, [task = *t] { return proof_item(task); }, Kind::proof, t->name});
     }
   }
   for (const KnownBugInfo& b : bugs) {
-    items_.push_back({fmt::format("bug {}", b.code), [this, b] { return bug_item(b, opts_, invs_); }});
+    items_.push_back({fmt::format("bug {}", b.code), [this, b] { return bug_item(b, opts_, invs_); }, Kind::bug,
+                      std::string(b.code)});
   }
   // DeepSpeed's hazards run with the bug hunts (--bugs H1 selects one; --only an invariant skips them).
   if (o.engine_items && o.only.empty() && !o.user_config) {
     for (const Hazard& h : hazards()) {
       if (!o.bugs.empty() && std::find(o.bugs.begin(), o.bugs.end(), h.code) == o.bugs.end()) continue;
-      items_.push_back({fmt::format("bug {}", h.code), [this, &h] { return hazard_item(h, opts_); }});
+      items_.push_back({fmt::format("bug {}", h.code), [this, &h] { return hazard_item(h, opts_); }, Kind::bug,
+                        std::string(h.code)});
     }
   }
   const int cases = o.profile.cases;
@@ -337,16 +339,19 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
     for (int first = 0; first < cases; first += kCasesPerItem) {
       const CaseRange range{first, std::min(cases, first + kCasesPerItem), cases};
       items_.push_back({fmt::format("invariant {} cases {}-{}", inv->name, range.first, range.last),
-                        [this, inv, range] { return invariant_range_item(*inv, opts_, range); }});
+                        [this, inv, range] { return invariant_range_item(*inv, opts_, range); }, Kind::invariant,
+                        inv->name});
     }
   }
-  if (o.engine_items && !o.user_config) items_.push_back({"collectives", [this] { return collectives_item(opts_); }});
+  if (o.engine_items && !o.user_config) {
+    items_.push_back({"collectives", [this] { return collectives_item(opts_); }, Kind::collectives, ""});
+  }
   // The DeepSpeed reference in its own child too: its worker pools live and die with it.
   if (o.deepspeed_cases > 0) {
     items_.push_back({"deepspeed", [this] {
       ReferencePools pools(reference_env());
       return run_reference_campaigns({opts_.deepspeed_cases, opts_.seed, opts_.out, opts_.deepspeed_i3}, pools);
-    }});
+    }, Kind::deepspeed, ""});
   }
 }
 
@@ -388,36 +393,36 @@ VerifyReport VerifyJob::merge(const std::vector<nlohmann::json>& results, double
   std::map<std::string, std::vector<const nlohmann::json*>> ranges;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     const nlohmann::json& r = results[i];
-    const std::string& name = items_[i].name;
-    if (name.rfind("invariant ", 0) == 0) {
-      ranges[name.substr(10, name.find(" cases ") - 10)].push_back(&r);
+    const Item& item = items_[i];
+    if (item.kind == Kind::invariant) {
+      ranges[item.key].push_back(&r);
       continue;
     }
     if (!r.value("ok", false)) {
       const std::string error = r.value("error", "unknown");
-      if (name.rfind("bug ", 0) == 0) {
+      if (item.kind == Kind::bug) {
         BugResult b;
-        b.id = name.substr(4);
+        b.id = item.key;
         b.failure = error;
         report.bugs.push_back(b);
-      } else if (name.rfind("proof ", 0) == 0) {
-        report.proofs.push_back({name.substr(6), "FAILED", "proved", 0, error});
-      } else if (name == "deepspeed") {
+      } else if (item.kind == Kind::proof) {
+        report.proofs.push_back({item.key, "FAILED", "proved", 0, error});
+      } else if (item.kind == Kind::deepspeed) {
         report.reference = {{"holds", false}, {"error", error}, {"cases", 0}};
       } else {
-        report.errors.push_back(name + ": " + error);
+        report.errors.push_back(item.name + ": " + error);
       }
       continue;
     }
     const nlohmann::json& res = r["result"];
-    if (name == "deepspeed") {
+    if (item.kind == Kind::deepspeed) {
       report.reference = res;
       report.reference.erase("saved_cases");
       std::string file;
       for (const nlohmann::json& saved : res.value("saved_cases", nlohmann::json::array())) write_saved(saved, opts_.out, file);
-    } else if (name.rfind("proof ", 0) == 0) {
+    } else if (item.kind == Kind::proof) {
       report.proofs.push_back(report_from_json({{"proofs", {res}}}).proofs.at(0));
-    } else if (name == "collectives") {
+    } else if (item.kind == Kind::collectives) {
       report.collectives = report_from_json({{"collectives_per_step", res}}).collectives;
     } else {
       replays.runs += res.value("replays", 0);

@@ -83,9 +83,14 @@ class VerifyJob {
   VerifyReport merge(const std::vector<nlohmann::json>& results, double seconds, int ranks) const;
 
  private:
+  // What an item is, so that merge() never parses its name (the name is for the journal and
+  // progress lines): its kind and the invariant, bug or proof it belongs to.
+  enum class Kind : std::uint8_t { proof, bug, invariant, collectives, deepspeed };
   struct Item {
     std::string name;
     std::function<nlohmann::json()> run;
+    Kind kind;
+    std::string key;  // the proof's name, the bug's code, the invariant's name; "" otherwise
   };
   VerifyOptions opts_;
   std::vector<const Invariant*> invs_;

@@ -4,6 +4,7 @@
 
 #include "engine/deepcompile.h"
 
+#include <functional>
 #include <memory>
 
 namespace zc::real {
@@ -26,5 +27,11 @@ class RefusingLoader final : public RuntimeLoader {
   DeepCompileRuntime& get_handle() override;
   bool loaded() const override { return false; }
 };
+
+// The factory every real run uses (the CLI's verify, the tests): a fresh PluginLoader of the
+// built plugin, so that each engine loads the runtime on its own first get_handle().
+inline std::function<std::unique_ptr<RuntimeLoader>()> plugin_loaders() {
+  return [] { return std::make_unique<PluginLoader>(); };
+}
 
 }  // namespace zc::real

@@ -102,7 +102,7 @@ RunSpec compiled_spec(int stage, std::vector<std::string> passes, BugSet bugs) {
   spec.seed = 3;
   spec.bugs = bugs;
   spec.compile = CompileConfig{true, std::move(passes)};
-  spec.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
+  spec.make_loader = real::plugin_loaders();
   return spec;
 }
 

@@ -18,7 +18,7 @@ void holds(const std::string& name) {
   RC_ASSERT(inv != nullptr);
   const Scenario s = *inv->gen();
   CheckContext ctx;
-  ctx.hooks.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
+  ctx.hooks.make_loader = real::plugin_loaders();
   const Verdict v = inv->check(s, ctx);
   RC_PRE(v.applies);
   RC_TAG(s.world > 1 ? "multi-rank" : "one rank");

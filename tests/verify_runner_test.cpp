@@ -20,11 +20,7 @@
 namespace zc::props {
 namespace {
 
-RunHooks hooks() {
-  RunHooks h;
-  h.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
-  return h;
-}
+RunHooks hooks() { return {real::plugin_loaders()}; }
 
 std::filesystem::path scratch(const std::string& name) {
   const auto p = std::filesystem::temp_directory_path() / fmt::format("zc-runner-{}-{}", name, getpid());

@@ -20,11 +20,7 @@
 namespace zc::props {
 namespace {
 
-RunHooks hooks() {
-  RunHooks h;
-  h.make_loader = [] { return std::make_unique<real::PluginLoader>(); };
-  return h;
-}
+RunHooks hooks() { return {real::plugin_loaders()}; }
 
 TEST(ScenarioJson, RoundTripsEveryField) {
   Scenario s;
