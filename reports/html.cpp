@@ -38,21 +38,6 @@ code { font-family: "DejaVu Sans Mono", monospace; font-size: 13px; }
 svg { display: block; margin: 1em 0; max-width: 100%; height: auto; }
 )";
 
-// A scenario's JSON, escaped, with a break opportunity after each field's comma, so that a long
-// scenario wraps between fields rather than mid-word.
-std::string json_with_breaks(const nlohmann::json& j) {
-  const std::string escaped = xml_escape(compact_json(j));
-  std::string out;
-  bool in_string = false;
-  for (std::size_t i = 0; i < escaped.size(); ++i) {
-    const char c = escaped[i];
-    if (c == '"' || (c == '&' && escaped.compare(i, 6, "&quot;") == 0)) in_string = !in_string;
-    out += c;
-    if (c == ',' && !in_string) out += "<wbr/>";
-  }
-  return out;
-}
-
 // A table cell: text is escaped here; `cls` "num" right-aligns, "bad" marks a failure.
 struct Cell {
   std::string text;
@@ -122,7 +107,7 @@ std::string html_invariants(const VerifyReport& r) {
         "<p>Shrunk counterexample, saved as <code>{}</code>, reproduce with "
         "<code>{}</code>:</p>\n<pre><code>{}</code></pre>\n",
         xml_escape(i.failure), xml_escape(i.scenario_file), xml_escape(i.reproduce),
-        json_with_breaks(i.counterexample));
+        xml_escape(wrappable_json(i.counterexample)));
   }
   return s;
 }
@@ -153,7 +138,7 @@ std::string html_bugs(const VerifyReport& r) {
     }
     s += fmt::format(
         "<p>Failure: <code>{}</code> ({} shrink steps)</p>\n<pre><code>{}</code></pre>\n",
-        xml_escape(b.failure), b.shrink_steps, json_with_breaks(b.scenario));
+        xml_escape(b.failure), b.shrink_steps, xml_escape(wrappable_json(b.scenario)));
   }
   return s;
 }

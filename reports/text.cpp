@@ -165,6 +165,19 @@ std::string compact_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string wrappable_json(const nlohmann::json& j) {
+  const std::string compact = compact_json(j);
+  std::string out;
+  bool in_string = false;
+  for (std::size_t i = 0; i < compact.size(); ++i) {
+    const char c = compact[i];
+    if (c == '"' && (i == 0 || compact[i - 1] != '\\')) in_string = !in_string;
+    out += c;
+    if (c == ',' && !in_string) out += ' ';
+  }
+  return out;
+}
+
 std::string_view verdict(const props::VerifyReport& r) { return r.passed() ? "PASS" : "FAIL"; }
 
 std::string failure_reasons(const props::VerifyReport& r) {

@@ -33,6 +33,9 @@ std::string md_fenced(std::string_view body, std::string_view lang);
 
 // One-line JSON; bytes that are not UTF-8 are replaced rather than thrown on.
 std::string compact_json(const nlohmann::json& j);
+// compact_json with a space after each comma between fields: still JSON (it parses back to j), and a
+// long one wraps between fields in a page rather than mid-word.
+std::string wrappable_json(const nlohmann::json& j);
 
 // "PASS" or "FAIL".
 std::string_view verdict(const props::VerifyReport& r);

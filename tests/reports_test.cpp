@@ -256,10 +256,11 @@ TEST_F(ReportsTest, HtmlShowsCounterexamplesAndFailuresAsTheirOwnText) {
   const Doc doc = parse_html(read_file(dir_ / "report.html"), errors);
   ASSERT_NE(doc, nullptr);
   const std::string text = content(xmlDocGetRootElement(doc.get()));
-  EXPECT_NE(text.find(compact_json(kCounterexample)), std::string::npos)
+  EXPECT_NE(text.find(wrappable_json(kCounterexample)), std::string::npos)
       << "the shrunk scenario, unescaped";
+  EXPECT_EQ(nlohmann::json::parse(wrappable_json(kCounterexample)), kCounterexample) << "still JSON to copy";
   EXPECT_NE(text.find(kFailure), std::string::npos);
-  EXPECT_NE(text.find(compact_json(r.bugs[0].scenario)), std::string::npos);
+  EXPECT_NE(text.find(wrappable_json(r.bugs[0].scenario)), std::string::npos);
   EXPECT_NE(text.find(r.proofs[1].detail), std::string::npos);
   EXPECT_NE(text.find("rank 1 aborted: \xEF\xBF\xBD[31mboom\xEF\xBF\xBD\xEF\xBF\xBD 'µ'"),
             std::string::npos)
