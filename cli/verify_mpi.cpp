@@ -233,21 +233,11 @@ std::optional<props::SoakReport> run_soak_mpi(const props::SoakOptions& opts,
   props::SoakJob job(opts);
   mpi.check_same(job.fingerprint());
   return mpi.guarded(opts.out, [&]() -> std::optional<props::SoakReport> {
-    props::Dispatch d;
-    d.run = [&job](std::size_t i, int) { return job.run(i); };
-    if (mpi.rank != 0) {
+    const props::Dispatch d = props::soak_dispatch(job, opts, watch, mpi.size, progress);
+    if (mpi.rank != 0) {  // a worker only runs items (d.run); rank 0 hands them out and lands them
       serve(d, opts.jobs, props::ChildPool::kItemTimeoutS, mpi.rank, {});
       return std::nullopt;
     }
-    std::size_t next = 0;
-    d.next = [&]() -> std::optional<std::size_t> {
-      if (!opts.keep_going()) return std::nullopt;
-      return next++;
-    };
-    d.land = [&](std::size_t i, const nlohmann::json& r) {
-      job.add(i, r);
-      if (progress) progress(job.report(watch.seconds(), mpi.size));
-    };
     coordinate(d, opts.jobs, props::ChildPool::kItemTimeoutS, mpi.size);
     const props::SoakReport r = job.report(watch.seconds(), mpi.size);
     props::write_soak(r, opts.out);

@@ -197,21 +197,25 @@ SoakReport SoakJob::report(double seconds, int ranks) const {
   return r;
 }
 
-SoakReport run_soak(const SoakOptions& opts, const std::function<void(const SoakReport&)>& progress) {
-  const Stopwatch watch;
-  SoakJob job(opts);
-  std::size_t next = 0;
+Dispatch soak_dispatch(SoakJob& job, const SoakOptions& opts, const Stopwatch& watch, int ranks,
+                       const std::function<void(const SoakReport&)>& progress) {
   Dispatch d;
   d.run = [&job](std::size_t i, int) { return job.run(i); };
-  d.next = [&]() -> std::optional<std::size_t> {
+  d.next = [&opts, next = std::size_t{0}]() mutable -> std::optional<std::size_t> {
     if (!opts.keep_going()) return std::nullopt;
     return next++;
   };
-  d.land = [&](std::size_t i, const nlohmann::json& r) {
+  d.land = [&job, &watch, ranks, progress](std::size_t i, const nlohmann::json& r) {
     job.add(i, r);
-    if (progress) progress(job.report(watch.seconds(), 1));
+    if (progress) progress(job.report(watch.seconds(), ranks));
   };
-  run_locally(d, opts.jobs);
+  return d;
+}
+
+SoakReport run_soak(const SoakOptions& opts, const std::function<void(const SoakReport&)>& progress) {
+  const Stopwatch watch;
+  SoakJob job(opts);
+  run_locally(soak_dispatch(job, opts, watch, 1, progress), opts.jobs);
   const SoakReport r = job.report(watch.seconds(), 1);
   write_soak(r, opts.out);
   return r;

@@ -5,7 +5,9 @@
 // indexed like the verify job's (round r, invariant k), so they spread over MPI ranks the same way.
 #pragma once
 
+#include "props/stopwatch.h"
 #include "props/verify.h"
+#include "props/work_items.h"
 
 #include <cstdint>
 #include <filesystem>
@@ -101,6 +103,11 @@ class SoakJob {
 
 // soak.json, and the slowest case as slowest.json (a counterexample file `zerocheck replay` reruns).
 void write_soak(const SoakReport& r, const std::filesystem::path& out);
+
+// The soak as a Dispatch (one process or MPI's coordinator): fresh items until the budget is spent,
+// each result added to `job`, `progress` told the totals over `ranks`.
+Dispatch soak_dispatch(SoakJob& job, const SoakOptions& opts, const Stopwatch& watch, int ranks,
+                       const std::function<void(const SoakReport&)>& progress);
 
 // One process: --jobs children until the budget is spent. Writes soak.json under opts.out.
 SoakReport run_soak(const SoakOptions& opts, const std::function<void(const SoakReport&)>& progress = {});
