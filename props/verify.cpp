@@ -54,6 +54,12 @@ struct Replays {
     j["replay_mismatches"] = mismatches;
     j["replay_detail"] = detail;
   }
+  // The counts an item's result carries (write()'s keys), added to these.
+  void add(const nlohmann::json& res) {
+    runs += res.value("replays", 0);
+    mismatches += res.value("replay_mismatches", 0);
+    if (!res.value("replay_detail", "").empty()) detail = res.value("replay_detail", "");
+  }
 };
 
 // The saved counterexample travels in the item's result; merge() writes it under out/.
@@ -219,9 +225,7 @@ InvariantResult merge_ranges(const Invariant& inv, const std::vector<const nlohm
     }
     const nlohmann::json& res = (*j)["result"];
     r.seconds += res.value("seconds", 0.0);
-    replays.runs += res.value("replays", 0);
-    replays.mismatches += res.value("replay_mismatches", 0);
-    if (!res.value("replay_detail", "").empty()) replays.detail = res.value("replay_detail", "");
+    replays.add(res);
     if (*chosen != nullptr) continue;  // past the lowest failure: its cases do not count
     r.cases += res.value("cases", 0);
     r.discarded += res.value("discarded", 0);
@@ -425,9 +429,7 @@ VerifyReport VerifyJob::merge(const std::vector<nlohmann::json>& results, double
     } else if (item.kind == Kind::collectives) {
       report.collectives = report_from_json({{"collectives_per_step", res}}).collectives;
     } else {
-      replays.runs += res.value("replays", 0);
-      replays.mismatches += res.value("replay_mismatches", 0);
-      if (!res.value("replay_detail", "").empty()) replays.detail = res.value("replay_detail", "");
+      replays.add(res);
       BugResult b = report_from_json({{"known_bugs", {res}}}).bugs.at(0);
       write_saved(res, opts_.out, b.scenario_file);
       if (opts_.user_config && !b.scenario_file.empty() && b.scenario.is_object()) {
