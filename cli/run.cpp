@@ -39,8 +39,14 @@ std::function<std::unique_ptr<Model>()> model_factory(const RunOptions& o) {
 
 int run_training(const RunOptions& o) {
   std::vector<std::string> notes;
-  nlohmann::json j = as_training_script(load_ds_config(o.config_path), o.hf,
-                                        training_args(o.hf, o.world_size, o.hidden), notes);
+  nlohmann::json given = load_ds_config(o.config_path);
+  // --micro-batch (= --per-device-train-batch-size) means what it means in plan: the micro-batch
+  // per GPU, in place of the config's (a train_batch_size goes with it: the global batch follows).
+  if (o.hf.per_device_train_batch_size && given.is_object()) {
+    given["train_micro_batch_size_per_gpu"] = *o.hf.per_device_train_batch_size;
+    given.erase("train_batch_size");
+  }
+  nlohmann::json j = as_training_script(std::move(given), o.hf, training_args(o.hf, o.world_size, o.hidden), notes);
   for (const std::string& n : notes) fmt::print("note: {}\n", n);
   const Config cfg = Config::from_json(j, o.world_size);  // validates before anything runs
   for (const std::string& w : cfg.warnings) fmt::print("warning: {}\n", w);
@@ -63,9 +69,10 @@ int run_training(const RunOptions& o) {
   spec.seed = o.seed;
   spec.collect_grads = false;
   const std::string model_desc = spec.make_model()->describe();
-  fmt::print("zerocheck run: {} on {} simulated ranks, ZeRO stage {}, {}, GA {}, micro-batch {}\n",
+  fmt::print("zerocheck run: {} on {} simulated ranks, ZeRO stage {}, {}, GA {}, micro-batch {} (global batch {})\n",
              model_desc, o.world_size, cfg.zero.stage, dtype_name(cfg.model_dtype()),
-             cfg.gradient_accumulation_steps, spec.micro_batch);
+             cfg.gradient_accumulation_steps, spec.micro_batch,
+             spec.micro_batch * cfg.gradient_accumulation_steps * o.world_size);
   spec.after_step = [&](int rank, int step, Engine& e, double loss) {
     if (rank != 0) return;
     fmt::print("  step {:>3}/{}  loss {:.6f}  loss scale {}  skipped {}\n", step + 1, o.steps, loss,
