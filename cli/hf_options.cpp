@@ -1,6 +1,7 @@
 // add_hf_options and training_args (cli/hf_options.h).
 #include "cli/hf_options.h"
 
+#include "engine/config.h"
 #include "engine/errors.h"
 
 #include <fmt/format.h>
@@ -71,11 +72,9 @@ nlohmann::json load_ds_config(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   try {
-    return nlohmann::json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ConfigError(fmt::format("--config '{}' is not JSON (comments allowed): {}. DeepSpeed reads hjson; zerocheck "
-                                  "reads its JSON subset with // and /* */ comments, not trailing commas or "
-                                  "quoteless strings", path, e.what()));
+    return parse_ds_config_text(ss.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("--config '{}': {}", path, e.what()));
   }
 }
 

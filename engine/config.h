@@ -126,7 +126,7 @@ struct Config {
   // Parses a ds_config object for `world_size` data-parallel ranks (batch sizes are checked and
   // derived as DeepSpeed does). Throws ConfigError or NotImplementedError naming the key.
   static Config from_json(const nlohmann::json& j, int world_size);
-  static Config from_json_text(const std::string& text, int world_size);
+  static Config from_json_text(const std::string& text, int world_size);  // parse_ds_config_text's syntax
   static Config from_file(const std::string& path, int world_size);
 
   DType model_dtype() const;
@@ -140,5 +140,10 @@ struct Config {
   bool uses_bf16_optimizer() const;
   bool zero_enabled() const { return zero.stage > 0; }
 };
+
+// A ds_config file's text as DeepSpeed's hjson reader takes the common forms of it: JSON with
+// comments (#, //, /* */) and trailing commas before } or ]. The rest of hjson (quoteless keys and
+// strings, commas left out) is refused: ConfigError naming the line and column, and that form.
+nlohmann::json parse_ds_config_text(const std::string& text);
 
 }  // namespace zc

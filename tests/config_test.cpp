@@ -56,6 +56,34 @@ TEST(Config, AcceptsARealUsersFile) {
   EXPECT_TRUE(warned) << "unknown keys warn, they do not fail";
 }
 
+// ds_configs as DeepSpeed's hjson reader takes their common forms: comments (#, //, /* */, not
+// inside strings) and trailing commas; quoteless hjson is refused naming the place.
+TEST(Config, DsConfigTextTakesCommentsAndTrailingCommas) {
+  const nlohmann::json j = parse_ds_config_text(R"({
+    # hjson's comment
+    "train_micro_batch_size_per_gpu": 2,  // a line comment
+    "note": "a # and // inside a string /* stay */",
+    /* a block
+       comment */
+    "zero_optimization": {"stage": 2, "overlap_comm": true,},
+    "list": [1, 2,
+             3,  // after the last element
+    ],
+  })");
+  EXPECT_EQ(j["train_micro_batch_size_per_gpu"], 2);
+  EXPECT_EQ(j["note"], "a # and // inside a string /* stay */");
+  EXPECT_EQ(j["zero_optimization"]["stage"], 2);
+  EXPECT_EQ(j["list"], nlohmann::json::array({1, 2, 3}));
+  try {
+    parse_ds_config_text("{\n  train_micro_batch_size_per_gpu: 2\n}");
+    ADD_FAILURE() << "quoteless keys accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("quoteless"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_ds_config_text(R"({"a": 1,, })"), ConfigError) << "two commas are not a trailing comma";
+}
+
 // Where DeepSpeed's pydantic models forbid extras (zero_optimization, its offload blocks, fp16,
 // bf16, tensor_parallel), a key DeepSpeed does not know is refused as DeepSpeed refuses it, with
 // the nearest known key; a key DeepSpeed knows and zerocheck does not model is accepted with a
