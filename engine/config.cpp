@@ -674,9 +674,9 @@ json parse_ds_config_text(const std::string& text) {
   try {
     return json::parse(without_hjson_extras(text));
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
-    throw ConfigError(fmt::format("ds_config is not JSON with comments and trailing commas: {}. DeepSpeed reads hjson; "
-                                  "zerocheck reads that much of it, not quoteless keys or strings nor left-out commas",
-                                  e.what()));
+    throw ConfigError(fmt::format("ds_config is not valid JSON (with comments and trailing commas): {}. DeepSpeed "
+                                  "reads hjson; zerocheck reads that much of it, not quoteless keys or strings nor "
+                                  "left-out commas", e.what()));
   }
 }
 
