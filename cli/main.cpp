@@ -6,6 +6,7 @@
 #include "cli/prove.h"
 #include "cli/run.h"
 #include "cli/verify.h"
+#include "cli/deepspeed_cli.h"
 #include "cli/verify_real.h"
 #include "engine/errors.h"
 
@@ -73,8 +74,12 @@ int main(int argc, char** argv) {
   verify_cmd->add_option("--bugs", verify.bugs, "Only hunt these known bugs (B1 ...) or DeepSpeed hazards (H1)");
   verify_cmd->add_flag("--no-proofs", verify.no_proofs, "Skip the Z3 proofs");
   verify_cmd->add_option("--against", verify.against, "deepspeed: also compare generated scenarios with DeepSpeed 0.19.8 "
-                         "(CPU, gloo; the environment scripts/ds-env.sh makes); --only deepspeed runs that alone")
-      ->check(CLI::IsMember({"deepspeed"}));
+                         "(CPU, gloo; the environment scripts/ds-env.sh makes); --only deepspeed runs that alone. "
+                         "deepspeed==X.Y.Z (a release, 0.14.0 on) or deepspeed@DIR (a source tree): the seeds' invariants "
+                         "on that DeepSpeed alone (made on first use by scripts/ds-release.sh); with --only deepspeed, "
+                         "the comparison with it instead");
+  verify_cmd->add_option("--seed-cases", verify.seed_cases, "--against a release or tree: cases per randomized seed invariant")
+      ->check(CLI::Range(1, 100000));
   verify_cmd->add_option("--deepspeed-cases", verify.deepspeed_cases, "Scenarios the DeepSpeed comparison draws")
       ->check(CLI::Range(1, 1000000));
   verify_cmd->add_option("--deepspeed-i3", verify.deepspeed_i3, "I3 on DeepSpeed (about 2 min of inductor compiles): all "
@@ -132,6 +137,15 @@ int main(int argc, char** argv) {
                        "auto (decoupled, interleaved for MoE) | decoupled | interleaved (Note [Decoupled schedule])")
       ->check(CLI::IsMember({"auto", "decoupled", "interleaved"}));
 
+  zc::cli::BisectOptions bisect;
+  CLI::App* bisect_cmd = app.add_subcommand("bisect", "Find the last DeepSpeed release where a seed invariant fails and the first where it holds, by running them");
+  bisect_cmd->add_option("--against", bisect.against, "deepspeed (the released DeepSpeeds on the package index)")->required();
+  bisect_cmd->add_option("--invariant", bisect.invariant, "MB, I1, I2, I3 or I4 (or its full name)")->required();
+  bisect_cmd->add_option("--releases", bisect.releases, "A..B, either side may be empty (default 0.14.0..the newest)");
+  bisect_cmd->add_flag("--json", bisect.json, "Print the answer as JSON (invariant, last_bad, first_good, verdicts, ...)");
+  bisect_cmd->add_option("--cases", bisect.cases, "Cases per release for a randomized invariant")->check(CLI::Range(1, 1000));
+  bisect_cmd->add_option("--seed", bisect.seed, "RapidCheck seed");
+  bisect_cmd->add_option("--out", bisect.out, "Where bisect.json and the counterexamples go");
   zc::cli::ReplayOptions replay;
   CLI::App* replay_cmd = app.add_subcommand("replay", "Rerun a saved counterexample exactly: verdict, trace hash, first divergence");
   replay_cmd->add_option("file", replay.file, "A counterexample file (reports/out/counterexamples/*.json)")->required()->check(CLI::ExistingFile);
@@ -156,6 +170,7 @@ int main(int argc, char** argv) {
       return zc::cli::run_verify_cli(verify);
     }
     if (replay_cmd->parsed()) return zc::cli::run_replay(replay);
+    if (bisect_cmd->parsed()) return zc::cli::run_bisect(bisect);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());
     return 2;

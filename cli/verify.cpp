@@ -2,6 +2,9 @@
 // `zerocheck replay FILE`: reruns a saved counterexample exactly.
 #include "cli/verify.h"
 
+#include "cli/deepspeed_cli.h"
+#include "props/deepspeed_target.h"
+
 #include "cli/verify_mpi.h"
 
 #include "engine/errors.h"
@@ -269,6 +272,16 @@ int run_soak_cli(const VerifyCliOptions& o, int jobs, bool mpi) {
 }
 
 int run_verify_cli(const VerifyCliOptions& o) {
+  const bool other_deepspeed = !o.against.empty() && o.against != "deepspeed";
+  if (other_deepspeed) props::normalize_target(o.against);  // a malformed --against is refused first
+  const bool only_reference = std::find(o.only.begin(), o.only.end(), "deepspeed") != o.only.end();
+  if (other_deepspeed && !only_reference) {
+    if (!o.budget.empty() || !o.config.empty() || !o.resume.empty()) {
+      throw UsageError(fmt::format("--against {}: runs the seeds' invariants on that DeepSpeed; --budget, --config and "
+                                   "--resume go with the pinned --against deepspeed", o.against));
+    }
+    return run_verify_deepspeed_target(o);
+  }
   const bool mpi = verify_under_mpi();
   const int jobs = o.jobs > 0 ? o.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (!o.budget.empty()) {
@@ -294,17 +307,18 @@ int run_verify_cli(const VerifyCliOptions& o) {
   opts.proofs = !o.no_proofs;
   const auto ds_only = std::find(opts.only.begin(), opts.only.end(), "deepspeed");
   if (ds_only != opts.only.end()) {
-    if (o.against != "deepspeed") throw ConfigError("--only deepspeed needs --against deepspeed");
+    if (o.against.rfind("deepspeed", 0) != 0) throw ConfigError("--only deepspeed needs --against deepspeed");
     opts.only.erase(ds_only);
     if (opts.only.empty()) {  // the reference alone
       opts.engine_items = false;
       opts.proofs = false;
     }
   }
-  if (o.against == "deepspeed") {
+  if (o.against.rfind("deepspeed", 0) == 0) {
     opts.deepspeed_cases = o.deepspeed_cases;
     opts.deepspeed_i3 = o.deepspeed_i3;
-    props::reference_env();  // a missing environment is an error now, not after the other items
+    opts.deepspeed = props::normalize_target(o.against);
+    props::reference_env(opts.deepspeed);  // a missing environment is an error now (another DeepSpeed: made now)
   }
   if (!o.config.empty()) {
     if (o.against == "deepspeed") {
@@ -362,6 +376,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
 }
 
 int run_replay(const ReplayOptions& o) {
+  if (int rc = 0; replay_seed_case(o.file, rc)) return rc;  // a seed invariant's case on a DeepSpeed
   const props::SavedCase saved = props::load_case(o.file);
   const props::Invariant* inv = props::find_invariant(saved.invariant);
   // A DeepSpeed counterexample reruns both sides: the simulator and DeepSpeed through a fresh pool.

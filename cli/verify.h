@@ -19,6 +19,7 @@ struct VerifyCliOptions {
   bool no_proofs = false;
   std::string against;        // "deepspeed": also run the DeepSpeed reference campaigns
   int deepspeed_cases = 100;  // scenarios the comparison draws
+  int seed_cases = 6;         // --against a release or tree: cases per randomized seed invariant
   std::string deepspeed_i3 = "all";  // I3 on DeepSpeed: all | off | the probe's runs ("autosp:0,autotp:0")
   std::string resume;         // a directory of an interrupted run: finish it (its journal.jsonl)
   std::string budget;         // "10m", "90s", "8h": a soak run of that long instead of the profile

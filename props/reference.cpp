@@ -356,7 +356,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   RunResult sim;
   try {
     RunSpec spec = to_run_spec(s, {}, {});
-    const ReferenceEnv env = reference_env();
+    const ReferenceEnv& env = pools.env();
     spec.adam_simd_width = env.adam_simd_width;  // the build DeepSpeed runs here
     spec.torch_sqrt = env.torch_sqrt;            // and the sqrt kernel torch runs on this CPU
     spec.sim.order = sim::ReductionOrder::gloo;  // DeepSpeed's collectives run on gloo here

@@ -6,6 +6,8 @@
 // a fresh pool. Workers die with this process too (PR_SET_PDEATHSIG).
 #include "props/reference_pool.h"
 
+#include "props/deepspeed_target.h"
+
 #include "engine/data_files.h"
 #include "engine/errors.h"
 #include "engine/rng.h"
@@ -78,8 +80,9 @@ int free_port() {
 
 }  // namespace
 
-ReferenceEnv reference_env() {
+ReferenceEnv reference_env(const std::string& target) {
   ReferenceEnv e;
+  e.target = target;
   const std::string cache = getenv_or("XDG_CACHE_HOME", getenv_or("HOME", "/root") + "/.cache");
   e.env_dir = getenv_or("ZC_DS_ENV", cache + "/zerocheck/ds-env");
   e.python = e.env_dir / "bin" / "python";
@@ -93,7 +96,13 @@ ReferenceEnv reference_env() {
   if (!std::filesystem::exists(e.worker)) {
     throw ConfigError(fmt::format("the DeepSpeed worker {} does not exist (set ZC_DS_WORKER)", e.worker.string()));
   }
-  const std::filesystem::path ninja = e.env_dir / "torch_extensions" / "fused_adam" / "build.ninja";
+  e.ext_dir = e.env_dir / "torch_extensions";
+  if (!is_pinned(target)) {
+    const Overlay o = ensure_overlay(target);
+    e.overlay_site = o.site;
+    e.ext_dir = o.ext_dir;
+  }
+  const std::filesystem::path ninja = e.ext_dir / "fused_adam" / "build.ninja";
   std::ifstream in(ninja);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("cflags", 0) != 0) continue;
@@ -227,7 +236,7 @@ void ReferencePool::start() {
   const int port = free_port();
   port_ = port;
   workers_.assign(static_cast<std::size_t>(world_), Worker{});
-  const std::filesystem::path ext = env_.env_dir / "torch_extensions";
+  const std::filesystem::path ext = env_.ext_dir.empty() ? env_.env_dir / "torch_extensions" : env_.ext_dir;
   for (int r = 0; r < world_; ++r) {
     Worker& w = workers_[static_cast<std::size_t>(r)];
     w.log = logs_ / fmt::format("rank{}.log", r);
@@ -240,6 +249,8 @@ void ReferencePool::start() {
         fmt::format("LOCAL_SIZE={}", world_), "MASTER_ADDR=127.0.0.1", fmt::format("MASTER_PORT={}", port),
         "DS_ACCELERATOR=cpu", "CUDA_VISIBLE_DEVICES=", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
         "TORCH_EXTENSIONS_DIR=" + ext.string(), fmt::format("ZC_DS_TIMEOUT_S={}", env_.timeout_s)};
+    // Another DeepSpeed: its overlay before the environment's own site-packages.
+    if (!env_.overlay_site.empty()) vars.push_back("PYTHONPATH=" + env_.overlay_site.string());
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));

@@ -22,6 +22,12 @@ struct ReferenceEnv {
   std::filesystem::path env_dir;     // the virtual environment (scripts/ds-env.sh)
   std::filesystem::path python;      // env_dir/bin/python
   std::filesystem::path worker;      // reference/deepspeed/worker.py
+  // Which DeepSpeed: "deepspeed" (the pinned 0.19.8 in env_dir), "deepspeed==X.Y.Z" or
+  // "deepspeed@DIR" (an overlay scripts/ds-release.sh made: its site/ first on the workers'
+  // PYTHONPATH, its ops in ext_dir).
+  std::string target = "deepspeed";
+  std::filesystem::path overlay_site;  // empty for the pinned one
+  std::filesystem::path ext_dir;       // TORCH_EXTENSIONS_DIR: the prebuilt CPU ops
   double timeout_s = 120;            // per command (a scenario on every rank, or the start)
   // The vector width DeepSpeed built its CPU Adam with on this machine (-D__AVX512__: 16,
   // -D__AVX256__: 8; read from the prebuilt op's build.ninja): Options::adam_simd_width.
@@ -44,7 +50,9 @@ void probe_torch_sqrt(ReferenceEnv& env);
 // The environment scripts/ds-env.sh creates: $ZC_DS_ENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/zerocheck/ds-env
 // (the script's own default); the worker from $ZC_DS_WORKER, else the source tree's.
 // ConfigError naming what is missing and the command that makes it, when it is not complete.
-ReferenceEnv reference_env();
+// A target other than "deepspeed" (props/deepspeed_target.h) is made first if it is not there
+// (scripts/ds-release.sh, with its progress on stderr); its errors are ConfigErrors naming it.
+ReferenceEnv reference_env(const std::string& target = "deepspeed");
 
 class ReferencePool {
  public:

@@ -353,7 +353,7 @@ VerifyJob::VerifyJob(const VerifyOptions& opts) : opts_(opts) {
   // The DeepSpeed reference in its own child too: its worker pools live and die with it.
   if (o.deepspeed_cases > 0) {
     items_.push_back({"deepspeed", [this] {
-      ReferencePools pools(reference_env());
+      ReferencePools pools(reference_env(opts_.deepspeed));
       return run_reference_campaigns({opts_.deepspeed_cases, opts_.seed, opts_.out, opts_.deepspeed_i3}, pools);
     }, Kind::deepspeed, ""});
   }
@@ -374,6 +374,7 @@ nlohmann::json VerifyJob::run(std::size_t i, int attempt) const {
 std::uint64_t VerifyJob::fingerprint() const {
   std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", opts_.profile.name, opts_.profile.cases, opts_.profile.bug_cases,
                                 opts_.profile.proof_timeout_ms, opts_.seed, opts_.deepspeed_cases, opts_.deepspeed_i3);
+  if (opts_.deepspeed != "deepspeed") key += "|against " + opts_.deepspeed;
   if (opts_.user_config) key += "|config " + opts_.user_config->ds_config.dump();
   for (const Item& item : items_) key += "|" + item.name;
   return fnv1a(key);

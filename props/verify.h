@@ -46,6 +46,7 @@ struct VerifyOptions {
   bool proofs = true;
   bool engine_items = true;       // the invariants, bug hunts and collective counts (false: --only deepspeed)
   int deepspeed_cases = 0;        // > 0: also run the DeepSpeed reference campaigns (--against deepspeed)
+  std::string deepspeed = "deepspeed";  // which DeepSpeed (props/deepspeed_target.h)
   std::string deepspeed_i3 = "all";  // ReferenceOptions::i3
   bool resume = false;            // take finished items from out/journal.jsonl, run only the rest
   double item_timeout_s = 7200;   // a work item's child still running after this is killed (a failed item)

@@ -38,9 +38,13 @@ import deepspeed.comm as ds_comm  # noqa: E402
 
 import probes  # noqa: E402
 import record  # noqa: E402
+import seed_checks  # noqa: E402
 import twin  # noqa: E402
 from comm_counter import CommCounter  # noqa: E402
 from state_reset import reset_process_state  # noqa: E402
+
+
+probes.PROBES.update(seed_checks.PROBES)  # the seeds' invariants on any DeepSpeed
 
 
 def reply(obj):
