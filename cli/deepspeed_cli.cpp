@@ -37,7 +37,7 @@ int run_verify_deepspeed_target(const VerifyCliOptions& o) {
   }
   const props::Stopwatch watch;
   fmt::print(stderr, "zerocheck verify --against {}: the seeds' invariants on that DeepSpeed alone\n", target);
-  props::ReferencePools pools(props::reference_env(target));
+  props::ReferencePools pools(props::reference_env(target, /*with_adam_ops=*/false));
   const std::filesystem::path out = std::filesystem::path(o.out) / label_of(target);
   std::filesystem::create_directories(out);
   nlohmann::json all = nlohmann::json::array();
@@ -91,7 +91,7 @@ int run_bisect(const BisectOptions& o) {
     r.target = target;
     r.invariant = inv.name;
     try {
-      props::ReferencePools pools(props::reference_env(target));
+      props::ReferencePools pools(props::reference_env(target, /*with_adam_ops=*/false));
       r = props::check_seed_invariant(pools, inv, o.cases, o.seed, std::filesystem::path(o.out) / label_of(target));
     } catch (const ZcError& e) {
       r.verdict = props::SeedVerdict::not_runnable;
@@ -128,7 +128,7 @@ bool replay_seed_case(const std::filesystem::path& file, int& exit_code) {
   const std::string target = j.value("target", std::string("deepspeed"));
   const props::SeedCase c = props::SeedCase::from_args(j.at("counterexample"));
   fmt::print("replaying {}\n  invariant {} on {}\n  case: {}\n", file.string(), inv.name, target, c.args().dump());
-  props::ReferencePools pools(props::reference_env(target));
+  props::ReferencePools pools(props::reference_env(target, /*with_adam_ops=*/false));
   const props::SeedResult r = props::check_seed_case(pools, inv, c, file.parent_path() / "replay-scratch");
   std::error_code ec;
   std::filesystem::remove_all(file.parent_path() / "replay-scratch", ec);

@@ -125,7 +125,7 @@ const SeedInvariant& find_seed_invariant(const std::string& name) {
 }
 
 nlohmann::json SeedResult::to_json() const {
-  nlohmann::json j = {{"target", target}, {"deepspeed", version}, {"invariant", invariant},
+  nlohmann::json j = {{"target", target}, {"invariant", invariant},
                       {"verdict", to_string(verdict)}, {"summary", summary}, {"cases", cases},
                       {"shrink_steps", shrink_steps}, {"seconds", seconds}};
   if (counterexample) j["counterexample"] = counterexample->args();

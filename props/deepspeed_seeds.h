@@ -58,7 +58,6 @@ const SeedInvariant& find_seed_invariant(const std::string& name);
 
 struct SeedResult {
   std::string target;     // the DeepSpeed ("deepspeed==0.15.1", ...)
-  std::string version;    // what it reported ("0.15.1"), when it ran
   std::string invariant;  // SeedInvariant::name
   SeedVerdict verdict = SeedVerdict::holds;
   std::string summary;    // the failing case's or the n/a reason's one line

@@ -78,20 +78,23 @@ std::string normalize_target(const std::string& target) {
 
 bool is_pinned(const std::string& target) { return normalize_target(target) == "deepspeed"; }
 
-Overlay ensure_overlay(const std::string& target) {
+Overlay ensure_overlay(const std::string& target, bool all_ops) {
   const std::string t = normalize_target(target);
   const std::string arg = t.rfind("deepspeed@", 0) == 0 ? t.substr(10) : t;
   const std::filesystem::path script = data_file("scripts/ds-release.sh", ZC_SOURCE_DIR);
-  const std::filesystem::path err = std::filesystem::temp_directory_path() / fmt::format("zc-ds-release-{}.log", ::getpid());
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path();
+  const std::filesystem::path err = tmp / fmt::format("zc-ds-release-{}.log", ::getpid());
+  const std::filesystem::path reason = tmp / fmt::format("zc-ds-release-{}.why", ::getpid());
   std::string out;
-  const int rc = run_capture(fmt::format("bash {} {}", quoted(script.string()), quoted(arg)), err, /*echo=*/true, out);
-  const std::string why = last_line(err);
+  const int rc = run_capture(fmt::format("ZC_DS_RELEASE_ERROR={} bash {} {}{}", quoted(reason.string()), quoted(script.string()),
+                                         quoted(arg), all_ops ? " --all-ops" : ""), err, /*echo=*/true, out);
+  const std::string why = last_line(reason);
+  const std::string tail = last_line(err);
   std::error_code ec;
   std::filesystem::remove(err, ec);
-  if (rc != 0) {
-    // The script's last line names the DeepSpeed and the cause ("ds-release: <what>: <why>").
-    throw ConfigError(why.rfind("ds-release: ", 0) == 0 ? why.substr(12)
-                                                        : fmt::format("{}: scripts/ds-release.sh failed ({}): {}", t, rc, why));
+  std::filesystem::remove(reason, ec);
+  if (rc != 0) {  // the script's reason names the DeepSpeed and the cause
+    throw ConfigError(!why.empty() ? why : fmt::format("{}: scripts/ds-release.sh failed ({}): {}", t, rc, tail));
   }
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   Overlay o;

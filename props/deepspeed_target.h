@@ -27,7 +27,7 @@ struct Overlay {
 // Makes (or reuses) the overlay of a release or tree through scripts/ds-release.sh, whose progress
 // goes to stderr as it runs. ConfigError with the script's one-line reason when it cannot: no such
 // release, not a DeepSpeed tree, no torch in the table, cannot be imported, ops do not build.
-Overlay ensure_overlay(const std::string& target);
+Overlay ensure_overlay(const std::string& target, bool all_ops);
 
 // The releases on the package index from `from` (inclusive) to `to` (inclusive; empty: the
 // newest), oldest first, asked of pip in the pinned environment. ConfigError when the index cannot

@@ -80,7 +80,7 @@ int free_port() {
 
 }  // namespace
 
-ReferenceEnv reference_env(const std::string& target) {
+ReferenceEnv reference_env(const std::string& target, bool with_adam_ops) {
   ReferenceEnv e;
   e.target = target;
   const std::string cache = getenv_or("XDG_CACHE_HOME", getenv_or("HOME", "/root") + "/.cache");
@@ -98,7 +98,7 @@ ReferenceEnv reference_env(const std::string& target) {
   }
   e.ext_dir = e.env_dir / "torch_extensions";
   if (!is_pinned(target)) {
-    const Overlay o = ensure_overlay(target);
+    const Overlay o = ensure_overlay(target, with_adam_ops);
     e.overlay_site = o.site;
     e.ext_dir = o.ext_dir;
   }
@@ -109,7 +109,7 @@ ReferenceEnv reference_env(const std::string& target) {
     if (line.find("-D__AVX512__") != std::string::npos) e.adam_simd_width = 16;
     else if (line.find("-D__AVX256__") != std::string::npos) e.adam_simd_width = 8;
   }
-  if (e.adam_simd_width == 0) {
+  if (e.adam_simd_width == 0 && with_adam_ops) {
     throw ConfigError(fmt::format("cannot tell the vector width of DeepSpeed's CPU Adam from {} (no -D__AVX512__ or "
                                   "-D__AVX256__ in its cflags; zerocheck models those two builds): rerun scripts/ds-env.sh",
                                   ninja.string()));

@@ -52,7 +52,9 @@ void probe_torch_sqrt(ReferenceEnv& env);
 // ConfigError naming what is missing and the command that makes it, when it is not complete.
 // A target other than "deepspeed" (props/deepspeed_target.h) is made first if it is not there
 // (scripts/ds-release.sh, with its progress on stderr); its errors are ConfigErrors naming it.
-ReferenceEnv reference_env(const std::string& target = "deepspeed");
+// with_adam_ops false: only the ops the workers need to start (the seeds' checks run no Adam), so
+// a new release costs seconds of op builds, not minutes; adam_simd_width is then 0.
+ReferenceEnv reference_env(const std::string& target = "deepspeed", bool with_adam_ops = true);
 
 class ReferencePool {
  public:
