@@ -35,6 +35,7 @@ struct SeedCase {
   std::int64_t bucket = 500000000;
   int seed = 0;
   std::string passes;  // I3: "autosp" | "autotp"
+  int world = 0;       // 0: the invariant's own world
   nlohmann::json args() const;
   static SeedCase from_args(const nlohmann::json& j);
   bool operator==(const SeedCase&) const = default;
@@ -46,7 +47,7 @@ struct SeedInvariant {
   std::string probe;  // seed_checks.py's probe
   std::string what;   // one line
   std::string seed_doc;  // the seed it comes from
-  int world = 2;
+  int world = 2;  // the fixed cases' world; a campaign draws 1 or 2
   // Fixed cases (run in order, each once) or, when empty, a RapidCheck campaign over these ranges.
   std::vector<SeedCase> fixed;
   int min_stage = 0, max_stage = 3;

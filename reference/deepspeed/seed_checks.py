@@ -169,9 +169,26 @@ def _raised(e):
     return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
 
 
+def _baseline(args):
+    """One plain step (one backward, GA 1) of the same configuration: the seeds' invariants are about
+    several backward calls, so a release that cannot train one step of this configuration on this
+    torch is not runnable here, whatever the reason (it is reported with the error)."""
+    try:
+        _drive(dict(args, n=1, ga=1, steps=1), coalesce=False)
+    except SetupError as e:
+        return _not_runnable(e)
+    except Exception as e:  # noqa: BLE001
+        return {"verdict": "not_runnable",
+                "summary": f"{_describe(dict(args, n=1, ga=1, steps=1))}: one plain training step raised {_raised(e)}"}
+    return None
+
+
 def seed_multi_backward(**args):
     """N engine.backward() calls per micro-step with the explicit boundary give the gradient of the
     summed loss (seed 001's base: DeepSpeed PR #7981 fixed ZeRO-1/2 offload dropping chunks 1..N-1)."""
+    base = _baseline(args)
+    if base:
+        return base
     try:
         got = _drive(args, coalesce=False)
     except SetupError as e:
@@ -210,6 +227,9 @@ def seed_i1(**args):
         return _not_runnable(e)
     if why:
         return {"verdict": "not_applicable", "summary": why}
+    plain = _baseline(args)
+    if plain:
+        return plain
     try:
         base = _drive(args, coalesce=False)
         coalesced = _drive(args, coalesce=True)
@@ -233,6 +253,9 @@ def seed_i2(**args):
         return _not_runnable(e)
     if why:
         return {"verdict": "not_applicable", "summary": why}
+    plain = _baseline(args)
+    if plain:
+        return plain
     msids = []
     try:
         _drive(args, coalesce=True, msids=msids)
