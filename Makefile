@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed gpu-check \
+.PHONY: deps ds-env configure build test run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed seed-table bisect gpu-check \
         soak-deepspeed \
         fuzz clean
 
@@ -37,6 +37,14 @@ bench-plan: build
 soak-deepspeed: build ds-env
 	@./$(BUILD)/cli/zerocheck verify --against deepspeed --only deepspeed --budget $(or $(BUDGET),30m) \
 	  --deepspeed-cases 100 --jobs 1 --out reports/soak-deepspeed
+
+# The seeds' before/after table on the DeepSpeed releases and the source tree that shipped and
+# fixed their bugs (docs/deepspeed-releases.md), and the release bisect of one seed invariant.
+seed-table: build ds-env
+	@bash scripts/seed-table.sh $(BUILD)
+
+bisect: build ds-env
+	@./$(BUILD)/cli/zerocheck bisect --against deepspeed --invariant $(or $(INVARIANT),I4) $(if $(RELEASES),--releases $(RELEASES))
 
 bench-deepspeed: build ds-env
 	@./$(BUILD)/bench/zc_reference_bench

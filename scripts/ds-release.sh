@@ -7,10 +7,10 @@
 #
 # holding only that DeepSpeed (pip --target, --no-deps). It runs on the torch environment that
 # reference/deepspeed/torch_ranges.txt names for its version, with site/ first on PYTHONPATH, so a
-# new release costs one DeepSpeed download (a few MB), never another torch. Its CPU ops (shared-
-# memory comm, CPU Adam, fused Adam) are prebuilt into <cache>/zerocheck/ds-ops/<hash of the op
-# sources>/, shared by every release and tree whose op sources are byte-identical, and reused
-# across runs. Prints progress and the time and disk each step took, on stderr; on success prints
+# new release costs one DeepSpeed download (a few MB), never another torch. Its CPU ops are
+# prebuilt into the overlay's own torch_extensions/ and reused across runs. (Not shared between
+# overlays even when the op sources are identical: torch's JIT keys a build by its include paths,
+# which name the overlay, so a shared build is rebuilt by every worker that switches overlay.) Prints progress and the time and disk each step took, on stderr; on success prints
 # the overlay's directory on stdout. Idempotent: a complete overlay is reused silently.
 #
 # Errors (exit 2, one line on stderr naming the DeepSpeed and the cause): a version that is not on
@@ -30,8 +30,7 @@ all_ops="${2:-}"
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/zerocheck"
 releases="${ZC_DS_RELEASES:-$cache/ds-releases}"
-ops_root="${ZC_DS_OPS:-$cache/ds-ops}"
-mkdir -p "$releases" "$ops_root"
+mkdir -p "$releases"
 
 # The reason goes to $ZC_DS_RELEASE_ERROR when zerocheck asks (it prints it once, as its error).
 fail() {
@@ -116,13 +115,8 @@ got="$(run_py -c 'import deepspeed, torch; print(deepspeed.__version__, deepspee
   { err="$(grep -v '^\[' "$out/import.log" | tail -1)"; rm -rf "$out"; fail "cannot be imported with torch $torch_pin: $err"; }
 case "$got" in "$version"*" $out/site/"*) ;; *) rm -rf "$out"; fail "importing it gave '$got', not DeepSpeed $version from $out/site" ;; esac
 
-# The ops: keyed by the hash of their sources, shared across releases whose sources are identical.
-ops_hash="$(cd "$out/site/deepspeed/ops" && find csrc op_builder -type f ! -path '*/__pycache__/*' ! -name '*.pyc' |
-            LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
-ops_dir="$ops_root/$ops_hash"
+ops_dir="$out/torch_extensions"
 mkdir -p "$ops_dir"
-exec 8>"$ops_root/.$ops_hash.lock"
-flock 8
 want="ShareMemCommBuilder"
 [ "$all_ops" = "--all-ops" ] && want="ShareMemCommBuilder CPUAdamBuilder FusedAdamBuilder"
 todo=""
@@ -142,11 +136,10 @@ for name in sys.argv[1:]:
     else:
         print("absent", name)
 PY
-  grep -h '^built\|^absent' "$out/ops.log" >> "$ops_dir/.zerocheck-built"
-  grep -h '^built\|^absent' "$out/ops.log" | sed "s/^/ds-release: $label: op /" >&2
+  { grep -h '^built\|^absent' "$out/ops.log" || true; } >> "$ops_dir/.zerocheck-built"
+  { grep -h '^built\|^absent' "$out/ops.log" || true; } | while read -r line; do say "op $line"; done
   say "ops built in $(($(date +%s) - t2)) s, $(mb "$ops_dir") MB"
 fi
-flock -u 8
 
 t3=$(date +%s)
 {
