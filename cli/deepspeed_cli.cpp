@@ -100,7 +100,7 @@ int run_bisect(const BisectOptions& o) {
     fmt::print(stderr, "bisect: {} {} ({} cases, {:.0f} s){}\n", v, props::to_string(r.verdict), r.cases, r.seconds,
                r.summary.empty() ? "" : ": " + r.summary.substr(0, 160));
     return r;
-  });
+  }, o.all);
   nlohmann::json j = b.to_json();
   j["seconds"] = watch.seconds();
   j["releases"] = releases;

@@ -18,6 +18,7 @@ struct BisectOptions {
   std::string invariant;
   std::string releases;  // "A..B" (either side may be empty); default 0.14.0..newest
   bool json = false;
+  bool all = false;      // every release in the range (the matrix), not a bisection
   int cases = 6;         // per release, for the randomized invariants
   std::uint64_t seed = 20261129;
   std::string out = "reports/bisect";

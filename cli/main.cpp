@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   bisect_cmd->add_option("--against", bisect.against, "deepspeed (the released DeepSpeeds on the package index)")->required();
   bisect_cmd->add_option("--invariant", bisect.invariant, "MB, I1, I2, I3 or I4 (or its full name)")->required();
   bisect_cmd->add_option("--releases", bisect.releases, "A..B, either side may be empty (default 0.14.0..the newest)");
+  bisect_cmd->add_flag("--all", bisect.all, "Run every release in the range (the matrix) and report every boundary");
   bisect_cmd->add_flag("--json", bisect.json, "Print the answer as JSON (invariant, last_bad, first_good, verdicts, ...)");
   bisect_cmd->add_option("--cases", bisect.cases, "Cases per release for a randomized invariant")->check(CLI::Range(1, 1000));
   bisect_cmd->add_option("--seed", bisect.seed, "RapidCheck seed");

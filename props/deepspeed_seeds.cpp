@@ -259,7 +259,7 @@ nlohmann::json Bisection::to_json() const {
 }
 
 Bisection bisect_releases(const std::string& invariant, const std::vector<std::string>& releases,
-                          const std::function<SeedResult(const std::string&)>& verdict_of) {
+                          const std::function<SeedResult(const std::string&)>& verdict_of, bool every_release) {
   Bisection b;
   b.invariant = invariant;
   const int n = static_cast<int>(releases.size());
@@ -272,6 +272,9 @@ Bisection bisect_releases(const std::string& invariant, const std::vector<std::s
     return b.verdicts[r].verdict;
   };
   auto runnable = [&](int i) { return eval(i) != SeedVerdict::not_runnable; };
+  if (every_release) {
+    for (int i = 0; i < n; ++i) eval(i);
+  }
   int lo = 0, hi = n;  // first_good is in [lo, hi]; hi == n: none
   while (lo < hi) {
     const int mid = lo + (hi - lo) / 2;

@@ -94,7 +94,9 @@ struct Bisection {
   std::string note;
   nlohmann::json to_json() const;
 };
+// every_release: evaluate them all first (the matrix), so that a history with several boundaries
+// (fixed, broken again, fixed again) is seen and reported as not monotone.
 Bisection bisect_releases(const std::string& invariant, const std::vector<std::string>& releases,
-                          const std::function<SeedResult(const std::string&)>& verdict_of);
+                          const std::function<SeedResult(const std::string&)>& verdict_of, bool every_release = false);
 
 }  // namespace zc::props

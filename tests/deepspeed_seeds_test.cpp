@@ -81,6 +81,16 @@ TEST(ReleaseBisect, SaysWhenTheHistoryIsNotMonotone) {
   }
 }
 
+TEST(ReleaseBisect, EveryReleaseSeesASecondBoundary) {
+  const auto rs = releases(8);
+  std::vector<V> vs = {V::fails, V::fails, V::holds, V::holds, V::fails, V::fails, V::holds, V::holds};
+  Scripted s = history(rs, vs);
+  const Bisection b = bisect_releases("X", rs, std::ref(s), /*every_release=*/true);
+  EXPECT_EQ(s.runs, 8);
+  EXPECT_FALSE(b.monotone);
+  EXPECT_NE(b.note.find("0.18.0 fails after a release where it holds"), std::string::npos) << b.note;
+}
+
 TEST(ReleaseBisect, NothingHoldsOrNothingApplies) {
   const auto rs = releases(5);
   Scripted fails = history(rs, std::vector<V>(5, V::fails));
