@@ -174,10 +174,12 @@ SeedResult check_seed_invariant(ReferencePools& pools, const SeedInvariant& inv,
     for (const SeedCase& c : inv.fixed) {
       SeedResult one = check_seed_case(pools, inv, c, scratch);
       ++result.cases;
-      if (one.verdict != SeedVerdict::holds || result.summary.empty()) {
+      if (one.verdict != SeedVerdict::holds) {
         result.verdict = one.verdict;
         result.summary = one.summary;
         result.counterexample = one.counterexample;
+      } else {  // every fixed case that holds, named
+        result.summary += (result.summary.empty() ? "" : "; ") + one.summary;
       }
       if (one.verdict != SeedVerdict::holds) break;
     }
