@@ -104,6 +104,7 @@ Overlay ensure_overlay(const std::string& target, bool all_ops) {
   for (std::string l; std::getline(stamp, l);) {
     if (l.rfind("ops ", 0) == 0) o.ext_dir = l.substr(4);
     if (l.rfind("made ", 0) == 0) o.made = l.substr(5);
+    if (l.rfind("deepspeed ", 0) == 0) o.version = l.substr(10);
   }
   if (o.ext_dir.empty() || !std::filesystem::exists(o.site)) {
     throw ConfigError(fmt::format("{}: scripts/ds-release.sh reported {}, which is not a complete overlay", t, o.dir.string()));

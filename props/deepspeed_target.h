@@ -22,6 +22,7 @@ struct Overlay {
   std::filesystem::path site;     // dir/site: that DeepSpeed alone
   std::filesystem::path ext_dir;  // its prebuilt CPU ops
   std::string made;               // the stamp's figures: when, how long, how much disk
+  std::string version;            // the DeepSpeed version it holds
 };
 
 // Makes (or reuses) the overlay of a release or tree through scripts/ds-release.sh, whose progress

@@ -100,6 +100,7 @@ ReferenceEnv reference_env(const std::string& target, bool with_adam_ops) {
   if (!is_pinned(target)) {
     const Overlay o = ensure_overlay(target, with_adam_ops);
     e.overlay_site = o.site;
+    e.expect_version = o.version;
     e.ext_dir = o.ext_dir;
   }
   const std::filesystem::path ninja = e.ext_dir / "fused_adam" / "build.ninja";
@@ -289,6 +290,17 @@ void ReferencePool::start() {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.value("ready", false)) {
       throw RankFailure(0, fmt::format("a DeepSpeed worker did not report ready: {}", line), nullptr);
+    }
+    // Another DeepSpeed: a missing or half-removed overlay would let Python fall back to the
+    // environment's own 0.19.8 without a word.
+    const std::string file = j.value("deepspeed_file", std::string());
+    if (!env_.expect_version.empty() &&
+        (j.value("deepspeed", std::string()) != env_.expect_version || file.rfind(env_.overlay_site.string(), 0) != 0)) {
+      const std::string got = j.value("deepspeed", std::string("?"));
+      stop(true);
+      throw ConfigError(fmt::format("{}: the workers imported DeepSpeed {} from {}, not {} from {}: the overlay is "
+                                    "incomplete; remove {} and run again", env_.target, got, file, env_.expect_version,
+                                    env_.overlay_site.string(), env_.overlay_site.parent_path().string()));
     }
   }
 }

@@ -27,6 +27,7 @@ struct ReferenceEnv {
   // PYTHONPATH, its ops in ext_dir).
   std::string target = "deepspeed";
   std::filesystem::path overlay_site;  // empty for the pinned one
+  std::string expect_version;          // the overlay's DeepSpeed version; the workers must import it from there
   std::filesystem::path ext_dir;       // TORCH_EXTENSIONS_DIR: the prebuilt CPU ops
   double timeout_s = 120;            // per command (a scenario on every rank, or the start)
   // The vector width DeepSpeed built its CPU Adam with on this machine (-D__AVX512__: 16,

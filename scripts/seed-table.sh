@@ -22,9 +22,9 @@ rows=(
   "002_f62cef7345bfd50d|I4|deepspeed==0.16.2|PR #6794"
   "001_03cee7fe9d0b6291|MB|deepspeed==0.18.9|before PR #7981"
   "001_03cee7fe9d0b6291|MB|deepspeed==0.19.0|PR #7981"
-  "001_03cee7fe9d0b6291|I1|deepspeed==0.19.1|before PR #7992"
-  "001_03cee7fe9d0b6291|I1|deepspeed==0.19.2|PR #7992 (coalesce_grad_reduction)"
-  "001_03cee7fe9d0b6291|I2|deepspeed==0.19.2|PR #7992"
+  "001_03cee7fe9d0b6291|I1|deepspeed==0.19.0|before PR #7992"
+  "001_03cee7fe9d0b6291|I1|deepspeed==0.19.1|the first release with coalesce_grad_reduction (PR #7992)"
+  "001_03cee7fe9d0b6291|I2|deepspeed==0.19.1|the first release with coalesce_grad_reduction (PR #7992)"
 )
 bash "$src/tests/deepspeed_seed000_tree.sh" "$zc" "$out/seed000" >&2 || true
 echo "| seed | DeepSpeed | what it is | invariant | verdict | cases | counterexample or reason |"

@@ -207,7 +207,7 @@ def _coalesce_missing(stage):
     engine = _initialize(model, _config(stage, False, 1, True, False, 500000000))
     try:
         if not hasattr(engine, "coalesce_grad_reduction"):
-            return "this DeepSpeed has no engine.coalesce_grad_reduction() (added in 0.19.2, PR #7992)"
+            return "this DeepSpeed has no engine.coalesce_grad_reduction() (PR #7992 adds it)"
         try:
             with engine.coalesce_grad_reduction():
                 pass

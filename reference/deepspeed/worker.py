@@ -58,7 +58,7 @@ def main():
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     counter = CommCounter(ds_comm)
     reply({"ready": True, "rank": ds_comm.get_rank(), "world": ds_comm.get_world_size(),
-           "deepspeed": deepspeed.__version__, "torch": torch.__version__})
+           "deepspeed": deepspeed.__version__, "deepspeed_file": deepspeed.__file__, "torch": torch.__version__})
     for line in sys.stdin:
         line = line.strip()
         if not line:
