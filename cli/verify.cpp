@@ -102,6 +102,11 @@ void print_reference_summary(const nlohmann::json& r) {
              r.value("deepspeed", "?"), r.value("cases", 0), r.value("values_bit_for_bit", 0), r.value("matched", 0),
              r.value("listed", 0), r.value("refused_by_both", 0), r.value("unlisted", 0), r.value("errors", 0),
              r.value("holds", false) ? "" : ": FAILS");
+  if (r.contains("drift_from")) {
+    fmt::print("  drift from the modelled DeepSpeed {}: the unlisted classes below are differences of this release, "
+               "not a verdict on it (its verdicts: zerocheck verify --against deepspeed=={})\n",
+               r.value("drift_from", ""), r.value("deepspeed", ""));
+  }
   if (r.contains("error")) fmt::print("    {}\n", r.value("error", ""));
   print_unlisted_classes(r);
   print_errors(r);

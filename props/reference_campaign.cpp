@@ -545,9 +545,13 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   const std::vector<DivergenceClass> classes = load_divergence_classes(divergence_classes_file());
   nlohmann::json j = count_conformance(pools, classes, opts.cases, opts.seed);
   j.erase("scenario_hashes");
-  j["deepspeed"] = "0.19.8";
+  // Against another DeepSpeed (props/deepspeed_target.h) the counts are drift from the modelled
+  // 0.19.8, not a verdict on that release: only errors fail the run.
+  const std::string& other = pools.env().expect_version;
+  j["deepspeed"] = other.empty() ? "0.19.8" : other;
   j["torch"] = "2.10.0";
-  j["holds"] = j.value("unlisted", 0) == 0 && j.value("errors", 0) == 0;
+  j["holds"] = (!other.empty() || j.value("unlisted", 0) == 0) && j.value("errors", 0) == 0;
+  if (!other.empty()) j["drift_from"] = "0.19.8";
   j["coverage_summary"] = coverage_summary(j);
   nlohmann::json saved_cases = nlohmann::json::array();
   save_unlisted_classes(j, opts.out, saved_cases);
