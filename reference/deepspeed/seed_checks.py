@@ -148,13 +148,13 @@ def _drive(args, coalesce, msids=None):
         engine.destroy()
 
 
-def _first_difference(got, want):
+def _first_difference(got, want, reference="the summed loss's gradient"):
     names = ["l1.weight", "l2.weight"]
     for name, g, w in zip(names, got, want):
         diff = (g != w).nonzero()
         if len(diff):
             i = tuple(int(v) for v in diff[0])
-            return f"{name}{list(i)} = {float(g[i])}, the summed loss's gradient gives {float(w[i])}"
+            return f"{name}{list(i)} = {float(g[i])}, {reference} gives {float(w[i])}"
     return None
 
 
@@ -218,18 +218,24 @@ def _coalesce_missing(stage):
         engine.destroy()
 
 
-def seed_i1(**args):
-    """I1: n backward calls inside engine.coalesce_grad_reduction() give bit-identical parameters to
-    the same n calls reduced per backward (seed 001, PR #7992's compatibility matrix)."""
+def _coalesce_preconditions(args):
+    """I1's and I2's verdict before any comparison: not applicable where the release has no
+    coalescing (or refuses it here), not runnable where one plain step of the case fails."""
     try:
         why = _coalesce_missing(args["stage"])
     except SetupError as e:
         return _not_runnable(e)
     if why:
         return {"verdict": "not_applicable", "summary": why}
-    plain = _baseline(args)
-    if plain:
-        return plain
+    return _baseline(args)
+
+
+def seed_i1(**args):
+    """I1: n backward calls inside engine.coalesce_grad_reduction() give bit-identical parameters to
+    the same n calls reduced per backward (seed 001, PR #7992's compatibility matrix)."""
+    early = _coalesce_preconditions(args)
+    if early:
+        return early
     try:
         base = _drive(args, coalesce=False)
         coalesced = _drive(args, coalesce=True)
@@ -237,9 +243,9 @@ def seed_i1(**args):
         return _not_runnable(e)
     except Exception as e:  # noqa: BLE001
         return {"verdict": "fails", "summary": f"{_describe(args)}: raised {_raised(e)}"}
-    diff = _first_difference(coalesced, base)
+    diff = _first_difference(coalesced, base, reference="per-backward reduction")
     if diff:
-        return {"verdict": "fails", "summary": f"{_describe(args)}, coalesced: {diff.replace('the summed loss', 'per-backward reduction')}"}
+        return {"verdict": "fails", "summary": f"{_describe(args)}, coalesced: {diff}"}
     return {"verdict": "holds", "summary": _describe(args)}
 
 
@@ -247,15 +253,9 @@ def seed_i2(**args):
     """I2: at ZeRO-3, micro_step_id is 0 at every coalesced flush, over several steps (so the flush
     copies into the gradient partition instead of adding to last step's)."""
     args = dict(args, stage=3)
-    try:
-        why = _coalesce_missing(3)
-    except SetupError as e:
-        return _not_runnable(e)
-    if why:
-        return {"verdict": "not_applicable", "summary": why}
-    plain = _baseline(args)
-    if plain:
-        return plain
+    early = _coalesce_preconditions(args)
+    if early:
+        return early
     msids = []
     try:
         _drive(args, coalesce=True, msids=msids)
