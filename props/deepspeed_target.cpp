@@ -2,6 +2,7 @@
 
 #include "engine/data_files.h"
 #include "engine/errors.h"
+#include "props/reference_pool.h"
 
 #include <fmt/format.h>
 
@@ -113,9 +114,7 @@ Overlay ensure_overlay(const std::string& target, bool all_ops) {
 }
 
 std::vector<std::string> index_releases(const std::string& from, const std::string& to) {
-  const std::string cache = std::getenv("XDG_CACHE_HOME") ? std::getenv("XDG_CACHE_HOME")
-                                                          : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache";
-  const std::string env = std::getenv("ZC_DS_ENV") ? std::getenv("ZC_DS_ENV") : cache + "/zerocheck/ds-env";
+  const std::string env = pinned_env_dir().string();
   const std::filesystem::path err = std::filesystem::temp_directory_path() / fmt::format("zc-ds-index-{}.log", ::getpid());
   std::string out;
   const int rc = run_capture(fmt::format("timeout 120 {}/bin/python -m pip --disable-pip-version-check index versions deepspeed",

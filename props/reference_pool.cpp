@@ -80,11 +80,15 @@ int free_port() {
 
 }  // namespace
 
+std::filesystem::path pinned_env_dir() {
+  const std::string cache = getenv_or("XDG_CACHE_HOME", getenv_or("HOME", "/root") + "/.cache");
+  return getenv_or("ZC_DS_ENV", cache + "/zerocheck/ds-env");
+}
+
 ReferenceEnv reference_env(const std::string& target, bool with_adam_ops) {
   ReferenceEnv e;
   e.target = target;
-  const std::string cache = getenv_or("XDG_CACHE_HOME", getenv_or("HOME", "/root") + "/.cache");
-  e.env_dir = getenv_or("ZC_DS_ENV", cache + "/zerocheck/ds-env");
+  e.env_dir = pinned_env_dir();
   e.python = e.env_dir / "bin" / "python";
   e.worker = getenv_or("ZC_DS_WORKER", data_file("reference/deepspeed/worker.py", ZC_SOURCE_DIR).string());
   if (const char* t = std::getenv("ZC_DS_TIMEOUT_S")) e.timeout_s = std::atof(t);

@@ -56,6 +56,8 @@ void probe_torch_sqrt(ReferenceEnv& env);
 // with_adam_ops false: only the ops the workers need to start (the seeds' checks run no Adam), so
 // a new release costs seconds of op builds, not minutes; adam_simd_width is then 0.
 ReferenceEnv reference_env(const std::string& target = "deepspeed", bool with_adam_ops = true);
+// Where that environment lives ($ZC_DS_ENV or the default), whether or not it is complete.
+std::filesystem::path pinned_env_dir();
 
 class ReferencePool {
  public:
