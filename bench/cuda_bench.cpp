@@ -4,7 +4,7 @@
 //     in, p, m, v out; with bf16 grads 26 B);
 //   - sum_sq (the canonical-order f64 reduction) read bandwidth, beside the same copy;
 //   - NcclComm all_reduce algorithm bandwidth (bytes / time) and bus bandwidth with nccl-tests'
-//     formula busbw = algbw * 2(n-1)/n (0 by definition on one rank, where nothing crosses a link).
+//     formula busbw = algbw * 2(n-1)/n; on one rank only the per-call time (nothing moves).
 // Kernels are timed with CUDA events on the compute stream, collectives by the host around a batch
 // of async ops and their waits. `zc_gpu_bench [--numel N] [--reps R]`, or under `mpirun -np G`.
 // ZC_GPU_REPORT_DIR, if set, receives bench.md. Without a GPU it says so and exits 0.
@@ -117,10 +117,17 @@ int main(int argc, char** argv) {
         dev.synchronize();
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
         const double algbw = static_cast<double>(bytes) / secs;
-        md += fmt::format("| {} MiB | {:.3f} ms | {:.1f} GB/s | {:.1f} GB/s |\n", bytes >> 20, secs * 1e3, algbw / 1e9,
-                          algbw * 2.0 * (n - 1) / n / 1e9);
+        if (n == 1) {  // an in-place all_reduce on one rank moves nothing: its time is the call's cost alone
+          md += fmt::format("| {} MiB | {:.3f} ms | - | - |\n", bytes >> 20, secs * 1e3);
+        } else {
+          md += fmt::format("| {} MiB | {:.3f} ms | {:.1f} GB/s | {:.1f} GB/s |\n", bytes >> 20, secs * 1e3,
+                            algbw / 1e9, algbw * 2.0 * (n - 1) / n / 1e9);
+        }
       }
-      if (n == 1) md += "\nOne rank: nothing crosses a link, so bus bandwidth is 0 by nccl-tests' definition.\n";
+      if (n == 1) {
+        md += "\nOne rank: an in-place all_reduce moves no bytes (seen: the same time at 1 MiB and 1 GiB), so "
+              "the times are NCCL's per-call cost and no bandwidth is a measurement; busbw needs 2+ GPUs.\n";
+      }
       if (root) {
         fmt::print("{}", md);
         if (const char* dir = std::getenv("ZC_GPU_REPORT_DIR")) std::ofstream(std::string(dir) + "/bench.md") << md;

@@ -125,7 +125,7 @@ Tensor HostDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCate
   void* data = std::calloc(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), 1);
   if (data == nullptr) throw UsageError(fmt::format("alloc: out of host memory ({} bytes)", bytes));
   storage->data = data;
-  alloc_stats_->on_alloc(category, bytes);
+  alloc_stats_->on_alloc(category, bytes, label);
   storage->owner = std::shared_ptr<void>(data, [stats = alloc_stats_, category, bytes](void* ptr) {
     stats->on_free(category, bytes);
     std::free(ptr);

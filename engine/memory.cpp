@@ -91,8 +91,9 @@ void MemoryLedger::sample(const std::string& label) {
   timeline_.push_back(MemSample{events_, live_, label});
 }
 
-void AllocatorStats::on_alloc(MemCategory c, std::int64_t bytes) {
+void AllocatorStats::on_alloc(MemCategory c, std::int64_t bytes, std::string_view label) {
   const std::size_t k = static_cast<std::size_t>(c);
+  if (c == MemCategory::unattributed) unattributed_label = label.empty() ? std::string_view("(no label)") : label;
   live[k] += bytes;
   live_total += bytes;
   peak[k] = std::max(peak[k], live[k]);

@@ -87,7 +87,10 @@ class MemoryLedger {
 struct AllocatorStats {
   MemBytes live{}, peak{}, at_peak{};
   std::int64_t live_total = 0, peak_total = 0;
-  void on_alloc(MemCategory c, std::int64_t bytes);
+  // The label of the latest allocation without a category (tests and tools only; in a training
+  // run, a missed attribution), so that a difference from meta mode can name it.
+  std::string unattributed_label;
+  void on_alloc(MemCategory c, std::int64_t bytes, std::string_view label = {});
   void on_free(MemCategory c, std::int64_t bytes);
   void reset_peak();
 };

@@ -36,9 +36,10 @@ std::string memory_difference(const MemoryLedger& meta, const AllocatorStats& ho
                               const std::string& where) {
   for (std::size_t k = 0; k < kMemCategories; ++k) {
     if (meta.peak()[k] != host.peak[k]) {
-      return fmt::format("{}: peak of {} is {} bytes in meta mode but the allocator held {}",
+      const bool named = static_cast<MemCategory>(k) == MemCategory::unattributed && !host.unattributed_label.empty();
+      return fmt::format("{}: peak of {} is {} bytes in meta mode but the allocator held {}{}",
                          where, mem_category_name(static_cast<MemCategory>(k)), meta.peak()[k],
-                         host.peak[k]);
+                         host.peak[k], named ? fmt::format(" (the latest: '{}')", host.unattributed_label) : "");
     }
   }
   if (meta.peak_total() != host.peak_total) {

@@ -136,7 +136,7 @@ Tensor CudaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCate
   CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<std::size_t>(bytes), st_->stream));
   auto storage = std::make_shared<Storage>();
   storage->data = data;
-  st_->alloc_stats->on_alloc(category, bytes);
+  st_->alloc_stats->on_alloc(category, bytes, label);
   storage->owner = std::shared_ptr<void>(data, [st = st_, category, bytes](void* ptr) {
     // Stream-ordered: after every kernel already queued on the compute stream. A failure here
     // (the runtime already torn down at exit) cannot be raised from a deleter and frees nothing.
@@ -250,12 +250,19 @@ void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
     count_kernel(0, src.nbytes(), dst.nbytes());
     return;
   }
-  Tensor from = src;
-  if (src.placement() == Placement::host) {  // CPU -> GPU: upload the source dtype, convert here
-    from = alloc(src.dtype(), src.shape(), "h2d staging");
-    upload(from, {static_cast<const std::byte*>(src.raw()), static_cast<std::size_t>(src.nbytes())});
+  if (src.placement() == Placement::host) {
+    // CPU -> GPU: convert on the host, then upload the result, as torch's blocking copy_ between
+    // devices does (type conversions on the CPU): the GPU holds no staging buffer, so its memory
+    // is what zerocheck plan counts (seen on an H200: a GPU-side staging of the source dtype was
+    // the only allocation meta mode lacked).
+    HostDevice cpu;
+    const Tensor staged = cpu.alloc(dst.dtype(), dst.shape(), "h2d staging");
+    cpu.cast(staged, src);
+    upload(dst, {static_cast<const std::byte*>(staged.raw()), static_cast<std::size_t>(staged.nbytes())});
+    count_kernel(0, src.nbytes(), dst.nbytes());
+    return;
   }
-  CUDA_CHECK(kernels::cast(st_->stream, any_f64(dst, from), vw(dst), vw(from), dst.numel()));
+  CUDA_CHECK(kernels::cast(st_->stream, any_f64(dst, src), vw(dst), vw(src), dst.numel()));
   count_kernel(0, src.nbytes(), dst.nbytes());
 }
 

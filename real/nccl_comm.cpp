@@ -31,6 +31,10 @@ struct NcclComm::State {
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
   cudaStream_t compute = nullptr;  // the CudaDevice's stream
+  // barrier()'s one float: the communicator's own, like NCCL's internal buffers, so it is
+  // allocated here (cudaMalloc, on first use) and not through the CudaDevice, whose counts are the
+  // engine's tensors that zerocheck plan predicts (Note [GPU memory measures]).
+  float* barrier_buf = nullptr;
   Duration timeout{0};
   int world_rank = 0;
 
@@ -106,6 +110,7 @@ struct NcclComm::State {
       }
     }
     if (comm_stream != nullptr) (void)cudaStreamDestroy(comm_stream);
+    if (barrier_buf != nullptr) (void)cudaFree(barrier_buf);  // synchronous: after the stream's work
   }
 };
 
@@ -250,7 +255,6 @@ NcclComm::NcclComm(std::shared_ptr<State> state, CudaDevice& dev, std::string na
   state_->start_watchdog();
   NCCL_CHECK(ncclCommUserRank(state_->comm, &rank_), state_->comm);
   NCCL_CHECK(ncclCommCount(state_->comm, &size_), state_->comm);
-  barrier_buf_ = dev_.alloc(DType::f32, {1}, name_ + ".barrier");
 }
 
 NcclComm::~NcclComm() = default;
@@ -387,9 +391,16 @@ WorkPtr NcclComm::all_to_all(const Tensor& out, const Tensor& in, const AllToAll
 }
 
 void NcclComm::barrier() {
+  // A one-element all_reduce on the communicator's own float (State::barrier_buf): seen on an
+  // H200, a barrier buffer taken from the CudaDevice was the one allocation a meta run of ZeRO-3's
+  // construction lacked.
   count(CollectiveKind::barrier, 0);
-  issue("barrier()", false, {barrier_buf_}, [&](cudaStream_t s) {
-    return ncclAllReduce(barrier_buf_.raw(), barrier_buf_.raw(), 1, ncclFloat32, ncclSum, state_->comm, s);
+  if (state_->barrier_buf == nullptr) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_->barrier_buf), sizeof(float)));
+  }
+  float* buf = state_->barrier_buf;
+  issue("barrier()", false, {}, [&](cudaStream_t s) {
+    return ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, state_->comm, s);
   });
 }
 

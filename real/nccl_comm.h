@@ -72,7 +72,6 @@ class NcclComm final : public Comm {
   std::string name_;
   int rank_ = 0, size_ = 1;
   std::int64_t seq_ = 0;
-  Tensor barrier_buf_;
 };
 
 // Why this process cannot have a GPU of its own, "" when it can: no driver or device, or more

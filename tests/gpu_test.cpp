@@ -81,11 +81,14 @@ TEST_F(Gpu, DeviceConformanceTableAgainstTheReference) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string md = fmt::format("## Device conformance: {} vs reference ({:.1f} s)\n\n"
-                               "| op | cases | bit for bit (NaN = NaN) | failed | largest difference (u * max(1, |ref|)) | bound |\n"
+                               "| op | cases | bit for bit (NaN = NaN) | failed | largest difference (u * the bound's scale) | bound |\n"
                                "|---|---|---|---|---|---|\n", g->dev->name(), secs);
   for (const auto& [op, r] : rows) {
     md += fmt::format("| {} | {} | {} | {} | {:.3g} | {} |\n", op, r.cases, r.bitwise, r.failed, r.worst,
-                      r.bound == 0 ? std::string("0 (bit for bit)") : fmt::format("(12 + 2 cols) u, up to {:g} u", r.bound));
+                      r.bound == 0                                           ? std::string("0 (bit for bit)")
+                      : op == "softmax_xent" || op == "causal_softmax" || op == "moe_gate"
+                          ? fmt::format("(12 + 2 cols) u, up to {:g} u", r.bound)
+                          : fmt::format("{:g} u of the terms", r.bound));
   }
   write_report("device_conformance.md", md + "\n");
   std::string first;
@@ -217,6 +220,10 @@ TEST_F(Gpu, MetaPeaksEqualTheGpuAllocatorsAndThePoolHoldsNoLess) {
     HostDevice cpu;
     const props::MemoryComparison c = props::compare_meta_with_backend(ns.spec, *g->dev, cpu, *g->nccl);
     EXPECT_EQ(c.difference, "") << ns.description;
+    if (!c.difference.empty()) {  // no figures from a run that did not compare
+      table += fmt::format("| {} | not compared: {} | | | |\n", ns.description, c.difference);
+      continue;
+    }
     const AllocatorStats* a = g->dev->allocator_stats();
     ASSERT_NE(a, nullptr);
     const std::int64_t pool = g->dev->pool_used_high();

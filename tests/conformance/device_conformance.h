@@ -56,7 +56,8 @@ double ulp_factor(const DeviceCase& c);
 // Runs the case on `ref` and `dut` from identical inputs and compares every output (tensors and
 // returned values). "" when they agree; otherwise the case, output, element, both values and bit
 // patterns. An op that throws on one device but not the other is a disagreement too. `worst`, if
-// given, receives the largest difference seen in units of u * max(1, |ref|) (0: bit for bit).
+// given, receives the largest difference seen in units of u times the bound's scale (max(1, |ref|)
+// for the bit-for-bit ops; 0: bit for bit).
 std::string run_device_case(Device& ref, Device& dut, const DeviceCase& c, double* worst = nullptr);
 
 }  // namespace zc::conformance
