@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# zerocheck plan's GPU memory against DeepSpeed's own, measured on a real GPU: for each shape in
+# examples/plan/shapes/ and each ZeRO stage 0-3 (examples/plan/zero{1,2,3}.json, stage 0 = zero1's
+# settings at stage 0), DeepSpeed 0.19.8 trains the Hugging Face model of that shape for 2 steps on
+# one GPU (reference/deepspeed/gpu_memory.py: torch's max_memory_allocated), and zerocheck plan
+# predicts the same run; the table puts the two side by side.
+#
+#   scripts/gpu-plan-check.sh --pack           here: DeepSpeed from the pinned environment and the
+#                                              wheels it needs beyond the GPU machine's image -> .dsgpu/
+#   scripts/gpu-plan-check.sh --measure OUT    on the GPU machine -> OUT/ds_gpu_memory.jsonl, OUT/ds_gpu_memory.log
+#   scripts/gpu-plan-check.sh --compare FILE   here: zerocheck plan for each measured row; prints the table
+#
+# Three steps because the GPU machine of this workplace has torch and transformers but no
+# DeepSpeed and no network; elsewhere, a machine with DeepSpeed installed runs --measure directly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+shapes=(examples/plan/shapes/gpt2-medium.json examples/plan/shapes/llama-1b.json)
+
+stage_config() {  # stage_config STAGE DIR: the ds_config for that stage, written into DIR
+  local stage="$1" dir="$2" src="examples/plan/zero$1.json"
+  [ "$stage" = 0 ] && src=examples/plan/zero1.json
+  python3 - "$src" "$stage" "$dir/zero$stage.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"]["stage"] = int(sys.argv[2])
+json.dump(c, open(sys.argv[3], "w"), indent=1)
+PY
+  echo "$dir/zero$stage.json"
+}
+
+case "${1:-}" in
+  --pack)
+    env_sp=$(ls -d "${ZC_DS_ENV:-$HOME/.cache/zerocheck/ds-env}"/lib/python3*/site-packages)
+    rm -rf .dsgpu && mkdir -p .dsgpu/site .dsgpu/whl
+    cp -r "$env_sp/deepspeed" "$env_sp"/deepspeed-*.dist-info .dsgpu/site/
+    find .dsgpu/site -name __pycache__ -prune -exec rm -rf {} +
+    # pydantic and hjson: DeepSpeed's needs that the GPU machine's image lacks (python 3.12 there).
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dsgpu/whl \
+      pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 hjson==3.1.0
+    grep -qx '/.dsgpu/' .git/info/exclude 2>/dev/null || echo '/.dsgpu/' >> .git/info/exclude
+    echo "gpu-plan-check: packed $(du -sh .dsgpu | cut -f1) into .dsgpu (carry it to the GPU machine)"
+    ;;
+  --measure)
+    out="${2:?--measure OUT}"
+    mkdir -p "$out"
+    if [ -d .dsgpu/whl ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/zc-dsgpu-site .dsgpu/whl/*.whl
+      export PYTHONPATH="/tmp/zc-dsgpu-site:$PWD/.dsgpu/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    tmp=$(mktemp -d)
+    # Every (shape, stage) run at once, one process each: torch's allocator figures are per process,
+    # and the GPU's memory holds all eight.
+    i=0; pids=()
+    for shape in "${shapes[@]}"; do
+      for stage in 0 1 2 3; do
+        cfg=$(stage_config "$stage" "$tmp")
+        MASTER_PORT=$((29600 + i)) PYTHONUNBUFFERED=1 timeout 300 python3 reference/deepspeed/gpu_memory.py \
+          --model-json "$shape" --config "$cfg" --steps 2 >"$tmp/run$i.out" 2>"$tmp/run$i.err" &
+        pids+=($!); i=$((i + 1))
+      done
+    done
+    : > "$out/ds_gpu_memory.jsonl"; : > "$out/ds_gpu_memory.log"
+    i=0
+    for shape in "${shapes[@]}"; do
+      for stage in 0 1 2 3; do
+        rc=0; wait "${pids[$i]}" || rc=$?
+        { echo "=== $shape stage $stage (exit $rc)"; cat "$tmp/run$i.err"; } >> "$out/ds_gpu_memory.log"
+        if line=$(grep '^GPU_MEMORY ' "$tmp/run$i.out"); then
+          echo "${line#GPU_MEMORY }" >> "$out/ds_gpu_memory.jsonl"
+          echo "gpu-plan-check: $shape stage $stage: measured"
+        else
+          printf '{"shape": "%s", "stage": %s, "error": "exit %s, see ds_gpu_memory.log"}\n' "$shape" "$stage" "$rc" >> "$out/ds_gpu_memory.jsonl"
+          echo "gpu-plan-check: $shape stage $stage: FAILED (exit $rc): $(tail -1 "$tmp/run$i.err")"
+        fi
+        i=$((i + 1))
+      done
+    done
+    ;;
+  --compare)
+    file="${2:?--compare FILE}"
+    zc="${ZEROCHECK:-build/default/cli/zerocheck}"
+    tmp=$(mktemp -d)
+    for s in 0 1 2 3; do stage_config "$s" "$tmp" >/dev/null; done
+    python3 - "$file" "$zc" "$tmp" "${shapes[@]}" <<'PY'
+import json, subprocess, sys
+file, zc, tmp, shapes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+by_name = {json.load(open(s)).get("name"): s for s in shapes}
+gib = lambda b: f"{b / 2**30:.2f}"
+print("| model | stage | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
+      "params, master, optimizer states at the end: DeepSpeed / plan (GiB) |")
+print("|---|---|---|---|---|---|---|")
+for line in open(file):
+    m = json.loads(line)
+    if "error" in m:
+        print(f"| {m['shape']} | {m['stage']} | not measured: {m['error']} | | | | |")
+        continue
+    shape = by_name[m["model"]]
+    p = json.loads(subprocess.run([zc, "plan", "--config", f"{tmp}/zero{m['stage']}.json", "--model-json", shape,
+                                   "--world-size", "1", "--gpu", "h200", "--no-deepspeed", "--json"],
+                                  check=True, capture_output=True, text=True).stdout)["memory"]["gpu"]
+    ds_step = max(s["peak_bytes"] for s in m["steps"])
+    st, cp = m["model_states_at_end"], p["category_peaks"]
+    states = " / ".join([", ".join(gib(st[k]) for k in ("params", "master", "optimizer_states")),
+                         ", ".join(gib(cp.get(k, 0)) for k in ("params", "master", "optimizer_states"))])
+    print(f"| {m['model']} | {m['stage']} | {gib(m['construction_peak_bytes'])} / {gib(p['construction_peak_bytes'])} | "
+          f"{p['construction_peak_bytes'] / m['construction_peak_bytes']:.2f} | {gib(ds_step)} / {gib(p['peak_bytes'])} | "
+          f"{p['peak_bytes'] / ds_step:.2f} | {states} |")
+first = json.loads(open(file).readline())
+print(f"\nDeepSpeed {first.get('deepspeed')} on torch {first.get('torch')}, {first.get('gpu')}; micro-batch "
+      f"{first.get('micro_batch')} x seq {first.get('seq')}, bf16, 2 steps; ratio = plan / DeepSpeed.")
+PY
+    ;;
+  *) echo "gpu-plan-check: use --pack, --measure OUT or --compare FILE" >&2; exit 2 ;;
+esac
