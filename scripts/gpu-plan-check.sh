@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # zerocheck plan's GPU memory against DeepSpeed's own, measured on a real GPU: for each shape in
-# examples/plan/shapes/ and each ZeRO stage 0-3 (examples/plan/zero{1,2,3}.json, stage 0 = zero1's
-# settings at stage 0), DeepSpeed 0.19.8 trains the Hugging Face model of that shape for 2 steps on
-# one GPU (reference/deepspeed/gpu_memory.py: torch's max_memory_allocated), and zerocheck plan
-# predicts the same run; the table puts the two side by side.
+# examples/plan/shapes/, each ZeRO stage 0-3 (examples/plan/zero{1,2,3}.json, stage 0 = zero1's
+# settings at stage 0) and each micro-batch in MICRO_BATCHES (default "1 4"), DeepSpeed 0.19.8
+# trains the Hugging Face model of that shape for 2 steps on one GPU
+# (reference/deepspeed/gpu_memory.py: torch's max_memory_allocated), and zerocheck plan predicts
+# the same run; the table puts the two side by side.
 #
 #   scripts/gpu-plan-check.sh --pack           here: DeepSpeed from the pinned environment and the
 #                                              wheels it needs beyond the GPU machine's image -> .dsgpu/
@@ -51,29 +52,31 @@ case "${1:-}" in
     tmp=$(mktemp -d)
     # Every (shape, stage) run at once, one process each: torch's allocator figures are per process,
     # and the GPU's memory holds all eight.
-    i=0; pids=()
-    for shape in "${shapes[@]}"; do
-      for stage in 0 1 2 3; do
-        cfg=$(stage_config "$stage" "$tmp")
-        MASTER_PORT=$((29600 + i)) PYTHONUNBUFFERED=1 timeout 300 python3 reference/deepspeed/gpu_memory.py \
-          --model-json "$shape" --config "$cfg" --steps 2 >"$tmp/run$i.out" 2>"$tmp/run$i.err" &
-        pids+=($!); i=$((i + 1))
-      done
-    done
+    # One wave per (micro-batch, shape): its four stages at once, one process each (torch's
+    # allocator figures are per process; four of the largest fit the GPU's memory together).
     : > "$out/ds_gpu_memory.jsonl"; : > "$out/ds_gpu_memory.log"
     i=0
-    for shape in "${shapes[@]}"; do
-      for stage in 0 1 2 3; do
-        rc=0; wait "${pids[$i]}" || rc=$?
-        { echo "=== $shape stage $stage (exit $rc)"; cat "$tmp/run$i.err"; } >> "$out/ds_gpu_memory.log"
-        if line=$(grep '^GPU_MEMORY ' "$tmp/run$i.out"); then
-          echo "${line#GPU_MEMORY }" >> "$out/ds_gpu_memory.jsonl"
-          echo "gpu-plan-check: $shape stage $stage: measured"
-        else
-          printf '{"shape": "%s", "stage": %s, "error": "exit %s, see ds_gpu_memory.log"}\n' "$shape" "$stage" "$rc" >> "$out/ds_gpu_memory.jsonl"
-          echo "gpu-plan-check: $shape stage $stage: FAILED (exit $rc): $(tail -1 "$tmp/run$i.err")"
-        fi
-        i=$((i + 1))
+    for mb in ${MICRO_BATCHES:-1 4}; do
+      for shape in "${shapes[@]}"; do
+        pids=(); first=$i
+        for stage in 0 1 2 3; do
+          cfg=$(stage_config "$stage" "$tmp")
+          MASTER_PORT=$((29600 + i)) PYTHONUNBUFFERED=1 timeout 240 python3 reference/deepspeed/gpu_memory.py \
+            --model-json "$shape" --config "$cfg" --steps 2 --micro-batch "$mb" >"$tmp/run$i.out" 2>"$tmp/run$i.err" &
+          pids+=($!); i=$((i + 1))
+        done
+        for stage in 0 1 2 3; do
+          j=$((first + stage)); rc=0; wait "${pids[$stage]}" || rc=$?
+          { echo "=== $shape stage $stage micro-batch $mb (exit $rc)"; cat "$tmp/run$j.err"; } >> "$out/ds_gpu_memory.log"
+          if line=$(grep '^GPU_MEMORY ' "$tmp/run$j.out"); then
+            echo "${line#GPU_MEMORY }" >> "$out/ds_gpu_memory.jsonl"
+            echo "gpu-plan-check: $shape stage $stage micro-batch $mb: measured"
+          else
+            printf '{"shape": "%s", "stage": %s, "micro_batch": %s, "error": "exit %s, see ds_gpu_memory.log"}\n' \
+              "$shape" "$stage" "$mb" "$rc" >> "$out/ds_gpu_memory.jsonl"
+            echo "gpu-plan-check: $shape stage $stage micro-batch $mb: FAILED (exit $rc): $(tail -1 "$tmp/run$j.err")"
+          fi
+        done
       done
     done
     ;;
@@ -87,28 +90,29 @@ import json, subprocess, sys
 file, zc, tmp, shapes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 by_name = {json.load(open(s)).get("name"): s for s in shapes}
 gib = lambda b: f"{b / 2**30:.2f}"
-print("| model | stage | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
+print("| model | stage | micro-batch | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
       "params, master, optimizer states at the end: DeepSpeed / plan (GiB) |")
-print("|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|")
 for line in open(file):
     m = json.loads(line)
     if "error" in m:
-        print(f"| {m['shape']} | {m['stage']} | not measured: {m['error']} | | | | |")
+        print(f"| {m['shape']} | {m['stage']} | {m.get('micro_batch', '')} | not measured: {m['error']} | | | | |")
         continue
     shape = by_name[m["model"]]
     p = json.loads(subprocess.run([zc, "plan", "--config", f"{tmp}/zero{m['stage']}.json", "--model-json", shape,
-                                   "--world-size", "1", "--gpu", "h200", "--no-deepspeed", "--json"],
+                                   "--world-size", "1", "--gpu", "h200", "--micro-batch", str(m["micro_batch"]),
+                                   "--no-deepspeed", "--json"],
                                   check=True, capture_output=True, text=True).stdout)["memory"]["gpu"]
     ds_step = max(s["peak_bytes"] for s in m["steps"])
     st, cp = m["model_states_at_end"], p["category_peaks"]
     states = " / ".join([", ".join(gib(st[k]) for k in ("params", "master", "optimizer_states")),
                          ", ".join(gib(cp.get(k, 0)) for k in ("params", "master", "optimizer_states"))])
-    print(f"| {m['model']} | {m['stage']} | {gib(m['construction_peak_bytes'])} / {gib(p['construction_peak_bytes'])} | "
+    print(f"| {m['model']} | {m['stage']} | {m['micro_batch']} | {gib(m['construction_peak_bytes'])} / {gib(p['construction_peak_bytes'])} | "
           f"{p['construction_peak_bytes'] / m['construction_peak_bytes']:.2f} | {gib(ds_step)} / {gib(p['peak_bytes'])} | "
           f"{p['peak_bytes'] / ds_step:.2f} | {states} |")
 first = json.loads(open(file).readline())
-print(f"\nDeepSpeed {first.get('deepspeed')} on torch {first.get('torch')}, {first.get('gpu')}; micro-batch "
-      f"{first.get('micro_batch')} x seq {first.get('seq')}, bf16, 2 steps; ratio = plan / DeepSpeed.")
+print(f"\nDeepSpeed {first.get('deepspeed')} on torch {first.get('torch')}, {first.get('gpu')}; seq "
+      f"{first.get('seq')}, bf16, 2 steps; ratio = plan / DeepSpeed.")
 PY
     ;;
   *) echo "gpu-plan-check: use --pack, --measure OUT or --compare FILE" >&2; exit 2 ;;

@@ -8,7 +8,7 @@ figures (torch.cuda.max_memory_allocated / memory_allocated, bytes of live tenso
 measure zerocheck plan predicts) for construction and for each step, and the model states by
 identity at the end (module params, the optimizer's fp32 master params and its state tensors).
 
-    python3 gpu_memory.py --model-json SHAPE.json --config ds_config.json [--steps 2] [--seed 0]
+    python3 gpu_memory.py --model-json SHAPE.json --config ds_config.json [--steps 2] [--seed 0] [--micro-batch N]
 
 Not the reference worker: it runs outside the pinned environment, on the GPU machine's own torch
 (scripts/gpu-plan-check.sh carries DeepSpeed and its pure-Python needs there). The optimizer is
@@ -68,10 +68,18 @@ def model_states(engine, model):
         if t.is_cuda and t.untyped_storage().data_ptr() not in seen:
             seen.add(t.untyped_storage().data_ptr())
             params += t.untyped_storage().nbytes()
-    inner = engine.optimizer
+    wrapper = inner = engine.optimizer
     while hasattr(inner, "optimizer") and not isinstance(inner, torch.optim.Optimizer):
         inner = inner.optimizer
-    master = sum(tensor_bytes(p) for g in inner.param_groups for p in g["params"] if p.is_cuda)
+    # The fp32 master partitions under each wrapper's own name (ZeRO-3 swaps its flat partitions
+    # into the torch optimizer's param_groups only while it steps).
+    for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
+        if getattr(wrapper, name, None) is not None:
+            masters = [t for t in getattr(wrapper, name) if torch.is_tensor(t)]
+            break
+    else:
+        masters = [p for g in inner.param_groups for p in g["params"]]
+    master = sum(tensor_bytes(t) for t in masters if t.is_cuda)
     states = sum(tensor_bytes(v) for s in inner.state.values() for v in s.values()
                  if torch.is_tensor(v) and v.is_cuda and v.dim() > 0)
     return {"params": params, "master": master, "optimizer_states": states}
@@ -83,6 +91,7 @@ def main():
     ap.add_argument("--config", required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--micro-batch", type=int, default=None, help="overrides train_micro_batch_size_per_gpu")
     a = ap.parse_args()
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29511"}.items():
@@ -94,6 +103,9 @@ def main():
     cfg = json.load(open(a.config))
     opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
     opt.setdefault("params", {}).update({"torch_adam": True, "fused": True})
+    if a.micro_batch is not None:
+        cfg["train_micro_batch_size_per_gpu"] = a.micro_batch
+        cfg.pop("train_batch_size", None)
     mb = cfg.get("train_micro_batch_size_per_gpu", 1)
     torch.manual_seed(a.seed)
     model = build_model(shape)
@@ -119,7 +131,7 @@ def main():
         engine.step()
         torch.cuda.synchronize()
         out["steps"].append({"peak_bytes": torch.cuda.max_memory_allocated(), "after_forward_bytes": after_forward,
-                             "after_step_bytes": torch.cuda.memory_allocated(), "loss": float(loss)})
+                             "after_step_bytes": torch.cuda.memory_allocated(), "loss": float(loss.detach())})
         del ids, loss
     out["model_states_at_end"] = model_states(engine, model)
     print("GPU_MEMORY " + json.dumps(out), flush=True)
