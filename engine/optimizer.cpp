@@ -77,9 +77,22 @@ BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64
   for (const auto& [off, len] : segments_) {
     ZC_ASSERT(off >= 0 && len >= 0 && off + len <= numel, "optimizer segment [{}, +{}) outside [0, {})", off, len, numel);
   }
-  state_a_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg", MemCategory::optimizer_states);
-  if (cfg.type != OptimizerType::sgd) {
-    state_b_ = dev.alloc(DType::f32, {numel}, label + ".exp_avg_sq", MemCategory::optimizer_states);
+  numel_ = numel;
+  label_ = label;
+}
+
+// Note [Lazy optimizer state]: torch's optimizers and DeepSpeed's CPU Adam create a tensor's
+// state at its first step (`if len(state) == 0`), and DeepSpeed 0.19.8's ZeRO-1/2/3 wrappers no
+// longer step at construction (initialize_optimizer_states, stage_1_and_2.py:934 and
+// stage3.py:1301, only attach a zero gradient), so the states appear in the first step's memory,
+// not construction's (measured on an H200: DeepSpeed's construction peak for GPT-2 medium at
+// ZeRO-1 is params + master + one f32 gradient partition, 3.31 GiB; the states' 2.64 GiB come at
+// the first step). FP16_Optimizer and BF16_Optimizer's dummy step at construction still creates
+// them there.
+void BaseOptimizer::create_states() {
+  state_a_ = dev_.alloc(DType::f32, {numel_}, label_ + ".exp_avg", MemCategory::optimizer_states);
+  if (cfg_.type != OptimizerType::sgd) {
+    state_b_ = dev_.alloc(DType::f32, {numel_}, label_ + ".exp_avg_sq", MemCategory::optimizer_states);
   }
 }
 
@@ -111,6 +124,7 @@ double scheduled_lr(const OptimizerConfig& cfg, std::int64_t engine_step) {
 }
 
 void BaseOptimizer::step(const Tensor& master, const Tensor& grad, bool engine_step) {
+  if (!state_a_.defined()) create_states();
   ++steps_;
   const double lr = engine_step ? scheduled_lr(cfg_, engine_steps_++) : cfg_.lr;
   if (cfg_.type == OptimizerType::sgd) {

@@ -57,6 +57,9 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
                          MemCategory::master);  // [pn] f32
     dev_.cast(master_, flat_.narrow(layout_.partition_start(rank_), pn));
     base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, dev_, pn, "optimizer", opts.adam_simd_width);
+    // initialize_optimizer_states (stage_1_and_2.py:934): a zero f32 gradient partition, attached
+    // to the master and dropped again; it sets construction's peak (Note [Lazy optimizer state]).
+    (void)dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad", MemCategory::temporaries);
   }
   is_in_partition_.assign(params_.size(), 0);
   partition_pos_.assign(params_.size(), -1);
