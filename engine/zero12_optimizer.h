@@ -115,7 +115,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
   bool accum_set_ = false;
   Tensor averaged_;                      // [partition_numel] accum dtype
   // The ipg bucket.
-  std::int64_t bucket_capacity_ = 0;     // min(reduce_bucket_size, group numel)
+  std::int64_t bucket_capacity_ = 0;     // reduce_bucket_size, as DeepSpeed allocates it
   std::vector<Tensor> buffers_;          // 1, or 2 with contiguous + overlap_comm
   int bucket_index_ = 0;
   std::int64_t bucket_elements_ = 0;

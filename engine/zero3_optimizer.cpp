@@ -21,7 +21,6 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   const bool offload_opt = cfg.zero.offload_optimizer == OffloadDevice::cpu;
   const bool offload_par = cfg.zero.offload_param == OffloadDevice::cpu;
   if (offload_opt || offload_par) cpu_.emplace(dev_, opts.cpu_device);
-  std::int64_t total = 0;
   for (Parameter* p : params_) {
     Shard s;
     s.p = p;
@@ -30,7 +29,6 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     s.offset = partition_numel_;
     s.persistent = s.numel <= cfg.zero.stage3_param_persistence_threshold;
     partition_numel_ += s.shard_numel;
-    total += s.numel;
     index_[p] = shards_.size();
     if (p->id >= 0) {
       if (index_by_id_.size() <= static_cast<std::size_t>(p->id)) index_by_id_.resize(p->id + 1, -1);
@@ -84,7 +82,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions", MemCategory::grads);
   if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition",
                                                 MemCategory::grads);
-  bucket_capacity_ = std::max<std::int64_t>(1, std::min(bucket_size_, total));
+  bucket_capacity_ = bucket_size_;  // reduce_bucket_size elements, as stage3.py:782 allocates
   if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer",
                                         MemCategory::ipg_buckets);
   already_reduced_.assign(shards_.size(), 0);
