@@ -44,6 +44,12 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
     // once with zero gradients at construction (initialize_optimizer_states in fused_optimizer.py
     // and unfused_optimizer.py): the step count becomes 1 and
     // weight decay acts once on the fp32 master, which is not copied back to the 16-bit params.
+    // FP16_UnfusedOptimizer first gives every 16-bit param a zero .grad too (unfused_optimizer.py
+    // :415), which FP16_Optimizer does not: one more params-sized tensor at construction's peak
+    // (seen on an H200 by replaying torch's allocator trace at that peak).
+    const Tensor lp_grads = unfused_ ? dev_.alloc(dtype_, {layout_.numel}, "initialize_optimizer_states.lp_grads",
+                                                  MemCategory::temporaries)
+                                     : Tensor();
     base_->step(master_, dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.grad",
                                     MemCategory::temporaries), /*engine_step=*/false);
   }

@@ -24,6 +24,9 @@ stage_config() {  # stage_config STAGE DIR: the ds_config for that stage, writte
 import json, sys
 c = json.load(open(sys.argv[1]))
 c["zero_optimization"]["stage"] = int(sys.argv[2])
+# DeepSpeed's torch path for Adam, as gpu_memory.py runs it (at stage 0 this makes DeepSpeed's
+# wrapper FP16_UnfusedOptimizer, per-tensor fp32 copies, which the plan must be told too).
+c.setdefault("optimizer", {"type": "AdamW", "params": {}}).setdefault("params", {})["torch_adam"] = True
 json.dump(c, open(sys.argv[3], "w"), indent=1)
 PY
   echo "$dir/zero$stage.json"

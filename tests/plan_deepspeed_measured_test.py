@@ -4,9 +4,13 @@
 
 For every measured run (GPT-2 medium and a 0.85B Llama, ZeRO-0 to 3, micro-batch 1 and 4):
   - the plan's params, fp32 master and optimizer-state peaks equal DeepSpeed's tensors, byte for byte;
-  - the plan's construction peak is DeepSpeed's within 1 MiB (torch's allocator rounds each block
-    to 512 bytes, and HF models hold a few small buffers), except the difference still open
-    (ZeRO-0's 16-bit wrapper), which is named, not checked.
+  - the plan's construction peak is DeepSpeed's within 0.1 % (at least 1 MiB): torch's caching
+    allocator counts whole blocks, and hands a large request a block up to 1 MiB bigger when the
+    rest is too small to split, so max_memory_allocated runs a few MiB over the bytes asked for
+    (Llama at ZeRO-0: 4.27 MB over the plan, while the allocator's own trace, replayed with the
+    requested sizes, is 1.1 KB from it: reference/deepspeed/gpu_memory.py --trace-construction).
+The configs carry "torch_adam": true, as gpu_memory.py ran DeepSpeed (at ZeRO-0 that selects
+FP16_UnfusedOptimizer).
 The step peak is not checked: the plan under-predicts Hugging Face's activations (docs/plan.md).
 
     python3 plan_deepspeed_measured_test.py ZEROCHECK_BINARY REPO_ROOT
@@ -16,7 +20,7 @@ import os
 import subprocess
 import sys
 
-OPEN = {(0, "gpt2-medium"), (0, "llama-1b")}  # docs/plan.md: not yet traced
+OPEN = set()  # (stage, model) pairs whose construction is a known, named difference: none today
 
 
 def main():
@@ -30,6 +34,7 @@ def main():
         stage, name, mb = m["stage"], m["model"], m["micro_batch"]
         cfg = json.load(open(os.path.join(root, "examples/plan", f"zero{max(stage, 1)}.json")))
         cfg["zero_optimization"]["stage"] = stage
+        cfg["optimizer"]["params"]["torch_adam"] = True  # as gpu_memory.py ran DeepSpeed
         cfg_path = os.path.join(tmp, f"zc-plan-measured-{os.getpid()}-{stage}.json")
         json.dump(cfg, open(cfg_path, "w"))
         out = subprocess.run([zc, "plan", "--config", cfg_path, "--model-json", shapes[name], "--world-size", "1",
@@ -49,7 +54,7 @@ def main():
         if (stage, name) in OPEN:
             continue
         diff = gpu["construction_peak_bytes"] - m["construction_peak_bytes"]
-        if abs(diff) > 1 << 20:
+        if abs(diff) > max(1 << 20, m["construction_peak_bytes"] // 1000):
             failures.append(f"{what}: construction peak: plan {gpu['construction_peak_bytes']} bytes, DeepSpeed "
                             f"{m['construction_peak_bytes']} ({diff:+d})")
         construction_checked += 1
@@ -57,8 +62,8 @@ def main():
           f"(open, not compared: {sorted(OPEN)})")
     for f in failures:
         print("FAIL:", f)
-    if checked != 16 or construction_checked != 12:
-        print(f"FAIL: expected 16 runs and 12 construction comparisons, got {checked} and {construction_checked}")
+    if checked != 16 or construction_checked != 16 - 2 * len(OPEN):
+        print(f"FAIL: expected 16 runs and {16 - 2 * len(OPEN)} construction comparisons, got {checked} and {construction_checked}")
         return 1
     return 1 if failures else 0
 

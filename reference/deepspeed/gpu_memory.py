@@ -9,6 +9,7 @@ measure zerocheck plan predicts) for construction and for each step, and the mod
 identity at the end (module params, the optimizer's fp32 master params and its state tensors).
 
     python3 gpu_memory.py --model-json SHAPE.json --config ds_config.json [--steps 2] [--seed 0] [--micro-batch N]
+                          [--trace-construction OUT.json]
 
 Not the reference worker: it runs outside the pinned environment, on the GPU machine's own torch
 (scripts/gpu-plan-check.sh carries DeepSpeed and its pure-Python needs there). The optimizer is
@@ -85,6 +86,31 @@ def model_states(engine, model):
     return {"params": params, "master": master, "optimizer_states": states}
 
 
+def write_peak_composition(torch, path):
+    """Replays the allocator's recorded events (torch.cuda.memory._snapshot) to the moment live
+    bytes peaked, and writes what was live then: each block's size and the innermost frames of
+    DeepSpeed, transformers or this script that allocated it."""
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = snap["device_traces"][0]
+    live, cur, peak, at_peak = {}, 0, 0, {}
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            cur += e["size"]
+            if cur > peak:
+                peak, at_peak = cur, dict(live)
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            cur -= live.pop(e["addr"])["size"]
+
+    def where(e):
+        frames = [f for f in e.get("frames", []) if any(k in f["filename"] for k in ("deepspeed", "transformers", "gpu_memory"))]
+        return [f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}" for f in frames[:4]]
+
+    blocks = sorted(({"bytes": e["size"], "where": where(e)} for e in at_peak.values()), key=lambda b: -b["bytes"])
+    json.dump({"peak_bytes": peak, "events": len(events), "live_at_peak": blocks[:40]}, open(path, "w"), indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-json", required=True)
@@ -92,6 +118,8 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--micro-batch", type=int, default=None, help="overrides train_micro_batch_size_per_gpu")
+    ap.add_argument("--trace-construction", default=None,
+                    help="write construction's peak, allocation by allocation with its Python stack, to this JSON")
     a = ap.parse_args()
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29511"}.items():
@@ -113,8 +141,12 @@ def main():
     deepspeed.init_distributed(dist_backend="nccl")
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
+    if a.trace_construction:
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=1000000)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     torch.cuda.synchronize()
+    if a.trace_construction:
+        write_peak_composition(torch, a.trace_construction)
     out = {"model": shape.get("name", "custom"), "stage": cfg.get("zero_optimization", {}).get("stage", 0),
            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
            "micro_batch": mb, "seq": shape["seq"], "before_bytes": before,
