@@ -75,9 +75,10 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   comm_.barrier();  // _setup_for_real_optimizer, after the fp32 partitions
   base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer", opts.adam_simd_width);
   // initialize_optimizer_states (stage3.py:1301): a zero f32 gradient buffer of the largest
-  // sub-group (here the one partition) on the device, offload or not, dropped at its end; the
-  // states themselves come at the first step (Note [Lazy optimizer state]).
-  (void)dev_.alloc(DType::f32, {pn}, "initialize_optimizer_states.gradient_buffer", MemCategory::temporaries);
+  // sub-group (here the one partition) on DeepSpeed's self.device, which is the CPU under
+  // offload_optimizer (stage3.py:333), dropped at its end; the states themselves come at the
+  // first step (Note [Lazy optimizer state]).
+  (void)opt_dev.alloc(DType::f32, {pn}, "initialize_optimizer_states.gradient_buffer", MemCategory::temporaries);
   comm_.barrier();  // and after the optimizer states
   grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions", MemCategory::grads);
   if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition",
