@@ -32,6 +32,24 @@ TEST(HostDevice, AllocIsZeroFilledAndViewsShareStorage) {
   EXPECT_THROW(t.narrow(10, 3), UsageError);
 }
 
+// Buffers of 64 MiB and more are mapped, not calloc'd (DeepSpeed-sized ipg buffers): zero-filled
+// as the small ones, counted and freed the same way.
+TEST(HostDevice, ALargeAllocationIsZeroFilledCountedAndFreed) {
+  HostDevice dev;
+  const std::int64_t n = (std::int64_t{64} << 20) / 4 + 3;  // just over the mapping threshold in f32
+  {
+    Tensor big = dev.alloc(DType::f32, {n}, "ipg_buffer_0", MemCategory::ipg_buckets);
+    EXPECT_EQ(dev.allocator_stats()->live_total, n * 4);
+    const Tensor last = big.narrow(n - 5, 5);
+    EXPECT_EQ(to_f64(dev, last), std::vector<double>(5, 0.0));
+    EXPECT_EQ(to_f64(dev, big.narrow(0, 5)), std::vector<double>(5, 0.0));
+    dev.fill(last, 1.5);
+    EXPECT_EQ(to_f64(dev, big.narrow(n - 6, 6)), (std::vector<double>{0.0, 1.5, 1.5, 1.5, 1.5, 1.5}));
+  }
+  EXPECT_EQ(dev.allocator_stats()->live_total, 0);
+  EXPECT_EQ(dev.allocator_stats()->peak_total, n * 4);
+}
+
 TEST(HostDevice, ElementwiseOpsMatchF32ArithmeticBitForBit) {
   HostDevice dev;
   const std::vector<double> av = iota_values(64, -3.25, 0.37), bv = iota_values(64, 1.5, -0.11);
