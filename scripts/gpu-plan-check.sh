@@ -9,7 +9,9 @@
 #   scripts/gpu-plan-check.sh --pack           here: DeepSpeed from the pinned environment and the
 #                                              wheels it needs beyond the GPU machine's image -> .dsgpu/
 #   scripts/gpu-plan-check.sh --measure OUT    on the GPU machine -> OUT/ds_gpu_memory.jsonl, OUT/ds_gpu_memory.log
-#   scripts/gpu-plan-check.sh --compare FILE   here: zerocheck plan for each measured row; prints the table
+#   scripts/gpu-plan-check.sh --compare FILE [--json]
+#                                              here: zerocheck plan for each measured row; prints the table,
+#                                              or one JSON object per row (DeepSpeed's figures and the plan's)
 #
 # Three steps because the GPU machine of this workplace has torch and transformers but no
 # DeepSpeed and no network; elsewhere, a machine with DeepSpeed installed runs --measure directly.
@@ -53,8 +55,6 @@ case "${1:-}" in
       export PYTHONPATH="/tmp/zc-dsgpu-site:$PWD/.dsgpu/site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     tmp=$(mktemp -d)
-    # Every (shape, stage) run at once, one process each: torch's allocator figures are per process,
-    # and the GPU's memory holds all eight.
     # One wave per (micro-batch, shape): its four stages at once, one process each (torch's
     # allocator figures are per process; four of the largest fit the GPU's memory together).
     : > "$out/ds_gpu_memory.jsonl"; : > "$out/ds_gpu_memory.log"
@@ -85,14 +85,33 @@ case "${1:-}" in
     ;;
   --compare)
     file="${2:?--compare FILE}"
+    as_json="${3:-}"
     zc="${ZEROCHECK:-build/default/cli/zerocheck}"
     tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
     for s in 0 1 2 3; do stage_config "$s" "$tmp" >/dev/null; done
-    python3 - "$file" "$zc" "$tmp" "${shapes[@]}" <<'PY'
+    python3 - "$file" "$zc" "$tmp" "$as_json" "${shapes[@]}" <<'PY'
 import json, subprocess, sys
-file, zc, tmp, shapes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+file, zc, tmp, as_json, shapes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "--json", sys.argv[5:]
 by_name = {json.load(open(s)).get("name"): s for s in shapes}
 gib = lambda b: f"{b / 2**30:.2f}"
+
+
+def plan(m):  # zerocheck plan's GPU memory for a measured run's shape, stage and micro-batch
+    out = subprocess.run([zc, "plan", "--config", f"{tmp}/zero{m['stage']}.json", "--model-json", by_name[m["model"]],
+                          "--world-size", "1", "--gpu", "h200", "--micro-batch", str(m["micro_batch"]),
+                          "--no-deepspeed", "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"gpu-plan-check: zerocheck plan exited {out.returncode} for {m['model']} ZeRO-{m['stage']}: "
+                         f"{out.stderr.strip()}")
+    return json.loads(out.stdout)["memory"]["gpu"]
+
+
+if as_json:
+    for line in open(file):
+        m = json.loads(line)
+        print(json.dumps({"measured": m, "plan": None if "error" in m else plan(m)}))
+    sys.exit(0)
 print("| model | stage | micro-batch | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
       "params, master, optimizer states at the end: DeepSpeed / plan (GiB) |")
 print("|---|---|---|---|---|---|---|---|")
@@ -101,11 +120,7 @@ for line in open(file):
     if "error" in m:
         print(f"| {m['shape']} | {m['stage']} | {m.get('micro_batch', '')} | not measured: {m['error']} | | | | |")
         continue
-    shape = by_name[m["model"]]
-    p = json.loads(subprocess.run([zc, "plan", "--config", f"{tmp}/zero{m['stage']}.json", "--model-json", shape,
-                                   "--world-size", "1", "--gpu", "h200", "--micro-batch", str(m["micro_batch"]),
-                                   "--no-deepspeed", "--json"],
-                                  check=True, capture_output=True, text=True).stdout)["memory"]["gpu"]
+    p = plan(m)
     ds_step = max(s["peak_bytes"] for s in m["steps"])
     st, cp = m["model_states_at_end"], p["category_peaks"]
     states = " / ".join([", ".join(gib(st[k]) for k in ("params", "master", "optimizer_states")),
@@ -118,5 +133,5 @@ print(f"\nDeepSpeed {first.get('deepspeed')} on torch {first.get('torch')}, {fir
       f"{first.get('seq')}, bf16, 2 steps; ratio = plan / DeepSpeed.")
 PY
     ;;
-  *) echo "gpu-plan-check: use --pack, --measure OUT or --compare FILE" >&2; exit 2 ;;
+  *) echo "gpu-plan-check: use --pack, --measure OUT or --compare FILE [--json]" >&2; exit 2 ;;
 esac

@@ -9,7 +9,8 @@ For every measured run (GPT-2 medium and a 0.85B Llama, ZeRO-0 to 3, micro-batch
     rest is too small to split, so max_memory_allocated runs a few MiB over the bytes asked for
     (Llama at ZeRO-0: 4.27 MB over the plan, while the allocator's own trace, replayed with the
     requested sizes, is 1.1 KB from it: reference/deepspeed/gpu_memory.py --trace-construction).
-The configs carry "torch_adam": true, as gpu_memory.py ran DeepSpeed (at ZeRO-0 that selects
+The configs and the plan calls are the comparison script's own (`gpu-plan-check.sh --compare --json`):
+they carry "torch_adam": true, as gpu_memory.py ran DeepSpeed (at ZeRO-0 that selects
 FP16_UnfusedOptimizer).
 The step peak is not checked: the plan under-predicts Hugging Face's activations (docs/plan.md).
 
@@ -26,26 +27,21 @@ OPEN = set()  # (stage, model) pairs whose construction is a known, named differ
 def main():
     zc, root = sys.argv[1], sys.argv[2]
     measured = os.path.join(root, "reference/deepspeed/measured/h200-deepspeed-0.19.8.jsonl")
-    shapes = {n: os.path.join(root, "examples/plan/shapes", n + ".json") for n in ("gpt2-medium", "llama-1b")}
+    # The script's own configs and plan calls (scripts/gpu-plan-check.sh --compare), as JSON.
+    out = subprocess.run(["bash", os.path.join(root, "scripts/gpu-plan-check.sh"), "--compare", measured, "--json"],
+                         capture_output=True, text=True, env={**os.environ, "ZEROCHECK": zc})
+    if out.returncode != 0:
+        print(f"FAIL: gpu-plan-check.sh --compare exited {out.returncode}: {out.stderr.strip()}")
+        return 1
     failures, checked, construction_checked = [], 0, 0
-    tmp = os.environ.get("TMPDIR", "/tmp")
-    for line in open(measured):
-        m = json.loads(line)
-        stage, name, mb = m["stage"], m["model"], m["micro_batch"]
-        cfg = json.load(open(os.path.join(root, "examples/plan", f"zero{max(stage, 1)}.json")))
-        cfg["zero_optimization"]["stage"] = stage
-        cfg["optimizer"]["params"]["torch_adam"] = True  # as gpu_memory.py ran DeepSpeed
-        cfg_path = os.path.join(tmp, f"zc-plan-measured-{os.getpid()}-{stage}.json")
-        json.dump(cfg, open(cfg_path, "w"))
-        out = subprocess.run([zc, "plan", "--config", cfg_path, "--model-json", shapes[name], "--world-size", "1",
-                              "--gpu", "h200", "--micro-batch", str(mb), "--no-deepspeed", "--json"],
-                             capture_output=True, text=True)
-        os.unlink(cfg_path)
-        if out.returncode != 0:
-            failures.append(f"{name} stage {stage} mb {mb}: zerocheck plan exited {out.returncode}: {out.stderr.strip()}")
-            continue
-        gpu = json.loads(out.stdout)["memory"]["gpu"]
+    for line in out.stdout.splitlines():
+        row = json.loads(line)
+        m, gpu = row["measured"], row["plan"]
+        stage, name, mb = m.get("stage"), m.get("model", m.get("shape")), m.get("micro_batch")
         what = f"{name} ZeRO-{stage} micro-batch {mb}"
+        if gpu is None:
+            failures.append(f"{what}: not measured ({m.get('error')})")
+            continue
         for k, v in m["model_states_at_end"].items():
             planned = gpu["category_peaks"].get(k, 0)
             if planned != v:

@@ -61,12 +61,13 @@ def main():
     torch.cuda.synchronize()
     live = torch.cuda.memory_allocated() - base
     by_class, layer0, outside, total = collections.Counter(), [], collections.Counter(), 0
-    block = "transformer.h.0." if "transformer.h.0" in dict(model.named_modules()) else "model.layers.0."
+    modules = {n: m for m, n in names.items()}
+    block = "transformer.h.0." if "transformer.h.0" in modules else "model.layers.0."
     for ptr, (mod, nbytes, shp, dt) in seen.items():
         if ptr in params:
             continue  # a weight saved for backward is the param itself, not an activation
         total += nbytes
-        owner = dict(model.named_modules()).get(mod)
+        owner = modules.get(mod)
         by_class[type(owner).__name__ if owner is not None else mod] += nbytes
         if mod.startswith(block) or mod == block[:-1]:
             layer0.append({"module": mod[len(block):] or "(block)", "bytes": nbytes, "shape": shp, "dtype": dt})
