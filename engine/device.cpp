@@ -8,6 +8,24 @@
 
 namespace zc {
 
+const char* unary_name(Unary f) {
+  switch (f) {
+    case Unary::tanh: return "tanh";
+    case Unary::silu: return "silu";
+    case Unary::cube: return "cube";
+  }
+  return "?";
+}
+
+std::int64_t unary_flops(Unary f, bool backward) {
+  switch (f) {
+    case Unary::tanh: return backward ? 3 : 4;
+    case Unary::silu: return backward ? 7 : 4;
+    case Unary::cube: return backward ? 3 : 2;
+  }
+  return 0;
+}
+
 Tensor Device::alloc(DType dtype, Shape shape, std::string label, MemCategory category) {
   Tensor t = do_alloc(dtype, std::move(shape), std::move(label), category);
   if (accounts_allocations_) {

@@ -90,6 +90,13 @@ struct DeviceCounters {
 // A top-k routing on the host (Device::moe_gate): per token n and choice j (row-major [N*k]),
 // the expert, or -1 when capacity dropped it, and its slot in that expert's capacity buffer
 // (-1 when dropped).
+// The pointwise functions a Hugging Face layer applies op by op, so that each result is a tensor
+// autograd keeps (models/transformer.h, Note [Hugging Face's saved tensors]).
+enum class Unary : std::uint8_t { tanh, silu, cube };
+const char* unary_name(Unary f);
+// Arithmetic per element of Unary f's forward or backward, for the FLOP counters of every backend.
+std::int64_t unary_flops(Unary f, bool backward);
+
 struct MoeRoute {
   std::int64_t tokens = 0, k = 0, experts = 0, capacity = 0;
   std::vector<std::int64_t> expert, slot;
@@ -229,6 +236,15 @@ class Device {
   // dup = dout * (gate * s); dgate = (dout * up) * (s * (1 + gate * (1 - s))).
   virtual void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                                const Tensor& gate, const Tensor& up) = 0;
+  // out = f(x), elementwise, in the compute type as above (torch's tanh, silu and pow(x, 3)):
+  // tanh: tanh(x); silu: x / (1 + exp(-x)); cube: (x * x) * x.
+  virtual void unary(const Tensor& out, const Tensor& x, Unary f) = 0;
+  // Its backward from what autograd keeps, `saved`: tanh keeps its output y, dx = dout * (1 - y * y);
+  // silu keeps x, dx = dout * (s * (1 + x * (1 - s))) with s = 1 / (1 + exp(-x)); cube keeps x,
+  // dx = dout * (3 * (x * x)) (torch rounds x^2 and 3 x^2 to a 16-bit dtype between its ops; here
+  // they stay in the compute type).
+  virtual void unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved,
+                              Unary f) = 0;
   // Rotary position embedding (Llama's rotate_half form) without a table: x, out [R, heads * dh]
   // in token layout, row r at position p = r % seq. For each head and i < dh / 2: the angle
   // p * base^(-2i/dh) in f64, cs = cos and sn = sin of it rounded to the compute type (sn negated

@@ -181,6 +181,49 @@ void HostDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
                dgate.nbytes() + dup.nbytes());
 }
 
+void HostDevice::unary(const Tensor& out, const Tensor& x, Unary f) {
+  const char* op = unary_name(f);
+  for (const Tensor* t : {&out, &x}) on(op, *t, placement_);
+  same_numel(op, out, x);
+  with_compute({&out, &x}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const T v = ld<T>(x, i);
+      T y{};
+      switch (f) {
+        case Unary::tanh: y = f64_tanh(v); break;
+        case Unary::silu: y = v / (T(1) + f64_exp(-v)); break;
+        case Unary::cube: y = (v * v) * v; break;
+      }
+      st<T>(out, i, y);
+    }
+  });
+  count_kernel(unary_flops(f, false) * x.numel(), x.nbytes(), out.nbytes());
+}
+
+void HostDevice::unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved,
+                                Unary f) {
+  const char* op = unary_name(f);
+  for (const Tensor* t : {&dx, &dout, &saved}) on(op, *t, placement_);
+  same_shape3(op, dx, dout, saved);
+  with_compute({&dx, &dout, &saved}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < dx.numel(); ++i) {
+      const T v = ld<T>(saved, i);
+      T d{};
+      switch (f) {
+        case Unary::tanh: d = T(1) - v * v; break;
+        case Unary::silu: {
+          const T s = T(1) / (T(1) + f64_exp(-v));
+          d = s * (T(1) + v * (T(1) - s));
+          break;
+        }
+        case Unary::cube: d = T(3) * (v * v); break;
+      }
+      st<T>(dx, i, ld<T>(dout, i) * d);
+    }
+  });
+  count_kernel(unary_flops(f, true) * dx.numel(), dout.nbytes() + saved.nbytes(), dx.nbytes());
+}
+
 void HostDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads,
                       double base, bool inverse) {
   for (const Tensor* t : {&out, &x}) on("rope", *t, placement_);

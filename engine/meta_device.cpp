@@ -286,6 +286,18 @@ void MetaDevice::gelu_backward(const Tensor& dx, const Tensor& dout, const Tenso
   same_numel("gelu_backward", dx, x);
   tally(counters_, 16 * x.numel(), x.nbytes() + dout.nbytes(), dx.nbytes());
 }
+void MetaDevice::unary(const Tensor& out, const Tensor& x, Unary f) {
+  all_meta(unary_name(f), {&out, &x});
+  same_numel(unary_name(f), out, x);
+  tally(counters_, unary_flops(f, false) * x.numel(), x.nbytes(), out.nbytes());
+}
+void MetaDevice::unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved,
+                                Unary f) {
+  all_meta(unary_name(f), {&dx, &dout, &saved});
+  same_numel(unary_name(f), dx, dout);
+  same_numel(unary_name(f), dx, saved);
+  tally(counters_, unary_flops(f, true) * dx.numel(), dout.nbytes() + saved.nbytes(), dx.nbytes());
+}
 void MetaDevice::swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) {
   all_meta("swiglu", {&out, &gate, &up});
   same_numel("swiglu", out, gate);

@@ -337,36 +337,54 @@ HostBatch Transformer::batch_shapes(std::int64_t samples) const {
 // ---- pieces ----
 
 Tensor Transformer::norm_forward(Device& dev, Module& m, const char* w, const Tensor& x,
-                                 Tensor& mean, Tensor& rstd) {
+                                 NormActs& s) {
   const std::int64_t N = x.dim(0), d = spec_.dim;
+  const DType sd = stats_dtype();
   Tensor out = act(dev, dtype_, {N, d}, "norm_out");
-  rstd = act(dev, dtype_, {N}, "norm_rstd");
+  s.rstd = act(dev, sd, {N}, "norm_rstd");
   if (spec_.norm == NormKind::layernorm) {
-    mean = act(dev, dtype_, {N}, "norm_mean");
+    s.x = x;
+    s.mean = act(dev, sd, {N}, "norm_mean");
     const std::string b = std::string(w) + (std::string(w) == "weight" ? "" : "_b");
-    dev.layernorm(out, mean, rstd, x, data_of(m, w),
+    dev.layernorm(out, s.mean, s.rstd, x, data_of(m, w),
                   data_of(m, std::string(w) == "weight" ? "bias" : b.c_str()), spec_.eps);
-  } else {
-    dev.rmsnorm(out, rstd, x, data_of(m, w), spec_.eps);
+    return out;
   }
+  // Hugging Face's LlamaRMSNorm (Note [Hugging Face's saved tensors]).
+  if (dtype_ == sd) {
+    s.x = x;
+  } else {
+    s.x = act(dev, sd, {N, d}, "norm_x_f32");
+    dev.cast(s.x, x);
+  }
+  dev.rmsnorm(out, s.rstd, s.x, data_of(m, w), spec_.eps);
+  s.xn = act(dev, dtype_, {N, d}, "norm_xn");
+  dev.scale_rows(s.xn, s.x, s.rstd);
   return out;
 }
 
 Tensor Transformer::norm_backward(Device& dev, Module& m, const char* w, const Tensor& dout,
-                                  const Tensor& x, const Tensor& mean, const Tensor& rstd) {
-  const std::int64_t N = x.dim(0), d = spec_.dim;
+                                  const NormActs& s) {
+  const std::int64_t N = dout.dim(0), d = spec_.dim;
   Tensor dx = act(dev, dtype_, {N, d}, "norm_dx");
   Tensor dw = tmp(dev, dtype_, {d}, "dnorm_w");
   if (spec_.norm == NormKind::layernorm) {
     const std::string bname = std::string(w) == "weight" ? "bias" : std::string(w) + "_b";
     Tensor db = tmp(dev, dtype_, {d}, "dnorm_b");
-    dev.layernorm_backward(dx, dw, db, dout, x, data_of(m, w), mean, rstd);
+    dev.layernorm_backward(dx, dw, db, dout, s.x, data_of(m, w), s.mean, s.rstd);
     accumulate_grad(dev, param_of(m, w), dw);
     accumulate_grad(dev, param_of(m, bname.c_str()), db);
-  } else {
-    dev.rmsnorm_backward(dx, dw, dout, x, data_of(m, w), rstd);
-    accumulate_grad(dev, param_of(m, w), dw);
+    return dx;
   }
+  // The weight's grad as autograd computes it for w * xn: the rows dout * xn, summed. dx from
+  // rmsnorm_backward, whose own dw (from the unrounded rows) is dropped.
+  Tensor rows = tmp(dev, dtype_, {N, d}, "dnorm_w_rows");
+  dev.mul(rows, dout, s.xn);
+  dev.sum_rows(dw, rows, false);
+  rows = Tensor();
+  Tensor dw_unrounded = tmp(dev, dtype_, {d}, "dnorm_w_unused");
+  dev.rmsnorm_backward(dx, dw_unrounded, dout, s.x, data_of(m, w), s.rstd);
+  accumulate_grad(dev, param_of(m, w), dw);
   return dx;
 }
 

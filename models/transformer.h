@@ -16,6 +16,27 @@
 // Activation checkpointing is not modelled: every layer keeps its activations until its backward,
 // which frees them (as autograd frees saved tensors).
 //
+// Note [Hugging Face's saved tensors]
+// The blocks compute op by op as Hugging Face's eager GPT2Block and LlamaDecoderLayer do, so that
+// what a block keeps for its backward is what autograd keeps there (measured with
+// saved_tensors_hooks: reference/deepspeed/gpu_saved_tensors.py, kept in
+// reference/deepspeed/measured/h200-saved-tensors-*.json; docs/plan.md):
+// - LayerNorm keeps its input, mean and rstd; RMSNorm keeps its input cast to f32, rstd, and the
+//   normalised rows cast back to the model dtype (the weight's gradient reads them). Statistics
+//   are f32 (f64 in f64 models), as torch's.
+// - Llama's attention takes its softmax in f32 (softmax(dtype=float32)) and keeps it and its cast
+//   to the model dtype (P V reads the cast); grouped-query K and V are repeated to every query head
+//   and kept so (repeat_kv). GPT-2's softmax is in the model dtype.
+// - GPT-2's gelu_new runs as its seven ops: it keeps the pre-activation x, tanh(c (x + a x^3)),
+//   1 + tanh, 0.5 x and their product. Llama's MLP keeps gate, silu(gate), up and their product.
+// - The loss upcasts the logits to f32 and keeps an f32 [N, V] (Hugging Face's log-softmax; here
+//   softmax - onehot, the same bytes).
+// What is not Hugging Face's yet (values; memory is the same): RMSNorm's output is rounded once
+// ((x * rstd) * w, Hugging Face rounds x * rstd first), and its dx comes from rmsnorm_backward in
+// one pass; the loss's backward holds two f32 [N, V], where autograd holds three while
+// log_softmax's backward runs (its input gradient from nll_loss). The values are not compared with
+// Hugging Face's yet (issue 41's transformer twin).
+//
 // Note [MoE routing]
 // experts > 0 (Mixtral-style): every block's MLP is a router [experts, dim] (a Linear without
 // bias, in the model dtype) and `experts` SwiGLU experts of width ffn, with top-2 routing as
@@ -116,13 +137,23 @@ class Transformer : public Model {
   }
 
  private:
+  struct NormActs {  // what a norm keeps (Note [Hugging Face's saved tensors])
+    Tensor x;          // [N,d] LayerNorm: its input; RMSNorm: its input in f32 (the input in f32/f64)
+    Tensor mean, rstd; // [N] in stats_dtype(); mean for LayerNorm only
+    Tensor xn;         // [N,d] RMSNorm: x * rstd in the model dtype
+  };
   struct BlockActs {  // what a block's forward keeps for its backward; N tokens
-    Tensor x, h1, mean1, rstd1;  // [N,d] block input, attn norm out, stats [N]
-    Tensor qh, kh, vh;           // [B,H,S,dh], [B,Hkv,S,dh] x2 (after rope)
-    Tensor p;                    // [B*H*S, S] probabilities (materialised attention only)
+    NormActs n1, n2;             // the attention's and the MLP's norms
+    Tensor h1;                   // [N,d] attn norm out
+    Tensor qh, kh, vh;           // [B,H,S,dh] (after rope); K, V [B,Hkv,S,dh], or [B,H,S,dh] when
+                                 // materialised attention repeats them (repeat_kv)
+    Tensor p32, p;               // [B*H*S, S] probabilities (materialised attention only): p32 the
+                                 // f32 softmax (Llama in 16 bits), p in the model dtype
     Tensor o;                    // [N, H*dh] attention output (Wo's input)
-    Tensor x2, h2, mean2, rstd2; // [N,d] after the attention residual, mlp norm out, stats
-    Tensor u, g, a;              // [N,ffn]: gelu: u pre-activation; swiglu: g gate, u up; a MLP act
+    Tensor h2;                   // [N,d] mlp norm out
+    // [N,ffn]. gelu: u pre-activation, th = tanh(c (u + a u^3)), th1 = 1 + th, xh = 0.5 u;
+    // swiglu: g gate, s = silu(g), u up; a the MLP's output activation (the product).
+    Tensor u, g, s, th, th1, xh, a;
     // MoE (Note [MoE routing]): router probs [N,E], weights and expert ids [N,k]; per slot of the
     // [E*C] layout its token and choice (n*k + j) or -1, and its weight; the experts' outputs
     // back in slot layout [E*C, d]; per local expert its input [ep*C, d] and gate, up, act.
@@ -134,10 +165,15 @@ class Transformer : public Model {
   Module& final_norm() const { return *children().at(children().size() - 2); }
   Module& lm_head() const { return *children().back(); }
 
-  Tensor norm_forward(Device& dev, Module& m, const char* w, const Tensor& x, Tensor& mean,
-                      Tensor& rstd);
-  Tensor norm_backward(Device& dev, Module& m, const char* w, const Tensor& dout, const Tensor& x,
-                       const Tensor& mean, const Tensor& rstd);
+  // f32, or f64 in f64 models: norms' statistics and the loss.
+  DType stats_dtype() const { return dtype_ == DType::f64 ? DType::f64 : DType::f32; }
+  Tensor norm_forward(Device& dev, Module& m, const char* w, const Tensor& x, NormActs& s);
+  Tensor norm_backward(Device& dev, Module& m, const char* w, const Tensor& dout,
+                       const NormActs& s);
+  // The divisor of a query head's index that gives its K/V head in a.kh and a.vh (1 once repeated).
+  std::int64_t kv_div(const BlockActs& a) const;
+  bool f32_softmax() const;
+  Tensor repeat_kv(Device& dev, const Tensor& t, const char* label);
   Tensor linear(Device& dev, Module& m, const char* w, const char* b, const Tensor& x,
                 std::int64_t out_features, const char* label);
   // dx (when want_dx) of y = x W^T + b; accumulates dW (and db) into the params.
@@ -164,7 +200,8 @@ class Transformer : public Model {
   TransformerSpec spec_;
   Comm* ep_ = nullptr;
   std::vector<BlockActs> acts_;
-  Tensor ids_, labels_, positions_, xf_, hf_, meanf_, rstdf_, dlogits_;
+  NormActs normf_;  // the final norm's
+  Tensor ids_, labels_, positions_, hf_, dlogits_;
   std::int64_t batch_ = 0;
 };
 

@@ -20,7 +20,30 @@ Tensor head(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t heads,
   return t.narrow(((b * heads) + h) * rows * cols, rows * cols).view({rows, cols});
 }
 
+constexpr double kGeluC = 0.7978845608028654;  // gelu_new's sqrt(2 / pi), as device.h's gelu
+constexpr double kGeluA = 0.044715;
+
 }  // namespace
+
+// Llama's eager attention takes its softmax in f32 (softmax(dtype=float32)); GPT-2's in the
+// model dtype. Only 16-bit models keep a second copy.
+bool Transformer::f32_softmax() const {
+  return spec_.norm == NormKind::rmsnorm && dtype_size(dtype_) == 2;
+}
+
+// repeat_kv: [B, Hkv, S, dh] to [B, H, S, dh], kv head g copied to query heads g*rep ..
+// g*rep + rep - 1.
+Tensor Transformer::repeat_kv(Device& dev, const Tensor& t, const char* label) {
+  const std::int64_t B = batch_, S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
+  const std::int64_t dh = spec_.head_dim(), rep = H / Hkv;
+  Tensor out = act(dev, dtype_, {B * H * S * dh}, label);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      dev.copy(head(out, b, h, H, S, dh), head(t, b, h / rep, Hkv, S, dh));
+    }
+  }
+  return out;
+}
 
 // Fused attention (Note [Attention memory]): head (b, h)'s probabilities [S, S], computed afresh
 // (forward, and again in backward); `scores` keeps its scaled scores buffer for reuse.
@@ -36,20 +59,34 @@ Tensor Transformer::head_probs(Device& dev, const BlockActs& a, std::int64_t b, 
   return p;
 }
 
+std::int64_t Transformer::kv_div(const BlockActs& a) const {
+  const std::int64_t per_head = batch_ * spec_.seq * spec_.head_dim();
+  return a.kh.numel() == spec_.heads * per_head ? 1 : spec_.heads / spec_.kv_heads;
+}
+
 Tensor Transformer::attention_forward(Device& dev, BlockActs& a) {
   const std::int64_t B = batch_, S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
   const std::int64_t dh = spec_.head_dim(), rep = H / Hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   Tensor oh = act(dev, dtype_, {B * H * S * dh}, "attn_oh");  // [B, H, S, dh]
   if (spec_.attention == AttentionMemory::materialised) {
-    // Query head (b, h) is matrix b * H + h; its kv head b * Hkv + h / rep is matrix index / rep.
+    // Query head (b, h) is matrix b * H + h; its kv head is matrix index / kv_div(a).
+    const std::int64_t kd = kv_div(a);
     Tensor scores = act(dev, dtype_, {B * H * S, S}, "attn_scores");  // [B*H*S, S]
-    dev.bmm(scores, a.qh, a.kh, {B * H, S, dh, S, dh, 1, rep, 1}, false, true, false);
+    dev.bmm(scores, a.qh, a.kh, {B * H, S, dh, S, dh, 1, kd, 1}, false, true, false);
     dev.scale(scores, scale);
-    a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
-    dev.causal_softmax(a.p, scores);
-    scores = Tensor();
-    dev.bmm(oh, a.p, a.vh, {B * H, S, S, S, dh, 1, rep, 1}, false, false, false);
+    if (f32_softmax()) {  // Llama's softmax(dtype=float32), then .to(dtype)
+      a.p32 = act(dev, DType::f32, {B * H * S, S}, "attn_probs_f32");
+      dev.causal_softmax(a.p32, scores);
+      scores = Tensor();
+      a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
+      dev.cast(a.p, a.p32);
+    } else {
+      a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
+      dev.causal_softmax(a.p, scores);
+      scores = Tensor();
+    }
+    dev.bmm(oh, a.p, a.vh, {B * H, S, S, S, dh, 1, kd, 1}, false, false, false);
   } else {  // fused: one head's [S, S] at a time, nothing kept (Note [Attention memory])
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
@@ -89,14 +126,38 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
     dev.matmul(head(dkh, b, g, Hkv, S, dh), ds, head(a.qh, b, h, H, S, dh), true, false, acc);
   };
   if (spec_.attention == AttentionMemory::materialised) {  // one_head's steps, each over every head
+    const std::int64_t kd = kv_div(a);
+    // With K and V repeated (repeat_kv), their grads come per query head and are summed over each
+    // kv head's rep copies afterwards, as expand's backward does.
+    Tensor dkr = kd == 1 && rep > 1 ? act(dev, dtype_, {B * H * S * dh}, "attn_dk_rep") : dkh;
+    Tensor dvr = kd == 1 && rep > 1 ? act(dev, dtype_, {B * H * S * dh}, "attn_dv_rep") : dvh;
+    const std::int64_t od = kd == 1 ? 1 : rep;
     Tensor dp = act(dev, dtype_, {B * H * S, S}, "attn_dprobs");
+    dev.bmm(dp, doh, a.vh, {B * H, S, dh, S, dh, 1, kd, 1}, false, true, false);
+    dev.bmm(dvr, a.p, doh, {B * H, S, S, S, dh, 1, 1, od}, true, false, false);
     Tensor ds = act(dev, dtype_, {B * H * S, S}, "attn_dscores");
-    dev.bmm(dp, doh, a.vh, {B * H, S, dh, S, dh, 1, rep, 1}, false, true, false);
-    dev.bmm(dvh, a.p, doh, {B * H, S, S, S, dh, 1, 1, rep}, true, false, false);
-    dev.softmax_backward(ds, dp, a.p);
+    if (a.p32.defined()) {  // the f32 softmax's backward: dP in f32, dS in f32, then cast
+      Tensor dp32 = act(dev, DType::f32, {B * H * S, S}, "attn_dprobs_f32");
+      dev.cast(dp32, dp);
+      dp = Tensor();
+      Tensor ds32 = act(dev, DType::f32, {B * H * S, S}, "attn_dscores_f32");
+      dev.softmax_backward(ds32, dp32, a.p32);
+      dp32 = Tensor();
+      dev.cast(ds, ds32);
+    } else {
+      dev.softmax_backward(ds, dp, a.p);
+      dp = Tensor();
+    }
     dev.scale(ds, scale);
-    dev.bmm(dqh, ds, a.kh, {B * H, S, S, S, dh, 1, rep, 1}, false, false, false);
-    dev.bmm(dkh, ds, a.qh, {B * H, S, S, S, dh, 1, 1, rep}, true, false, false);
+    dev.bmm(dqh, ds, a.kh, {B * H, S, S, S, dh, 1, kd, 1}, false, false, false);
+    dev.bmm(dkr, ds, a.qh, {B * H, S, S, S, dh, 1, 1, od}, true, false, false);
+    if (dkr.numel() != dkh.numel()) {
+      for (std::int64_t i = 0; i < B * Hkv; ++i) {  // kv head i sums query heads i*rep..: rows
+        const std::int64_t w = S * dh;
+        dev.sum_rows(dkh.narrow(i * w, w), dkr.narrow(i * rep * w, rep * w).view({rep, w}), false);
+        dev.sum_rows(dvh.narrow(i * w, w), dvr.narrow(i * rep * w, rep * w).view({rep, w}), false);
+      }
+    }
   } else {  // recompute each head's probabilities (Note [Attention memory])
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
@@ -119,33 +180,67 @@ Tensor Transformer::mlp_forward(Device& dev, Module& blk, BlockActs& a) {
   if (spec_.experts > 0) return moe_forward(dev, blk, a);  // transformer_moe.cpp
   const std::int64_t N = a.h2.dim(0), f = spec_.ffn;
   if (spec_.mlp == MlpKind::gelu) {
+    // gelu_new's ops: 0.5 x (1 + tanh(c (x + a x^3))) (Note [Hugging Face's saved tensors]).
     a.u = linear(dev, blk, "w_fc", "b_fc", a.h2, f, "mlp_u");
+    Tensor inner = act(dev, dtype_, {N, f}, "gelu_inner");
+    dev.unary(inner, a.u, Unary::cube);
+    dev.scale(inner, kGeluA);
+    dev.add(inner, a.u, inner);
+    dev.scale(inner, kGeluC);
+    a.th = act(dev, dtype_, {N, f}, "gelu_tanh");
+    dev.unary(a.th, inner, Unary::tanh);
+    inner = Tensor();
+    a.th1 = act(dev, dtype_, {N, f}, "gelu_one_plus_tanh");
+    dev.fill(a.th1, 1.0);
+    dev.add(a.th1, a.th1, a.th);
+    a.xh = act(dev, dtype_, {N, f}, "gelu_half_x");
+    dev.copy(a.xh, a.u);
+    dev.scale(a.xh, 0.5);
     a.a = act(dev, dtype_, {N, f}, "mlp_act");
-    dev.gelu(a.a, a.u);
+    dev.mul(a.a, a.xh, a.th1);
     return linear(dev, blk, "w_proj", "b_proj", a.a, spec_.dim, "mlp_out");
   }
   a.g = linear(dev, blk, "w_gate", nullptr, a.h2, f, "mlp_gate");
+  a.s = act(dev, dtype_, {N, f}, "mlp_silu");
+  dev.unary(a.s, a.g, Unary::silu);
   a.u = linear(dev, blk, "w_up", nullptr, a.h2, f, "mlp_up");
   a.a = act(dev, dtype_, {N, f}, "mlp_act");
-  dev.swiglu(a.a, a.g, a.u);
+  dev.mul(a.a, a.s, a.u);
   return linear(dev, blk, "w_down", nullptr, a.a, spec_.dim, "mlp_out");
 }
 
 Tensor Transformer::mlp_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dm) {
   if (spec_.experts > 0) return moe_backward(dev, blk, a, dm);
   const std::int64_t N = dm.dim(0), f = spec_.ffn;
-  if (spec_.mlp == MlpKind::gelu) {
+  if (spec_.mlp == MlpKind::gelu) {  // back through mlp_forward's ops
     Tensor da = linear_backward(dev, blk, "w_proj", "b_proj", dm, a.a, true);
-    Tensor du = act(dev, dtype_, {N, f}, "mlp_du");
-    dev.gelu_backward(du, da, a.u);
+    Tensor dxh = act(dev, dtype_, {N, f}, "gelu_dhalf_x");
+    Tensor dinner = act(dev, dtype_, {N, f}, "gelu_dinner");
+    dev.mul(dxh, da, a.th1);
+    dev.mul(dinner, da, a.xh);  // d(1 + t) = dt
+    da = Tensor();
+    dev.unary_backward(dinner, dinner, a.th, Unary::tanh);
+    dev.scale(dinner, kGeluC);
+    Tensor dcube = act(dev, dtype_, {N, f}, "gelu_dcube");
+    dev.copy(dcube, dinner);
+    dev.scale(dcube, kGeluA);
+    dev.unary_backward(dcube, dcube, a.u, Unary::cube);
+    dev.scale(dxh, 0.5);
+    Tensor du = act(dev, dtype_, {N, f}, "mlp_du");  // x's three uses: x + ..., x^3, 0.5 x
+    dev.add(du, dinner, dcube);
+    dev.add(du, du, dxh);
+    dinner = dcube = dxh = Tensor();
     return linear_backward(dev, blk, "w_fc", "b_fc", du, a.h2, true);
   }
   Tensor da = linear_backward(dev, blk, "w_down", nullptr, dm, a.a, true);
   Tensor dg = act(dev, dtype_, {N, f}, "mlp_dgate");
   Tensor du = act(dev, dtype_, {N, f}, "mlp_dup");
-  dev.swiglu_backward(dg, du, da, a.g, a.u);
+  dev.mul(dg, da, a.u);  // d silu(g)
+  dev.mul(du, da, a.s);
   da = Tensor();
+  dev.unary_backward(dg, dg, a.g, Unary::silu);
   Tensor dh2 = linear_backward(dev, blk, "w_gate", nullptr, dg, a.h2, true);
+  dg = Tensor();
   Tensor dh2_up = linear_backward(dev, blk, "w_up", nullptr, du, a.h2, true);
   dev.add(dh2, dh2, dh2_up);
   return dh2;
@@ -155,8 +250,7 @@ Tensor Transformer::block_forward(Device& dev, Module& blk, BlockActs& a, const 
   blk.run_pre_forward();
   const std::int64_t B = batch_, S = spec_.seq, N = x.dim(0), d = spec_.dim;
   const std::int64_t H = spec_.heads, Hkv = spec_.kv_heads, dh = spec_.head_dim();
-  a.x = x;
-  a.h1 = norm_forward(dev, blk, "attn_norm", x, a.mean1, a.rstd1);
+  a.h1 = norm_forward(dev, blk, "attn_norm", x, a.n1);
   Tensor q = linear(dev, blk, "wq", "bq", a.h1, H * dh, "q");
   Tensor k = linear(dev, blk, "wk", "bk", a.h1, Hkv * dh, "k");
   Tensor v = linear(dev, blk, "wv", "bv", a.h1, Hkv * dh, "v");
@@ -171,15 +265,19 @@ Tensor Transformer::block_forward(Device& dev, Module& blk, BlockActs& a, const 
   dev.permute_0213(a.kh, k, B, S, Hkv, dh);
   dev.permute_0213(a.vh, v, B, S, Hkv, dh);
   q = k = v = Tensor();
+  if (spec_.attention == AttentionMemory::materialised && H != Hkv) {  // repeat_kv
+    a.kh = repeat_kv(dev, a.kh, "attn_k_rep");
+    a.vh = repeat_kv(dev, a.vh, "attn_v_rep");
+  }
   a.o = attention_forward(dev, a);
   Tensor attn = linear(dev, blk, "wo", "bo", a.o, d, "attn_out");
-  a.x2 = act(dev, dtype_, {N, d}, "x2");
-  dev.add(a.x2, x, attn);
+  Tensor x2 = act(dev, dtype_, {N, d}, "x2");
+  dev.add(x2, x, attn);
   attn = Tensor();
-  a.h2 = norm_forward(dev, blk, "mlp_norm", a.x2, a.mean2, a.rstd2);
+  a.h2 = norm_forward(dev, blk, "mlp_norm", x2, a.n2);
   Tensor m = mlp_forward(dev, blk, a);
   Tensor x3 = act(dev, dtype_, {N, d}, "x3");
-  dev.add(x3, a.x2, m);
+  dev.add(x3, x2, m);
   blk.run_post_forward();
   return x3;
 }
@@ -188,7 +286,7 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   blk.run_pre_backward();
   const std::int64_t S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
   Tensor dh2 = mlp_backward(dev, blk, a, dx3);
-  Tensor dx2 = norm_backward(dev, blk, "mlp_norm", dh2, a.x2, a.mean2, a.rstd2);
+  Tensor dx2 = norm_backward(dev, blk, "mlp_norm", dh2, a.n2);
   dh2 = Tensor();
   dev.add(dx2, dx2, dx3);
   Tensor dout = linear_backward(dev, blk, "wo", "bo", dx2, a.o, true);
@@ -205,7 +303,7 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   dev.add(dh1, dh1, dh1_k);
   dev.add(dh1, dh1, dh1_v);
   dq = dk = dv = dh1_k = dh1_v = Tensor();
-  Tensor dx = norm_backward(dev, blk, "attn_norm", dh1, a.x, a.mean1, a.rstd1);
+  Tensor dx = norm_backward(dev, blk, "attn_norm", dh1, a.n1);
   dev.add(dx, dx, dx2);
   a = BlockActs{};  // autograd frees what the block saved once its backward has run
   blk.run_post_backward();
@@ -241,19 +339,27 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   emb.run_post_forward();
   acts_.assign(static_cast<std::size_t>(spec_.layers), BlockActs{});
   for (std::size_t l = 0; l < acts_.size(); ++l) x = block_forward(dev, layer(l), acts_[l], x);
-  xf_ = x;
   final_norm().run_pre_forward();
-  hf_ = norm_forward(dev, final_norm(), "weight", xf_, meanf_, rstdf_);
+  hf_ = norm_forward(dev, final_norm(), "weight", x, normf_);
+  x = Tensor();
   final_norm().run_post_forward();
   lm_head().run_pre_forward();
   Tensor logits = act(dev, dtype_, {N, V}, "logits");
   dev.matmul(logits, hf_, data_of(lm_head(), "weight"), false, true, false);
   lm_head().run_post_forward();
-  const DType loss_dtype = dtype_ == DType::f64 ? DType::f64 : DType::f32;
-  dlogits_ = act(dev, dtype_, {N, V}, "dlogits");
+  // Hugging Face's loss upcasts the logits and keeps an f32 [N, V] (Note [Hugging Face's saved
+  // tensors]): here softmax - onehot, in the loss dtype.
+  const DType loss_dtype = stats_dtype();
+  if (logits.dtype() != loss_dtype) {
+    Tensor up = act(dev, loss_dtype, {N, V}, "logits_f32");
+    dev.cast(up, logits);
+    logits = up;
+  }
+  dlogits_ = act(dev, loss_dtype, {N, V}, "dlogits");
   Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
   Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
   dev.softmax_xent(dlogits_, rows, logits, labels_.view({N}));
+  logits = Tensor();
   dev.fill(ones, 1.0);
   const double loss = dev.dot(rows, ones) / static_cast<double>(N);
   run_post_forward();
@@ -267,12 +373,18 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   const std::int64_t N = batch_ * spec_.seq, V = spec_.vocab;
   Module& head_m = lm_head();
   head_m.run_pre_backward();
-  Tensor dlogits = act(dev, dtype_, {N, V}, "dlogits_scaled");
+  // In the loss dtype, then cast to the model's, as the backward of Hugging Face's upcast.
+  Tensor dlogits = act(dev, dlogits_.dtype(), {N, V}, "dlogits_scaled");
   dev.copy(dlogits, dlogits_);
   dlogits_ = Tensor();
   dev.div(dlogits, static_cast<double>(N));  // the mean over this rank's tokens
   dev.scale(dlogits, loss_scale);
   dev.div(dlogits, static_cast<double>(ga));
+  if (dlogits.dtype() != dtype_) {
+    Tensor down = act(dev, dtype_, {N, V}, "dlogits_model_dtype");
+    dev.cast(down, dlogits);
+    dlogits = down;
+  }
   // The LM head's weight grad; with tied embeddings it waits for the embedding's part, and the
   // one Parameter gets their sum once (Note [Shared params]).
   Tensor dhead = dev.alloc(dtype_, {V, spec_.dim}, "dlm_head", MemCategory::temporaries);
@@ -286,8 +398,9 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   }
   head_m.run_post_backward();
   final_norm().run_pre_backward();
-  Tensor dx = norm_backward(dev, final_norm(), "weight", dhf, xf_, meanf_, rstdf_);
-  dhf = xf_ = hf_ = meanf_ = rstdf_ = Tensor();
+  Tensor dx = norm_backward(dev, final_norm(), "weight", dhf, normf_);
+  dhf = hf_ = Tensor();
+  normf_ = NormActs{};
   final_norm().run_post_backward();
   for (std::size_t l = acts_.size(); l-- > 0;) dx = block_backward(dev, layer(l), acts_[l], dx);
   Module& emb = embed();

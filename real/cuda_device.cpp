@@ -593,6 +593,22 @@ void CudaDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
   count_kernel(10 * dout.numel(), dout.nbytes() + gate.nbytes() + up.nbytes(), dgate.nbytes() + dup.nbytes());
 }
 
+void CudaDevice::unary(const Tensor& out, const Tensor& x, Unary f) {
+  for (const Tensor* t : {&out, &x}) on(unary_name(f), *t, Placement::cuda);
+  same_numel(unary_name(f), out, x);
+  CUDA_CHECK(kernels::unary(st_->stream, any_f64(out, x), vw(out), vw(x), static_cast<int>(f), x.numel()));
+  count_kernel(unary_flops(f, false) * x.numel(), x.nbytes(), out.nbytes());
+}
+
+void CudaDevice::unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved, Unary f) {
+  for (const Tensor* t : {&dx, &dout, &saved}) on(unary_name(f), *t, Placement::cuda);
+  same_numel(unary_name(f), dx, dout);
+  same_numel(unary_name(f), dx, saved);
+  CUDA_CHECK(kernels::unary_backward(st_->stream, any_f64(dx, dout, saved), vw(dx), vw(dout), vw(saved),
+                                     static_cast<int>(f), dx.numel()));
+  count_kernel(unary_flops(f, true) * dx.numel(), dout.nbytes() + saved.nbytes(), dx.nbytes());
+}
+
 void CudaDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
                       bool inverse) {
   for (const Tensor* t : {&out, &x}) on("rope", *t, Placement::cuda);

@@ -407,6 +407,29 @@ void swiglu_backward_k(cudaStream_t s, View dgate, View dup, View dout, View gat
     st<T>(dgate, i, (d * u) * (sg * (T(1) + g * (T(1) - sg))));
   });
 }
+template <class T>
+void unary_k(cudaStream_t s, View o, View x, int f, std::int64_t n) {
+  each(s, n, [=] __device__(std::int64_t i) {
+    const T v = ld<T>(x, i);
+    T y = (v * v) * v;  // cube
+    if (f == 0) y = tanh64(v);
+    if (f == 1) y = v / (T(1) + exp64(-v));
+    st<T>(o, i, y);
+  });
+}
+template <class T>
+void unary_backward_k(cudaStream_t s, View dx, View dout, View saved, int f, std::int64_t n) {
+  each(s, n, [=] __device__(std::int64_t i) {
+    const T v = ld<T>(saved, i);
+    T d = T(3) * (v * v);  // cube
+    if (f == 0) d = T(1) - v * v;
+    if (f == 1) {
+      const T sg = T(1) / (T(1) + exp64(-v));
+      d = sg * (T(1) + v * (T(1) - sg));
+    }
+    st<T>(dx, i, ld<T>(dout, i) * d);
+  });
+}
 // One thread per (row, i < dh/2): both halves of every head at that frequency.
 template <class T>
 void rope_k(cudaStream_t s, View o, View x, std::int64_t rows, std::int64_t heads, std::int64_t dh,
@@ -641,6 +664,14 @@ cudaError_t swiglu(cudaStream_t s, bool f64, View o, View gate, View up, std::in
 cudaError_t swiglu_backward(cudaStream_t s, bool f64, View dgate, View dup, View dout, View gate, View up,
                             std::int64_t n) {
   ZC_F64_OR_F32(swiglu_backward_k, s, dgate, dup, dout, gate, up, n);
+  return cudaGetLastError();
+}
+cudaError_t unary(cudaStream_t s, bool f64, View o, View x, int f, std::int64_t n) {
+  ZC_F64_OR_F32(unary_k, s, o, x, f, n);
+  return cudaGetLastError();
+}
+cudaError_t unary_backward(cudaStream_t s, bool f64, View dx, View dout, View saved, int f, std::int64_t n) {
+  ZC_F64_OR_F32(unary_backward_k, s, dx, dout, saved, f, n);
   return cudaGetLastError();
 }
 cudaError_t rope(cudaStream_t s, bool f64, View o, View x, std::int64_t rows, std::int64_t heads, std::int64_t dh,

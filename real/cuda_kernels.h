@@ -61,6 +61,9 @@ cudaError_t gelu_backward(cudaStream_t s, bool f64, View dx, View dout, View x, 
 cudaError_t swiglu(cudaStream_t s, bool f64, View o, View gate, View up, std::int64_t n);
 cudaError_t swiglu_backward(cudaStream_t s, bool f64, View dgate, View dup, View dout, View gate, View up,
                             std::int64_t n);
+// f: the Unary's value (engine/device.h): 0 tanh, 1 silu, 2 cube.
+cudaError_t unary(cudaStream_t s, bool f64, View o, View x, int f, std::int64_t n);
+cudaError_t unary_backward(cudaStream_t s, bool f64, View dx, View dout, View saved, int f, std::int64_t n);
 cudaError_t rope(cudaStream_t s, bool f64, View o, View x, std::int64_t rows, std::int64_t heads, std::int64_t dh,
                  std::int64_t seq, double base, bool inverse);
 // DeepSpeed's CPU Adam (Note [DeepSpeed CPU Adam]): elements at index >= body take the tail's order.

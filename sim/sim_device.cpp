@@ -201,6 +201,12 @@ void SimDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Te
   guarded("swiglu_backward", {&dout, &gate, &up}, {&dgate, &dup},
           [&] { inner_.swiglu_backward(dgate, dup, dout, gate, up); });
 }
+void SimDevice::unary(const Tensor& out, const Tensor& x, Unary f) {
+  guarded(unary_name(f), {&x}, {&out}, [&] { inner_.unary(out, x, f); });
+}
+void SimDevice::unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved, Unary f) {
+  guarded(unary_name(f), {&dout, &saved}, {&dx}, [&] { inner_.unary_backward(dx, dout, saved, f); });
+}
 void SimDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads,
                      double base, bool inverse) {
   guarded("rope", {&x}, {&out}, [&] { inner_.rope(out, x, seq, heads, base, inverse); });

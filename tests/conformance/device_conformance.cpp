@@ -43,7 +43,8 @@ double ulp_factor(const DeviceCase& c) {
   // (Output::terms). Seen on an H200: f64 gelu, gelu_backward, swiglu_backward and rope differed
   // from glibc's by up to 23 u of |out| where they cancel.
   if (c.op == "gelu" || c.op == "gelu_backward" || c.op == "swiglu" || c.op == "swiglu_backward" ||
-      c.op == "rope") {
+      c.op == "rope" || (c.op == "unary" && c.variant != static_cast<int>(Unary::cube)) ||
+      (c.op == "unary_backward" && c.variant == static_cast<int>(Unary::silu))) {
     return 8.0;
   }
   // The gate's softmax, as softmax_xent's (its backward is plain arithmetic: exact).
@@ -129,6 +130,9 @@ std::vector<DeviceCase> device_table() {
   add_cases(t, "gelu_backward", all, f32, flat, {0}, ed);
   add_cases(t, "swiglu", all, f32, flat, {0}, eds);
   add_cases(t, "swiglu_backward", all, f32, flat, {0}, ed);
+  // unary and unary_backward: the variant is the Unary (tanh, silu, cube).
+  add_cases(t, "unary", all, f32, flat, {0, 1, 2}, eds);
+  add_cases(t, "unary_backward", all, f32, flat, {0, 1, 2}, ed);
   // rope [rows, heads, dh, seq]; variant 1 is the inverse rotation.
   add_cases(t, "rope", all, f32, {{1, 1, 2, 1}, {8, 2, 4, 4}, {24, 3, 16, 12}}, {0, 1}, ed);
   // MoE routing. moe_gate [tokens, experts, k, capacity] (capacity 0: no drops; 3 and 5 drop);
@@ -450,6 +454,24 @@ void run_op(Runner& k) {
     for (std::size_t i = 0; i < gd.size(); ++i) terms[i] = std::fabs(gd[i] * gu[i]) * (1.0 + 2.0 * std::fabs(gg[i]));
     k.keep("dgate", dgate, std::move(terms));
     k.keep("dup", dup);
+  } else if (op == "unary") {
+    const Tensor x = k.input(c.dtype, {d[0]}), out = dev.alloc(c.dtype, {d[0]});
+    dev.unary(out, x, static_cast<Unary>(c.variant));  // tanh and silu: relative to the output
+    k.keep("out", out);
+  } else if (op == "unary_backward") {
+    const auto f = static_cast<Unary>(c.variant);
+    // tanh's backward reads its output: keep it in [-1, 1] as tanh's is.
+    const Tensor dout = k.input(c.dtype, {d[0]});
+    const Tensor saved = k.input(c.dtype, {d[0]}, f == Unary::tanh ? Role::unit_range : Role::any);
+    const Tensor dx = dev.alloc(c.dtype, {d[0]});
+    dev.unary_backward(dx, dout, saved, f);
+    std::vector<double> terms;
+    if (f == Unary::silu) {  // as swiglu's dgate: s's error times |dout| (1 + 2 |x|), cancelling
+      const std::vector<double> g = to_f64(dev, dout), v = to_f64(dev, saved);
+      terms.resize(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) terms[i] = std::fabs(g[i]) * (1.0 + 2.0 * std::fabs(v[i]));
+    }
+    k.keep("dx", dx, std::move(terms));
   } else if (op == "rope") {
     const Tensor x = k.input(c.dtype, {d[0], d[1] * d[2]}), out = dev.alloc(c.dtype, {d[0], d[1] * d[2]});
     dev.rope(out, x, d[3], d[1], 10000.0, c.variant == 1);

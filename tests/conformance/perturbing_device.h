@@ -96,6 +96,14 @@ class PerturbingDevice final : public Device {
     inner_.swiglu_backward(dgate, dup, dout, gate, up);
     hit("swiglu_backward", dgate);
   }
+  void unary(const Tensor& out, const Tensor& x, Unary f) override {
+    inner_.unary(out, x, f);
+    hit("unary", out);
+  }
+  void unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved, Unary f) override {
+    inner_.unary_backward(dx, dout, saved, f);
+    hit("unary_backward", dx);
+  }
   void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
             bool inverse) override {
     inner_.rope(out, x, seq, heads, base, inverse);
@@ -150,7 +158,7 @@ class PerturbingDevice final : public Device {
   void hit(const char* op, const Tensor& t) {
     if (op_ != op || t.numel() == 0) return;
     const bool wide = op_ == "softmax_xent" || op_ == "causal_softmax" || op_ == "gelu" || op_ == "gelu_backward" ||
-                      op_ == "swiglu" || op_ == "swiglu_backward" || op_ == "rope" || op_ == "moe_gate" ||
+                      op_ == "swiglu" || op_ == "swiglu_backward" || op_ == "unary" || op_ == "unary_backward" || op_ == "rope" || op_ == "moe_gate" ||
                       op_ == "moe_gate_backward";
     const int bit = wide ? dtype_mantissa_bits(t.dtype()) - 5 : 0;
     std::uint64_t bits = 0;

@@ -771,6 +771,36 @@ void ReferenceDevice::swiglu_backward(const Tensor& dgate, const Tensor& dup, co
   });
 }
 
+void ReferenceDevice::unary(const Tensor& out, const Tensor& x, Unary f) {
+  same_numel(unary_name(f), out, x);
+  in_compute_type({&out, &x}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const T v = get<T>(x, i);
+      if (f == Unary::tanh) put<T>(out, i, tanh_in_f64(v));
+      if (f == Unary::silu) put<T>(out, i, v / (T(1) + exp_in_f64(-v)));
+      if (f == Unary::cube) put<T>(out, i, (v * v) * v);
+    }
+  });
+}
+
+void ReferenceDevice::unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved,
+                                     Unary f) {
+  same_numel(unary_name(f), dx, saved);
+  same_numel(unary_name(f), dout, saved);
+  in_compute_type({&dx, &dout, &saved}, [&]<class T>(T) {
+    for (std::int64_t i = 0; i < dx.numel(); ++i) {
+      const T v = get<T>(saved, i);
+      T slope = T(3) * (v * v);  // cube
+      if (f == Unary::tanh) slope = T(1) - v * v;  // v is tanh's output
+      if (f == Unary::silu) {
+        const T sigmoid = T(1) / (T(1) + exp_in_f64(-v));
+        slope = sigmoid * (T(1) + v * (T(1) - sigmoid));
+      }
+      put<T>(dx, i, get<T>(dout, i) * slope);
+    }
+  });
+}
+
 void ReferenceDevice::rope(const Tensor& out, const Tensor& x, std::int64_t seq,
                            std::int64_t heads, double base, bool inverse) {
   const std::int64_t rows = rows_of("rope", x), width = x.dim(1);

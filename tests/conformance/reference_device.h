@@ -70,6 +70,8 @@ class ReferenceDevice final : public Device {
   void swiglu(const Tensor& out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                        const Tensor& gate, const Tensor& up) override;
+  void unary(const Tensor& out, const Tensor& x, Unary f) override;
+  void unary_backward(const Tensor& dx, const Tensor& dout, const Tensor& saved, Unary f) override;
   void rope(const Tensor& out, const Tensor& x, std::int64_t seq, std::int64_t heads, double base,
             bool inverse) override;
   MoeRoute moe_gate(const Tensor& weights, const Tensor& index, const Tensor& probs,
