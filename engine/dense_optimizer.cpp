@@ -194,9 +194,15 @@ void DenseOptimizer::buffered_allreduce() {
   have_grads_ = true;
 }
 
+// FP16_UnfusedOptimizer.step (unfused_optimizer.py) gives each fp32 param copy its grad,
+// `p.grad.to(float32)`, tensor by tensor: no flat 16-bit copy first. Its overflow test and norm
+// read the 16-bit grads, whose values the f32 copies hold exactly. Stage 0's FP16_Optimizer
+// flattens the 16-bit grads first (fused_optimizer.py step: _flatten_dense_tensors).
 Tensor DenseOptimizer::grads_flat() {
   if (use_hp_) return hp_;
-  Tensor g = dev_.alloc(accum_dtype_, {layout_.padded}, "grads_flat", MemCategory::grads);
+  const bool fp32_copies = unfused_ && !partitioned_;
+  Tensor g = fp32_copies ? dev_.alloc(DType::f32, {layout_.padded}, "fp32_grad", MemCategory::grads)
+                         : dev_.alloc(accum_dtype_, {layout_.padded}, "grads_flat", MemCategory::grads);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (params_[i]->grad.defined()) {
       dev_.cast(g.narrow(layout_.offsets[i], params_[i]->numel()), params_[i]->grad.view({params_[i]->numel()}));
@@ -239,7 +245,8 @@ StepPrep DenseOptimizer::prepare_step() {
   }
   const std::int64_t start = layout_.partition_start(partitioned_ ? rank_ : 0);
   // this rank's slice of the reduced grads
-  return StepPrep{.grads = grads_flat().narrow(start, layout_.partition_numel), .where = &dev_};
+  return StepPrep{.grads = grads_flat().narrow(start, layout_.partition_numel), .where = &dev_,
+                  .grads_are_fp32_copies = unfused_ && !partitioned_};
 }
 
 // An fp32 model without ZeRO and with clipping has no wrapper: DeepSpeed's engine clips the fp32

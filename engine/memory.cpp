@@ -46,6 +46,7 @@ void MemoryLedger::on_alloc(MemCategory c, std::int64_t bytes, const std::string
   ++events_;
   ++allocations_;
   if (live_[k] > peak_[k]) peak_[k] = live_[k];
+  window_peak_ = std::max(window_peak_, live_total_);
   if (live_total_ > peak_total_) {
     peak_total_ = live_total_;
     at_peak_ = live_;

@@ -45,6 +45,12 @@ struct MemSample {
   std::string label;  // the allocation that moved it ("" for a free)
 };
 
+// One training step's memory on a device, as reference/deepspeed/gpu_memory.py reads torch's: the
+// peak within the step, and the live bytes after its first forward and after its optimizer step.
+struct StepMemory {
+  std::int64_t peak = 0, after_forward = 0, after_step = 0;
+};
+
 class MemoryLedger {
  public:
   void on_alloc(MemCategory c, std::int64_t bytes, const std::string& label);
@@ -65,6 +71,10 @@ class MemoryLedger {
   // Starts a new high-water mark from the live bytes now (e.g. after construction, so that a
   // step's peak is the step's own).
   void reset_peak();
+  // A second high-water mark of the total, restarted on its own (one step's peak, as torch's
+  // reset_peak_memory_stats before each step), leaving peak_total() alone.
+  void reset_window_peak() { window_peak_ = live_total_; }
+  std::int64_t window_peak() const { return window_peak_; }
   // Keeps up to `max_samples` timeline points; when full, every second point is dropped and the
   // sampling stride doubles, so the timeline always spans the whole run. 0 turns it off.
   void enable_timeline(std::size_t max_samples);
@@ -73,7 +83,7 @@ class MemoryLedger {
  private:
   void sample(const std::string& label);
   MemBytes live_{}, peak_{}, at_peak_{};
-  std::int64_t live_total_ = 0, peak_total_ = 0;
+  std::int64_t live_total_ = 0, peak_total_ = 0, window_peak_ = 0;
   std::string peak_label_;
   std::int64_t events_ = 0, allocations_ = 0;
   std::size_t max_samples_ = 0;

@@ -162,6 +162,12 @@ StepPrep Zero12Optimizer::prepare_step() {
 
 void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
   const std::int64_t pn = layout_.partition_numel;
+  // stage_1_and_2.py step releases the 16-bit grads once single_grad_partition holds them
+  // (free_grad_in_param_list, averaged_gradients[i] = None), before the optimizer steps: at the
+  // first step, where Adam creates its states, that sets the peak (seen on an H200). The params'
+  // grads are views of grads_in_partition (copy_grads_in_partition), which goes with them.
+  for (Parameter* p : params_) p->grad = Tensor();
+  reset_accumulators();
   base_->step(master_, grads32);
   Tensor mine = flat_.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_) {
@@ -169,7 +175,6 @@ void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
   } else {
     dev_.cast(mine, master_);
   }
-  reset_accumulators();
   // Every rank's updated partition, in place; a world of one already holds it, and DeepSpeed
   // skips the gather there (runtime/utils.py:1012-1015, all_gather_into_tensor_dp_groups).
   if (comm_.size() > 1) comm_.all_gather(flat_, mine);

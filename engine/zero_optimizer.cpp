@@ -71,6 +71,10 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     return false;
   }
   auto make_fp32 = [&](StepPrep& prep) {
+    if (prep.grads_are_fp32_copies) {
+      prep.grads32 = prep.grads;
+      return;
+    }
     const std::string label(plan.fp32_grads_label);
     prep.grads32 = prep.where->alloc(DType::f32, prep.grads.shape(), label,
                                      MemCategory::grads);  // [partition_numel]
@@ -102,6 +106,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
       StepPrep& prep = preps[i];
       if (!plan.fp32_grads_before_norm) make_fp32(prep);
       if (clip) prep.where->scale(prep.grads32, static_cast<double>(coef));
+      prep.grads = Tensor();  // the wrappers drop their 16-bit grads before the optimizer steps
       groups[i]->update(prep.grads32, norm, clip ? 1.0 / static_cast<double>(coef) : 1.0);
     }
     return true;
@@ -113,6 +118,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     StepPrep& prep = preps[i];
     if (!plan.fp32_grads_before_norm) make_fp32(prep);
     prep.where->scale(prep.grads32, 1.0 / combined);
+    prep.grads = Tensor();  // as above
     groups[i]->update(prep.grads32, norm, combined);
   }
   return true;

@@ -95,6 +95,8 @@ struct StepPrep {
   Device* where = nullptr;  // the device holding them (the CPU space's under offload)
   double local_sum_sq = 0.0;  // this rank's partition, once the sequence has taken it
   Tensor grads32{};         // [partition_numel] f32 on *where, once the sequence has made it
+  // grads are already the wrapper's fp32 copies (FP16_UnfusedOptimizer): grads32 is grads.
+  bool grads_are_fp32_copies = false;
 };
 
 class ZeroOptimizer {

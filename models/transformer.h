@@ -31,6 +31,8 @@
 //   1 + tanh, 0.5 x and their product. Llama's MLP keeps gate, silu(gate), up and their product.
 // - The loss upcasts the logits to f32 and keeps an f32 [N, V] (Hugging Face's log-softmax; here
 //   softmax - onehot, the same bytes).
+// On a GPU torch also holds a cuBLAS workspace per thread that runs matmuls, the forward's and
+// autograd's (plan/plan.cpp torch_cublas_workspace_bytes): TransformerSpec::blas_workspace_bytes.
 // What is not Hugging Face's yet (values; memory is the same): RMSNorm's output is rounded once
 // ((x * rstd) * w, Hugging Face rounds x * rstd first), and its dx comes from rmsnorm_backward in
 // one pass; the loss's backward holds two f32 [N, V], where autograd holds three while
@@ -90,6 +92,10 @@ struct TransformerSpec {
   int top_k = 2;
   double capacity_factor = 1.0;  // DeepSpeed MoE's default
   std::int64_t min_capacity = 4;  // DeepSpeed MoE's default
+  // torch's cuBLAS workspace on a GPU (plan sets it from the GPU; 0 elsewhere): the forward and
+  // the backward each take one at their first matmul and hold it (Note [Hugging Face's saved
+  // tensors]). Not part of the shape's JSON.
+  std::int64_t blas_workspace_bytes = 0;
 
   std::int64_t head_dim() const { return dim / heads; }
   // The number of parameters, from the shapes (tied embeddings counted once).
@@ -201,6 +207,7 @@ class Transformer : public Model {
   Comm* ep_ = nullptr;
   std::vector<BlockActs> acts_;
   NormActs normf_;  // the final norm's
+  Tensor forward_workspace_, backward_workspace_;  // TransformerSpec::blas_workspace_bytes
   Tensor ids_, labels_, positions_, hf_, dlogits_;
   std::int64_t batch_ = 0;
 };

@@ -320,6 +320,10 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   }
   batch_ = ids_.dim(0);
   const std::int64_t N = batch_ * spec_.seq, d = spec_.dim, V = spec_.vocab;
+  if (spec_.blas_workspace_bytes > 0 && !forward_workspace_.defined()) {
+    forward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes}, "cublas_workspace.forward",
+                                   MemCategory::temporaries);
+  }
   Module& emb = embed();
   emb.run_pre_forward();
   Tensor x = act(dev, dtype_, {N, d}, "x0");
@@ -348,18 +352,19 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   dev.matmul(logits, hf_, data_of(lm_head(), "weight"), false, true, false);
   lm_head().run_post_forward();
   // Hugging Face's loss upcasts the logits and keeps an f32 [N, V] (Note [Hugging Face's saved
-  // tensors]): here softmax - onehot, in the loss dtype.
+  // tensors]): here softmax - onehot, in the loss dtype. The model's output holds the logits
+  // until the loss is taken.
   const DType loss_dtype = stats_dtype();
+  Tensor up = logits;
   if (logits.dtype() != loss_dtype) {
-    Tensor up = act(dev, loss_dtype, {N, V}, "logits_f32");
+    up = act(dev, loss_dtype, {N, V}, "logits_f32");
     dev.cast(up, logits);
-    logits = up;
   }
   dlogits_ = act(dev, loss_dtype, {N, V}, "dlogits");
   Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
   Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
-  dev.softmax_xent(dlogits_, rows, logits, labels_.view({N}));
-  logits = Tensor();
+  dev.softmax_xent(dlogits_, rows, up, labels_.view({N}));
+  up = logits = Tensor();
   dev.fill(ones, 1.0);
   const double loss = dev.dot(rows, ones) / static_cast<double>(N);
   run_post_forward();
@@ -371,6 +376,10 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
             "backward without forward");
   run_pre_backward();
   const std::int64_t N = batch_ * spec_.seq, V = spec_.vocab;
+  if (spec_.blas_workspace_bytes > 0 && !backward_workspace_.defined()) {
+    backward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes},
+                                    "cublas_workspace.autograd", MemCategory::temporaries);
+  }
   Module& head_m = lm_head();
   head_m.run_pre_backward();
   // In the loss dtype, then cast to the model's, as the backward of Hugging Face's upcast.

@@ -64,6 +64,7 @@ Hardware load_hardware(const std::string& path) {
     s.key = key;
     s.name = g.value("name", key);
     s.memory_bytes = static_cast<std::int64_t>(number(g, "memory_bytes", where));
+    s.compute_capability = number(g, "compute_capability", where);
     const nlohmann::json& t = g.at("peak_tflops");
     s.bf16_tflops = number(t, "bf16", where + ".peak_tflops");
     s.fp16_tflops = number(t, "fp16", where + ".peak_tflops");

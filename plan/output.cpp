@@ -78,7 +78,13 @@ nlohmann::json to_json(const PlanResult& r) {
   auto mem = [](const MemoryFigures& m) {
     nlohmann::json timeline = nlohmann::json::array();
     for (const MemSample& t : m.timeline) timeline.push_back({{"event", t.event}, {"live", categories(t.live)}});
+    nlohmann::json steps = nlohmann::json::array();
+    for (const StepMemory& s : m.per_step) {
+      steps.push_back({{"peak_bytes", s.peak}, {"after_forward_bytes", s.after_forward},
+                       {"after_step_bytes", s.after_step}});
+    }
     return nlohmann::json{{"peak_bytes", m.peak},
+                          {"steps", steps},
                           {"timeline", timeline},
                           {"construction_peak_bytes", m.construction_peak},
                           {"at_peak", categories(m.at_peak)},

@@ -43,6 +43,15 @@ double peak_tflops(const GpuSpec& g, DType dt) {
   }
 }
 
+// The workspace torch gives each cuBLAS handle and stream on its first matmul, from its caching
+// allocator, so max_memory_allocated counts it (aten/src/ATen/cuda/CublasHandlePool.cpp,
+// parseChosenWorkspaceSize without CUBLAS_WORKSPACE_CONFIG): 4096 KiB x 8 on Hopper, else
+// 4096 KiB x 2 + 16 KiB x 8. Handles are per thread: the forward's and autograd's each take one
+// (seen on an H200: 32 MiB after the first forward, 32 MiB more after the first backward).
+std::int64_t torch_cublas_workspace_bytes(const GpuSpec& g) {
+  return g.compute_capability >= 9.0 ? 4096LL * 8 * 1024 : 4096LL * 1024 * 2 + 16LL * 1024 * 8;
+}
+
 MemoryFigures figures(const props::DeviceMemory& m) {
   MemoryFigures f;
   f.peak = m.steps.peak_total();
@@ -51,6 +60,7 @@ MemoryFigures figures(const props::DeviceMemory& m) {
   f.construction_peak = m.construction.peak_total();
   f.peak_label = m.steps.peak_label();
   f.timeline = m.steps.timeline();
+  f.per_step = m.per_step;
   return f;
 }
 
@@ -133,6 +143,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   const HostSpec& host = hw.host(gpu.host);
   TransformerSpec model = o.model;
   if (o.seq) model.seq = *o.seq;
+  model.blas_workspace_bytes = torch_cublas_workspace_bytes(gpu);
   if (const std::string why = model.invalid(); !why.empty()) {
     throw ConfigError(fmt::format("model {}: {}", model.preset, why));
   }

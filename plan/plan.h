@@ -23,6 +23,7 @@ namespace zc::plan {
 struct GpuSpec {
   std::string key, name;
   std::int64_t memory_bytes = 0;
+  double compute_capability = 0;  // 9.0 for Hopper
   double bf16_tflops = 0, fp16_tflops = 0, fp32_tflops = 0;
   double hbm_gb_per_s = 0, nvlink_gb_per_s = 0;
   int gpus_per_node = 8;
@@ -88,6 +89,9 @@ struct MemoryFigures {  // one device's step peak
   std::int64_t construction_peak = 0;
   std::string peak_label;  // the allocation that set the peak
   std::vector<MemSample> timeline;  // live bytes by category over the steps (bounded, decimated)
+  // Per simulated step: its own peak, live bytes after its first forward and after its step (what
+  // reference/deepspeed/gpu_memory.py reads from torch on a GPU).
+  std::vector<StepMemory> per_step;
 };
 struct CollectiveFigure {
   CollectiveKind kind;

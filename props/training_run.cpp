@@ -262,6 +262,8 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
   for (int s = 0; s < spec.steps; ++s) {
     double loss_sum = 0;
+    StepMemory step_memory;
+    dev.memory().reset_window_peak();
     for (int m = 0; m < ga; ++m) {
       auto chunks = [&] {
         for (int c = 0; c < spec.n_backward; ++c) {
@@ -270,6 +272,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
             engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
           }
           const Engine::Loss loss = engine.forward(mine);
+          if (m == 0 && c == 0) step_memory.after_forward = dev.memory().live_total();
           loss_sum += loss.value;
           engine.backward(loss);
         }
@@ -286,6 +289,9 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
       }
       engine.step();
     }
+    step_memory.peak = dev.memory().window_peak();
+    step_memory.after_step = dev.memory().live_total();
+    rec.memory.device.per_step.push_back(step_memory);
     rec.skipped_steps.push_back(engine.skipped_steps());
     if (read_back) {  // a meta run has no values to read back
       rec.params.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_params(); }));

@@ -76,6 +76,7 @@ struct RunSpec {
 // end of construction; with the allocator's own stats where the device keeps them (HostDevice).
 struct DeviceMemory {
   MemoryLedger construction, steps;
+  std::vector<StepMemory> per_step;
   std::optional<AllocatorStats> allocator_construction, allocator_steps;
 };
 struct RankMemory {

@@ -112,25 +112,30 @@ if as_json:
         m = json.loads(line)
         print(json.dumps({"measured": m, "plan": None if "error" in m else plan(m)}))
     sys.exit(0)
+close = lambda p, d: abs(p - d) <= max(1 << 20, d // 1000)  # 0.1 %, at least 1 MiB
 print("| model | stage | micro-batch | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
-      "params, master, optimizer states at the end: DeepSpeed / plan (GiB) |")
-print("|---|---|---|---|---|---|---|---|")
+      "steps within 0.1 %: after forward, after step, peak | params, master, optimizer states at the end: DeepSpeed / plan (GiB) |")
+print("|---|---|---|---|---|---|---|---|---|")
 for line in open(file):
     m = json.loads(line)
     if "error" in m:
-        print(f"| {m['shape']} | {m['stage']} | {m.get('micro_batch', '')} | not measured: {m['error']} | | | | |")
+        print(f"| {m['shape']} | {m['stage']} | {m.get('micro_batch', '')} | not measured: {m['error']} | | | | | |")
         continue
     p = plan(m)
     ds_step = max(s["peak_bytes"] for s in m["steps"])
     st, cp = m["model_states_at_end"], p["category_peaks"]
     states = " / ".join([", ".join(gib(st[k]) for k in ("params", "master", "optimizer_states")),
                          ", ".join(gib(cp.get(k, 0)) for k in ("params", "master", "optimizer_states"))])
+    pairs = list(zip(m["steps"], p.get("steps", [])))
+    within = ", ".join(f"{sum(close(b[k], a[k]) for a, b in pairs)}/{len(m['steps'])}"
+                       for k in ("after_forward_bytes", "after_step_bytes", "peak_bytes"))
     print(f"| {m['model']} | {m['stage']} | {m['micro_batch']} | {gib(m['construction_peak_bytes'])} / {gib(p['construction_peak_bytes'])} | "
           f"{p['construction_peak_bytes'] / m['construction_peak_bytes']:.2f} | {gib(ds_step)} / {gib(p['peak_bytes'])} | "
-          f"{p['peak_bytes'] / ds_step:.2f} | {states} |")
+          f"{p['peak_bytes'] / ds_step:.2f} | {within} | {states} |")
 first = json.loads(open(file).readline())
 print(f"\nDeepSpeed {first.get('deepspeed')} on torch {first.get('torch')}, {first.get('gpu')}; seq "
-      f"{first.get('seq')}, bf16, 2 steps; ratio = plan / DeepSpeed.")
+      f"{first.get('seq')}, bf16, 2 steps; ratio = plan / DeepSpeed; step figures as torch reads them "
+      f"(reset_peak_memory_stats before each step).")
 PY
     ;;
   *) echo "gpu-plan-check: use --pack, --measure OUT or --compare FILE [--json]" >&2; exit 2 ;;

@@ -9,10 +9,13 @@ For every measured run (GPT-2 medium and a 0.85B Llama, ZeRO-0 to 3, micro-batch
     rest is too small to split, so max_memory_allocated runs a few MiB over the bytes asked for
     (Llama at ZeRO-0: 4.27 MB over the plan, while the allocator's own trace, replayed with the
     requested sizes, is 1.1 KB from it: reference/deepspeed/gpu_memory.py --trace-construction).
+  - per step (torch.cuda.reset_peak_memory_stats before each), the live bytes after the forward and
+    after the optimizer step, and the step's peak, within the same 0.1 % -- except the steps listed in
+    OPEN, each with its reason, which must still differ (a listed step that now matches fails, so
+    the list cannot rot).
 The configs and the plan calls are the comparison script's own (`gpu-plan-check.sh --compare --json`):
 they carry "torch_adam": true, as gpu_memory.py ran DeepSpeed (at ZeRO-0 that selects
 FP16_UnfusedOptimizer).
-The step peak is not checked: the plan under-predicts Hugging Face's activations (docs/plan.md).
 
     python3 plan_deepspeed_measured_test.py ZEROCHECK_BINARY REPO_ROOT
 """
@@ -21,7 +24,37 @@ import os
 import subprocess
 import sys
 
-OPEN = set()  # (stage, model) pairs whose construction is a known, named difference: none today
+# Known, named differences: (model, stage, micro-batch, step, figure) -> why.
+NLL = ("the loss's backward: autograd holds nll_loss's gradient, a third f32 [N, V], while log_softmax's "
+       "backward runs; zerocheck's softmax_xent computes softmax - onehot in the forward (models/transformer.h, "
+       "Note [Hugging Face's saved tensors])")
+ROUNDING = ("torch's caching allocator: Llama's 11 MiB MLP tensors at micro-batch 1 are not multiples of its "
+            "2 MiB large-segment rounding, and a block whose rest is 1 MiB or less is not split")
+OPEN = {
+    ("gpt2-medium", 0, 1, 0, "peak"): NLL, ("gpt2-medium", 0, 1, 1, "peak"): NLL,
+    ("gpt2-medium", 0, 4, 0, "peak"): NLL, ("gpt2-medium", 0, 4, 1, "peak"): NLL,
+    ("gpt2-medium", 3, 1, 1, "peak"): NLL,
+    ("gpt2-medium", 3, 4, 0, "peak"): NLL, ("gpt2-medium", 3, 4, 1, "peak"): NLL,
+    ("llama-1b", 0, 4, 0, "peak"): NLL, ("llama-1b", 0, 4, 1, "peak"): NLL,
+    ("llama-1b", 3, 4, 0, "peak"): NLL, ("llama-1b", 3, 4, 1, "peak"): NLL,
+    ("llama-1b", 0, 1, 0, "peak"): ROUNDING, ("llama-1b", 0, 1, 1, "peak"): ROUNDING,
+    ("llama-1b", 0, 1, 0, "after_forward"): ROUNDING, ("llama-1b", 0, 1, 1, "after_forward"): ROUNDING,
+    ("llama-1b", 1, 1, 0, "after_forward"): ROUNDING, ("llama-1b", 2, 1, 0, "after_forward"): ROUNDING,
+    ("llama-1b", 3, 1, 0, "after_forward"): ROUNDING,
+}
+ZERO12_BACKWARD = ("ZeRO-1/2 where the step's peak is in the backward: the plan is 26 MiB under to 359 MiB over "
+                   "DeepSpeed; not yet taken apart (where the peak is Adam creating its states, at Llama's first "
+                   "step at micro-batch 1, it is exact)")
+for stage in (1, 2):
+    for key in [("gpt2-medium", 1, 0), ("gpt2-medium", 1, 1), ("gpt2-medium", 4, 0), ("gpt2-medium", 4, 1),
+                ("llama-1b", 1, 1), ("llama-1b", 4, 0), ("llama-1b", 4, 1)]:
+        OPEN[(key[0], stage, key[1], key[2], "peak")] = ZERO12_BACKWARD
+OPEN[("llama-1b", 3, 1, 1, "peak")] = ("ZeRO-3's second step on DeepSpeed holds a params-sized (1.59 GiB) buffer "
+                                       "more than its first; not yet identified")
+
+
+def close(planned, measured):
+    return abs(planned - measured) <= max(1 << 20, measured // 1000)
 
 
 def main():
@@ -33,7 +66,7 @@ def main():
     if out.returncode != 0:
         print(f"FAIL: gpu-plan-check.sh --compare exited {out.returncode}: {out.stderr.strip()}")
         return 1
-    failures, checked, construction_checked = [], 0, 0
+    failures, checked, steps_checked, listed = [], 0, 0, 0
     for line in out.stdout.splitlines():
         row = json.loads(line)
         m, gpu = row["measured"], row["plan"]
@@ -47,19 +80,33 @@ def main():
             if planned != v:
                 failures.append(f"{what}: {k}: plan {planned} bytes, DeepSpeed {v}")
         checked += 1
-        if (stage, name) in OPEN:
-            continue
         diff = gpu["construction_peak_bytes"] - m["construction_peak_bytes"]
-        if abs(diff) > max(1 << 20, m["construction_peak_bytes"] // 1000):
+        if not close(gpu["construction_peak_bytes"], m["construction_peak_bytes"]):
             failures.append(f"{what}: construction peak: plan {gpu['construction_peak_bytes']} bytes, DeepSpeed "
                             f"{m['construction_peak_bytes']} ({diff:+d})")
-        construction_checked += 1
-    print(f"{checked} measured runs: model states compared; {construction_checked} construction peaks compared "
-          f"(open, not compared: {sorted(OPEN)})")
+        if len(gpu["steps"]) != len(m["steps"]):
+            failures.append(f"{what}: the plan ran {len(gpu['steps'])} steps, DeepSpeed {len(m['steps'])}")
+            continue
+        for i, (ds, pl) in enumerate(zip(m["steps"], gpu["steps"])):
+            for figure in ("after_forward", "after_step", "peak"):
+                d, p = ds[f"{figure}_bytes"], pl[f"{figure}_bytes"]
+                key = (name, stage, mb, i, figure)
+                if key in OPEN:
+                    listed += 1
+                    if close(p, d):
+                        failures.append(f"{what} step {i} {figure}: listed as open but now within 0.1 % "
+                                        f"({(p - d) / 2**20:+.1f} MiB): take it out of OPEN")
+                    continue
+                steps_checked += 1
+                if not close(p, d):
+                    failures.append(f"{what} step {i} {figure}: plan {p} bytes, DeepSpeed {d} ({(p - d) / 2**20:+.1f} MiB)")
+    print(f"{checked} measured runs: model states and construction peaks compared; {steps_checked} step figures "
+          f"within 0.1 %, {listed} listed as open ({len(set(OPEN.values()))} reasons)")
     for f in failures:
         print("FAIL:", f)
-    if checked != 16 or construction_checked != 16 - 2 * len(OPEN):
-        print(f"FAIL: expected 16 runs and {16 - 2 * len(OPEN)} construction comparisons, got {checked} and {construction_checked}")
+    if checked != 16 or steps_checked + listed != 16 * 2 * 3 or listed != len(OPEN):
+        print(f"FAIL: expected 16 runs and 96 step figures with {len(OPEN)} listed, got {checked}, "
+              f"{steps_checked + listed} and {listed}")
         return 1
     return 1 if failures else 0
 

@@ -337,7 +337,13 @@ TEST(PlanFit, EveryCandidateIsJudgedAgainstTheBudgetOnce) {
   o.steps = 1;
   const PlanResult full = run_plan(o, hardware());
   const std::int64_t need1 = std::max(full.device.peak, full.device.construction_peak);
-  const std::int64_t budget = need1 + need1 / 2;  // micro-batch 1 fits; larger ones stop somewhere
+  PlanOptions o2 = o;
+  o2.micro_batch = 2;
+  const PlanResult two = run_plan(o2, hardware());
+  const std::int64_t need2 = std::max(two.device.peak, two.device.construction_peak);
+  ASSERT_GT(need2, need1);
+  // Micro-batch 1 fits, 2 does not (a tiny model's need is mostly torch's fixed cuBLAS workspaces).
+  const std::int64_t budget = need1 + (need2 - need1) / 2;
   std::vector<FitCandidate> tried;
   const std::vector<FitCandidate> fits = search_fits(o, hardware(), budget, &tried);
   ASSERT_FALSE(fits.empty());
