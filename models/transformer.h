@@ -28,7 +28,8 @@
 //   to the model dtype (P V reads the cast); grouped-query K and V are repeated to every query head
 //   and kept so (repeat_kv). GPT-2's softmax is in the model dtype.
 // - GPT-2's gelu_new runs as its seven ops: it keeps the pre-activation x, tanh(c (x + a x^3)),
-//   1 + tanh, 0.5 x and their product. Llama's MLP keeps gate, silu(gate), up and their product.
+//   1 + tanh, 0.5 x and their product. Llama's MLP, and each Mixtral expert's, keeps gate,
+//   silu(gate), up and their product.
 // - The loss upcasts the logits to f32 and keeps an f32 [N, V] (Hugging Face's log-softmax; here
 //   softmax - onehot, the same bytes).
 // On a GPU torch also holds a cuBLAS workspace per thread that runs matmuls, the forward's and
@@ -162,9 +163,10 @@ class Transformer : public Model {
     Tensor u, g, s, th, th1, xh, a;
     // MoE (Note [MoE routing]): router probs [N,E], weights and expert ids [N,k]; per slot of the
     // [E*C] layout its token and choice (n*k + j) or -1, and its weight; the experts' outputs
-    // back in slot layout [E*C, d]; per local expert its input [ep*C, d] and gate, up, act.
+    // back in slot layout [E*C, d]; per local expert its input [ep*C, d] and gate, silu(gate),
+    // up, act.
     Tensor probs, weights, index, slot_token, slot_choice, slot_w, y_slots;
-    std::vector<Tensor> ein, eg, eu, ea;
+    std::vector<Tensor> ein, eg, es, eu, ea;
   };
   Module& embed() const { return *children().front(); }
   Module& layer(std::size_t l) const { return *children().at(1 + l); }

@@ -67,19 +67,23 @@ Tensor Transformer::moe_forward(Device& dev, Module& blk, BlockActs& a) {
   send = Tensor();
   Tensor back = act(dev, dtype_, {E * C, d}, "moe_expert_out");  // [src, L, C, d]
   a.ein.assign(static_cast<std::size_t>(L), Tensor());
-  a.eg = a.eu = a.ea = a.ein;
+  a.eg = a.es = a.eu = a.ea = a.ein;
   for (std::int64_t i = 0; i < L; ++i) {
     const auto u = static_cast<std::size_t>(i);
     const int e = first + static_cast<int>(i);
     a.ein[u] = act(dev, dtype_, {P * C, d}, "moe_expert_in");
     dev.copy_2d(a.ein[u], recv.view({recv.numel()}).narrow(i * C * d, recv.numel() - i * C * d), P,
                 C * d, C * d, L * C * d);
+    // Mixtral's expert MLP as Hugging Face writes it: w2(silu(w1 x) * w3 x), silu then the product
+    // (Note [Hugging Face's saved tensors]).
     a.eg[u] = act(dev, dtype_, {P * C, f}, "moe_expert_gate");
-    a.eu[u] = act(dev, dtype_, {P * C, f}, "moe_expert_up");
     dev.matmul(a.eg[u], a.ein[u], data_of(blk, expert_param(e, "w_gate").c_str()), false, true, false);
+    a.es[u] = act(dev, dtype_, {P * C, f}, "moe_expert_silu");
+    dev.unary(a.es[u], a.eg[u], Unary::silu);
+    a.eu[u] = act(dev, dtype_, {P * C, f}, "moe_expert_up");
     dev.matmul(a.eu[u], a.ein[u], data_of(blk, expert_param(e, "w_up").c_str()), false, true, false);
     a.ea[u] = act(dev, dtype_, {P * C, f}, "moe_expert_act");
-    dev.swiglu(a.ea[u], a.eg[u], a.eu[u]);
+    dev.mul(a.ea[u], a.es[u], a.eu[u]);
     Tensor y = act(dev, dtype_, {P * C, d}, "moe_expert_y");
     dev.matmul(y, a.ea[u], data_of(blk, expert_param(e, "w_down").c_str()), false, true, false);
     dev.copy_2d(back.view({back.numel()}).narrow(i * C * d, back.numel() - i * C * d), y, P, C * d,
@@ -125,14 +129,16 @@ Tensor Transformer::moe_backward(Device& dev, Module& blk, BlockActs& a, const T
     Tensor da = linear_backward(dev, blk, wd.c_str(), nullptr, dY, a.ea[u], true);
     Tensor dg = act(dev, dtype_, a.eg[u].shape(), "moe_expert_dgate");
     Tensor du = act(dev, dtype_, a.eu[u].shape(), "moe_expert_dup");
-    dev.swiglu_backward(dg, du, da, a.eg[u], a.eu[u]);
+    dev.mul(dg, da, a.eu[u]);  // d silu(g)
+    dev.mul(du, da, a.es[u]);
     da = Tensor();
+    dev.unary_backward(dg, dg, a.eg[u], Unary::silu);
     Tensor din = linear_backward(dev, blk, wg.c_str(), nullptr, dg, a.ein[u], true);
     Tensor din_up = linear_backward(dev, blk, wu.c_str(), nullptr, du, a.ein[u], true);
     dev.add(din, din, din_up);
     dev.copy_2d(dback.view({dback.numel()}).narrow(i * C * d, dback.numel() - i * C * d), din, P,
                 C * d, L * C * d, C * d);
-    a.ein[u] = a.eg[u] = a.eu[u] = a.ea[u] = Tensor();
+    a.ein[u] = a.eg[u] = a.es[u] = a.eu[u] = a.ea[u] = Tensor();
   }
   const Tensor dslots = moe_exchange(dev, dback, "moe_dslots");  // [E, C, d], this rank's tokens
   dback = Tensor();
