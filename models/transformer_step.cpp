@@ -135,7 +135,9 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
     Tensor dp = act(dev, dtype_, {B * H * S, S}, "attn_dprobs");
     dev.bmm(dp, doh, a.vh, {B * H, S, dh, S, dh, 1, kd, 1}, false, true, false);
     dev.bmm(dvr, a.p, doh, {B * H, S, S, S, dh, 1, 1, od}, true, false, false);
-    Tensor ds = act(dev, dtype_, {B * H * S, S}, "attn_dscores");
+    a.vh = Tensor();  // P V's backward has run: autograd frees what it saved (P: softmax's too)
+    if (a.p32.defined()) a.p = Tensor();
+    Tensor ds;
     if (a.p32.defined()) {  // the f32 softmax's backward: dP in f32, dS in f32, then cast
       Tensor dp32 = act(dev, DType::f32, {B * H * S, S}, "attn_dprobs_f32");
       dev.cast(dp32, dp);
@@ -143,14 +145,19 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
       Tensor ds32 = act(dev, DType::f32, {B * H * S, S}, "attn_dscores_f32");
       dev.softmax_backward(ds32, dp32, a.p32);
       dp32 = Tensor();
+      a.p32 = Tensor();  // autograd frees what softmax saved once its backward has run
+      ds = act(dev, dtype_, {B * H * S, S}, "attn_dscores");
       dev.cast(ds, ds32);
     } else {
+      ds = act(dev, dtype_, {B * H * S, S}, "attn_dscores");
       dev.softmax_backward(ds, dp, a.p);
-      dp = Tensor();
+      dp = a.p = Tensor();
     }
     dev.scale(ds, scale);
     dev.bmm(dqh, ds, a.kh, {B * H, S, S, S, dh, 1, kd, 1}, false, false, false);
     dev.bmm(dkr, ds, a.qh, {B * H, S, S, S, dh, 1, 1, od}, true, false, false);
+    ds = Tensor();
+    a.qh = a.kh = Tensor();
     if (dkr.numel() != dkh.numel()) {
       for (std::int64_t i = 0; i < B * Hkv; ++i) {  // kv head i sums query heads i*rep..: rows
         const std::int64_t w = S * dh;
@@ -167,6 +174,7 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
         one_head(b, h, p, dp, s);  // s is free again: it takes dS
       }
     }
+    a.qh = a.kh = a.vh = Tensor();
   }
   dq = act(dev, dtype_, {B * S, H * dh}, "attn_dq");
   dk = act(dev, dtype_, {B * S, Hkv * dh}, "attn_dk");
@@ -213,18 +221,22 @@ Tensor Transformer::mlp_backward(Device& dev, Module& blk, BlockActs& a, const T
   if (spec_.experts > 0) return moe_backward(dev, blk, a, dm);
   const std::int64_t N = dm.dim(0), f = spec_.ffn;
   if (spec_.mlp == MlpKind::gelu) {  // back through mlp_forward's ops
+    // Each op's saved tensors go as soon as its backward has run, as autograd frees them.
     Tensor da = linear_backward(dev, blk, "w_proj", "b_proj", dm, a.a, true);
+    a.a = Tensor();
     Tensor dxh = act(dev, dtype_, {N, f}, "gelu_dhalf_x");
     Tensor dinner = act(dev, dtype_, {N, f}, "gelu_dinner");
     dev.mul(dxh, da, a.th1);
     dev.mul(dinner, da, a.xh);  // d(1 + t) = dt
-    da = Tensor();
+    da = a.xh = a.th1 = Tensor();
     dev.unary_backward(dinner, dinner, a.th, Unary::tanh);
+    a.th = Tensor();
     dev.scale(dinner, kGeluC);
     Tensor dcube = act(dev, dtype_, {N, f}, "gelu_dcube");
     dev.copy(dcube, dinner);
     dev.scale(dcube, kGeluA);
     dev.unary_backward(dcube, dcube, a.u, Unary::cube);
+    a.u = Tensor();
     dev.scale(dxh, 0.5);
     Tensor du = act(dev, dtype_, {N, f}, "mlp_du");  // x's three uses: x + ..., x^3, 0.5 x
     dev.add(du, dinner, dcube);
@@ -233,12 +245,14 @@ Tensor Transformer::mlp_backward(Device& dev, Module& blk, BlockActs& a, const T
     return linear_backward(dev, blk, "w_fc", "b_fc", du, a.h2, true);
   }
   Tensor da = linear_backward(dev, blk, "w_down", nullptr, dm, a.a, true);
+  a.a = Tensor();
   Tensor dg = act(dev, dtype_, {N, f}, "mlp_dgate");
   Tensor du = act(dev, dtype_, {N, f}, "mlp_dup");
   dev.mul(dg, da, a.u);  // d silu(g)
   dev.mul(du, da, a.s);
-  da = Tensor();
+  da = a.u = a.s = Tensor();
   dev.unary_backward(dg, dg, a.g, Unary::silu);
+  a.g = Tensor();
   Tensor dh2 = linear_backward(dev, blk, "w_gate", nullptr, dg, a.h2, true);
   dg = Tensor();
   Tensor dh2_up = linear_backward(dev, blk, "w_up", nullptr, du, a.h2, true);
@@ -286,10 +300,13 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   blk.run_pre_backward();
   const std::int64_t S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
   Tensor dh2 = mlp_backward(dev, blk, a, dx3);
+  a.h2 = Tensor();
   Tensor dx2 = norm_backward(dev, blk, "mlp_norm", dh2, a.n2);
   dh2 = Tensor();
+  a.n2 = NormActs{};
   dev.add(dx2, dx2, dx3);
   Tensor dout = linear_backward(dev, blk, "wo", "bo", dx2, a.o, true);
+  a.o = Tensor();
   Tensor dq, dk, dv;
   attention_backward(dev, a, dout, dq, dk, dv);
   dout = Tensor();
@@ -300,6 +317,7 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   Tensor dh1 = linear_backward(dev, blk, "wq", "bq", dq, a.h1, true);
   Tensor dh1_k = linear_backward(dev, blk, "wk", "bk", dk, a.h1, true);
   Tensor dh1_v = linear_backward(dev, blk, "wv", "bv", dv, a.h1, true);
+  a.h1 = Tensor();
   dev.add(dh1, dh1, dh1_k);
   dev.add(dh1, dh1, dh1_v);
   dq = dk = dv = dh1_k = dh1_v = Tensor();
