@@ -22,7 +22,9 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
     std::ifstream mj(o.model_json);
     if (!mj) throw ConfigError(fmt::format("cannot read --model-json {}", o.model_json));
     try {
-      p.model = transformer_spec_from_json(nlohmann::json::parse(mj));
+      std::vector<std::string> model_notes;
+      p.model = transformer_spec_from_json(nlohmann::json::parse(mj), &model_notes);
+      for (const std::string& n : model_notes) fmt::print(stderr, "note: {}\n", n);
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("--model-json {} is not valid JSON: {}", o.model_json, e.what()));
     }

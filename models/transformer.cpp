@@ -148,7 +148,131 @@ std::vector<std::string> transformer_presets() {
           "gpt2-tiny", "llama-tiny", "llama-gqa-tiny", "mixtral-tiny"};
 }
 
-TransformerSpec transformer_spec_from_json(const nlohmann::json& j) {
+namespace {
+
+// A key of a Hugging Face config, or its config class's default when absent or null.
+template <class T>
+T hf_value(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw ConfigError(fmt::format("Hugging Face config: '{}' is {}, not the type its config class "
+                                  "expects", key, it->dump()));
+  }
+}
+template <class T>
+T hf_required(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j.at(key).is_null()) {
+    throw ConfigError(fmt::format("Hugging Face config: '{}' is missing", key));
+  }
+  return hf_value<T>(j, key, T{});
+}
+
+}  // namespace
+
+TransformerSpec transformer_spec_from_hf_config(const nlohmann::json& j,
+                                                std::vector<std::string>& notes) {
+  const std::string type = hf_value<std::string>(j, "model_type", "");
+  TransformerSpec s;
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(fmt::format("Hugging Face config ({}): '{}' {}", type, key, why));
+  };
+  auto dropout = [&](std::initializer_list<const char*> keys, double fallback) {
+    std::string set;
+    for (const char* k : keys) {
+      const double p = hf_value<double>(j, k, fallback);
+      if (p > 0) set += fmt::format("{}{} {}", set.empty() ? "" : ", ", k, p);
+    }
+    if (!set.empty()) {
+      notes.push_back(set + ": dropout is not modelled; in training each dropout keeps a mask "
+                            "for backward, which this plan does not count");
+    }
+  };
+  if (type == "llama" || type == "mistral" || type == "mixtral") {
+    const bool mixtral = type == "mixtral";
+    s.preset = hf_value<std::string>(j, "_name_or_path", type);
+    if (s.preset.empty()) s.preset = type;
+    s.vocab = hf_required<std::int64_t>(j, "vocab_size");
+    s.dim = hf_required<std::int64_t>(j, "hidden_size");
+    s.layers = hf_required<int>(j, "num_hidden_layers");
+    s.heads = hf_required<std::int64_t>(j, "num_attention_heads");
+    s.kv_heads = hf_value<std::int64_t>(j, "num_key_value_heads", s.heads);
+    s.ffn = hf_required<std::int64_t>(j, "intermediate_size");
+    s.seq = hf_value<std::int64_t>(j, "max_position_embeddings", type == "llama" ? 2048 : 32768);
+    s.norm = NormKind::rmsnorm, s.mlp = MlpKind::swiglu, s.pos = PositionKind::rotary;
+    s.eps = hf_value<double>(j, "rms_norm_eps", mixtral ? 1e-5 : 1e-6);
+    s.rope_base = hf_value<double>(j, "rope_theta", mixtral ? 1e6 : 10000.0);
+    s.tied_embeddings = hf_value<bool>(j, "tie_word_embeddings", false);
+    if (const auto act = hf_value<std::string>(j, "hidden_act", "silu"); act != "silu") {
+      refuse("hidden_act", fmt::format("is {}: only silu (SwiGLU) is modelled", act));
+    }
+    for (const char* k : {"attention_bias", "mlp_bias"}) {
+      if (hf_value<bool>(j, k, false)) refuse(k, "is true: biases on Llama's projections are not modelled");
+    }
+    if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
+        j.at("head_dim").get<std::int64_t>() * s.heads != s.dim) {
+      refuse("head_dim", "differs from hidden_size / num_attention_heads: not modelled");
+    }
+    if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {
+      notes.push_back(fmt::format("rope_scaling {}: it changes the rotary frequencies (values), not "
+                                  "memory or time; planned without it", j.at("rope_scaling").dump()));
+    }
+    if (const auto w = hf_value<std::int64_t>(j, "sliding_window", 0); w > 0) {
+      notes.push_back(fmt::format("sliding_window {}: eager attention still materialises every [S, S] "
+                                  "row, masked; planned as full causal attention (same memory and "
+                                  "time, other values)", w));
+    }
+    dropout({"attention_dropout"}, 0.0);
+    if (mixtral) {
+      s.experts = hf_required<int>(j, "num_local_experts");
+      s.top_k = hf_value<int>(j, "num_experts_per_tok", 2);
+      notes.push_back("Mixtral's experts are planned as DeepSpeed's MoE layer trains them (top-2 "
+                      "gating, capacity_factor 1.0, tokens past capacity dropped); Hugging Face's "
+                      "MixtralSparseMoeBlock is dropless");
+    }
+  } else if (type == "gpt2") {
+    s.preset = hf_value<std::string>(j, "_name_or_path", "gpt2");
+    if (s.preset.empty()) s.preset = "gpt2";
+    s.vocab = hf_value<std::int64_t>(j, "vocab_size", 50257);
+    s.dim = hf_value<std::int64_t>(j, "n_embd", 768);
+    s.layers = hf_value<int>(j, "n_layer", 12);
+    s.heads = s.kv_heads = hf_value<std::int64_t>(j, "n_head", 12);
+    s.ffn = hf_value<std::int64_t>(j, "n_inner", 4 * s.dim);
+    s.positions = s.seq = hf_value<std::int64_t>(j, "n_positions", 1024);
+    s.norm = NormKind::layernorm, s.mlp = MlpKind::gelu, s.pos = PositionKind::learned;
+    s.eps = hf_value<double>(j, "layer_norm_epsilon", 1e-5);
+    s.tied_embeddings = hf_value<bool>(j, "tie_word_embeddings", true);
+    s.bias = true;
+    if (const auto act = hf_value<std::string>(j, "activation_function", "gelu_new"); act != "gelu_new") {
+      refuse("activation_function", fmt::format("is {}: only gelu_new is modelled", act));
+    }
+    for (const char* k : {"reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "add_cross_attention"}) {
+      if (hf_value<bool>(j, k, false)) refuse(k, "is true: not modelled");
+    }
+    if (!hf_value<bool>(j, "scale_attn_weights", true)) refuse("scale_attn_weights", "is false: not modelled");
+    dropout({"attn_pdrop", "resid_pdrop", "embd_pdrop"}, 0.1);
+  } else {
+    throw ConfigError(fmt::format("Hugging Face config: model_type '{}' is not modelled; llama, "
+                                  "mistral, mixtral and gpt2 are", type));
+  }
+  notes.push_back(fmt::format("{}: the sequence length defaults to the config's {} ({}); --seq sets the "
+                              "training length", s.preset, type == "gpt2" ? "n_positions" : "max_position_embeddings",
+                              s.seq));
+  if (const std::string why = s.invalid(); !why.empty()) {
+    throw ConfigError(fmt::format("Hugging Face config ({}): {}", type, why));
+  }
+  return s;
+}
+
+TransformerSpec transformer_spec_from_json(const nlohmann::json& j, std::vector<std::string>* notes) {
+  if (j.is_object() && j.contains("model_type")) {
+    std::vector<std::string> mine;
+    TransformerSpec s = transformer_spec_from_hf_config(j, mine);
+    if (notes != nullptr) notes->insert(notes->end(), mine.begin(), mine.end());
+    return s;
+  }
   static const std::vector<std::string> keys = {
       "name",  "vocab", "dim",       "layers",        "heads",           "kv_heads", "ffn",
       "seq",   "norm",  "mlp",       "positions",     "max_positions",   "tied_embeddings",

@@ -117,7 +117,16 @@ std::vector<std::string> transformer_presets();
 // "seq":..,"norm":"rmsnorm|layernorm","mlp":"swiglu|gelu","positions":"rotary|learned",
 // "max_positions":..,"tied_embeddings":..,"bias":..,"experts":..,"top_k":2,"capacity_factor":..,
 // "min_capacity":..} (strict: unknown keys are a ConfigError).
-TransformerSpec transformer_spec_from_json(const nlohmann::json& j);
+// A Hugging Face config.json (it has "model_type") is read by transformer_spec_from_hf_config.
+TransformerSpec transformer_spec_from_json(const nlohmann::json& j,
+                                           std::vector<std::string>* notes = nullptr);
+// A Hugging Face config.json of model_type llama, mistral, mixtral or gpt2, as its modeling code
+// builds the model (defaults as the config classes'). Features that change shapes or memory and
+// are not modelled are a ConfigError naming the key; those that change only values, or that the
+// plan does not count, are said in `notes`. seq is max_position_embeddings (GPT-2: n_positions)
+// until --seq sets the training length.
+TransformerSpec transformer_spec_from_hf_config(const nlohmann::json& j,
+                                                std::vector<std::string>& notes);
 
 class Transformer : public Model {
  public:

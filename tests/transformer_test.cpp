@@ -11,6 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <fstream>
 #include <map>
 
 namespace zc {
@@ -53,6 +56,73 @@ TEST(TransformerPresets, UnknownPresetAndBadShapesAreConfigErrors) {
   const TransformerSpec s = transformer_spec_from_json(nlohmann::json::parse(
       R"({"vocab":8,"dim":8,"layers":1,"heads":2,"kv_heads":1,"ffn":8,"seq":4})"));
   EXPECT_EQ(s.param_count(), counted(s));
+}
+
+nlohmann::json hf_example(const std::string& name) {
+  std::ifstream in(std::string(ZC_SOURCE_DIR) + "/examples/plan/hf/" + name + ".json");
+  return nlohmann::json::parse(in);
+}
+
+// A Hugging Face config.json builds the model its modeling code builds: the published parameter
+// counts, and the shapes of the presets made from the same papers.
+TEST(TransformerHfConfig, LlamaGpt2AndMixtralConfigsAreTheirModels) {
+  std::vector<std::string> notes;
+  const TransformerSpec llama = transformer_spec_from_hf_config(hf_example("llama-2-7b"), notes);
+  EXPECT_EQ(llama.param_count(), 6'738'415'616);
+  EXPECT_EQ(llama.param_count(), transformer_preset("llama-2-7b").param_count());
+  EXPECT_EQ(llama.seq, 4096);
+  EXPECT_EQ(llama.eps, 1e-5);
+  const TransformerSpec gpt2 = transformer_spec_from_hf_config(hf_example("gpt2"), notes);
+  EXPECT_EQ(gpt2.param_count(), 124'439'808);  // GPT-2 small, tied embeddings counted once
+  EXPECT_EQ(gpt2.ffn, 4 * 768);                // n_inner absent: 4 n_embd
+  EXPECT_TRUE(gpt2.tied_embeddings && gpt2.bias && gpt2.pos == PositionKind::learned);
+  const TransformerSpec mixtral = transformer_spec_from_hf_config(hf_example("mixtral-8x7b"), notes);
+  EXPECT_EQ(mixtral.param_count(), transformer_preset("mixtral-8x7b").param_count());
+  EXPECT_EQ(mixtral.rope_base, 1e6);
+  bool dropout_said = false, dropless_said = false;
+  for (const std::string& n : notes) {
+    dropout_said = dropout_said || n.find("attn_pdrop 0.1") != std::string::npos;
+    dropless_said = dropless_said || n.find("dropless") != std::string::npos;
+  }
+  EXPECT_TRUE(dropout_said && dropless_said) << fmt::format("{}", fmt::join(notes, "\n"));
+  // transformer_spec_from_json reads either format.
+  EXPECT_EQ(transformer_spec_from_json(hf_example("llama-2-7b")).param_count(), llama.param_count());
+}
+
+TEST(TransformerHfConfig, WhatIsNotModelledIsRefusedByName) {
+  auto refused = [](nlohmann::json j, const std::string& key) {
+    std::vector<std::string> notes;
+    try {
+      transformer_spec_from_hf_config(j, notes);
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json bert = hf_example("llama-2-7b");
+  bert["model_type"] = "bert";
+  refused(bert, "model_type 'bert'");
+  nlohmann::json gelu = hf_example("llama-2-7b");
+  gelu["hidden_act"] = "gelu";
+  refused(gelu, "hidden_act");
+  nlohmann::json bias = hf_example("llama-2-7b");
+  bias["attention_bias"] = true;
+  refused(bias, "attention_bias");
+  nlohmann::json missing = hf_example("llama-2-7b");
+  missing.erase("hidden_size");
+  refused(missing, "hidden_size");
+  nlohmann::json wrong_type = hf_example("llama-2-7b");
+  wrong_type["num_hidden_layers"] = "thirty-two";
+  refused(wrong_type, "num_hidden_layers");
+  nlohmann::json top1 = hf_example("mixtral-8x7b");
+  top1["num_experts_per_tok"] = 1;
+  refused(top1, "top_k 1");
+  nlohmann::json relu = hf_example("gpt2");
+  relu["activation_function"] = "relu";
+  refused(relu, "activation_function");
+  nlohmann::json upcast = hf_example("gpt2");
+  upcast["reorder_and_upcast_attn"] = true;
+  refused(upcast, "reorder_and_upcast_attn");
 }
 
 struct Probe {
