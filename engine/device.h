@@ -183,6 +183,17 @@ class Device {
   // (ascending c), softmax = exp(x[c] - max) / denom, loss = log(denom) - (x[label] - max).
   virtual void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                             const Tensor& labels) = 0;
+  // Hugging Face's loss op by op, as torch's cross_entropy runs it (log_softmax, then nll_loss;
+  // models/transformer.h, Note [Hugging Face's saved tensors]). log_softmax_nll, per row of logits
+  // [B,C] with labels [B], in softmax_xent's arithmetic: logp = (x - max) - log(denom) [B,C] and
+  // row_loss = log(denom) - (x[label] - max) [B].
+  virtual void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                               const Tensor& labels) = 0;
+  // nll_loss's backward: grad [B,C] = 0, but grad[b, labels[b]] = value.
+  virtual void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) = 0;
+  // log_softmax's backward: dx[b,c] = dout[b,c] - exp(logp[b,c]) * s_b, s_b = sum_c dout[b,c]
+  // (ascending c).
+  virtual void log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) = 0;
 
   // ---- transformer ops (TinyLlama). Computed in f64 if any operand is f64, else in f32. ----
   // out[n,:] = table[ids[n],:]; ids [N] (token ids as floats), table [V,D], out [N,D].

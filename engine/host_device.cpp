@@ -481,6 +481,78 @@ void HostDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   count_kernel(5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 
+namespace {
+
+// [B,C] with labels and a per-row vector of [B]; the labels in [0, C), read as f32 (softmax_xent).
+std::vector<std::int64_t> label_rows(const char* op, const Tensor& x, const Tensor& labels,
+                                     const Tensor* per_row) {
+  if (x.ndim() != 2 || labels.numel() != x.dim(0) || (per_row != nullptr && per_row->numel() != x.dim(0))) {
+    throw UsageError(fmt::format("{}: {} needs labels{} of [{}]", op, shape_str(x.shape()),
+                                 per_row != nullptr ? " and row_loss" : "", x.ndim() == 2 ? x.dim(0) : -1));
+  }
+  std::vector<std::int64_t> out(static_cast<std::size_t>(x.dim(0)));
+  for (std::int64_t r = 0; r < x.dim(0); ++r) {
+    const auto label = static_cast<std::int64_t>(load_as_f32(labels.raw(), labels.dtype(), r));
+    if (label < 0 || label >= x.dim(1)) {
+      throw UsageError(fmt::format("{}: label {} of row {} outside [0, {})", op, label, r, x.dim(1)));
+    }
+    out[static_cast<std::size_t>(r)] = label;
+  }
+  return out;
+}
+
+}  // namespace
+
+void HostDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                                 const Tensor& labels) {
+  for (const Tensor* t : {&logp, &row_loss, &logits, &labels}) on("log_softmax_nll", *t, placement_);
+  same_numel("log_softmax_nll", logp, logits);
+  const std::vector<std::int64_t> label = label_rows("log_softmax_nll", logits, labels, &row_loss);
+  const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
+  with_compute({&logp, &row_loss, &logits}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, ld<T>(logits, r * cols + c));
+      T denom = 0;
+      for (std::int64_t c = 0; c < cols; ++c) denom = denom + std::exp(ld<T>(logits, r * cols + c) - mx);
+      const T log_denom = std::log(denom);
+      for (std::int64_t c = 0; c < cols; ++c) st<T>(logp, r * cols + c, (ld<T>(logits, r * cols + c) - mx) - log_denom);
+      st<T>(row_loss, r, log_denom - (ld<T>(logits, r * cols + label[static_cast<std::size_t>(r)]) - mx));
+    }
+  });
+  count_kernel(4 * logits.numel(), logits.nbytes() + labels.nbytes(), logp.nbytes());
+}
+
+void HostDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {
+  for (const Tensor* t : {&grad, &labels}) on("nll_loss_backward", *t, placement_);
+  const std::vector<std::int64_t> label = label_rows("nll_loss_backward", grad, labels, nullptr);
+  const std::int64_t rows = grad.dim(0), cols = grad.dim(1);
+  with_compute({&grad}, [&]<class T>(T) {
+    const auto v = static_cast<T>(value);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) st<T>(grad, r * cols + c, c == label[static_cast<std::size_t>(r)] ? v : T(0));
+    }
+  });
+  count_kernel(grad.numel(), labels.nbytes(), grad.nbytes());
+}
+
+void HostDevice::log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) {
+  for (const Tensor* t : {&dx, &dout, &logp}) on("log_softmax_backward", *t, placement_);
+  same_numel("log_softmax_backward", dx, logp);
+  same_numel("log_softmax_backward", dout, logp);
+  const std::int64_t rows = device_check::rows("log_softmax_backward", logp), cols = logp.dim(1);
+  with_compute({&dx, &dout, &logp}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T s = 0;
+      for (std::int64_t c = 0; c < cols; ++c) s = s + ld<T>(dout, r * cols + c);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        st<T>(dx, r * cols + c, ld<T>(dout, r * cols + c) - std::exp(ld<T>(logp, r * cols + c)) * s);
+      }
+    }
+  });
+  count_kernel(4 * logp.numel(), logp.nbytes() + dout.nbytes(), dx.nbytes());
+}
+
 std::vector<std::int64_t> HostDevice::argmax_rows(const Tensor& x) {
   on("argmax_rows", x, placement_);
   const std::int64_t rows = device_check::rows("argmax_rows", x), cols = x.dim(1);

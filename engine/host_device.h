@@ -48,6 +48,10 @@ class HostDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
+  void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                       const Tensor& labels) override;
+  void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) override;
+  void log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) override;
   std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
   void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
   void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;
@@ -132,6 +136,10 @@ class MetaDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
+  void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                       const Tensor& labels) override;
+  void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) override;
+  void log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) override;
   std::vector<std::int64_t> argmax_rows(const Tensor& x) override;
   void scale_rows(const Tensor& out, const Tensor& x, const Tensor& s) override;
   void row_dot(const Tensor& out, const Tensor& a, const Tensor& c) override;

@@ -116,6 +116,28 @@ void MetaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   }
   tally(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
+void MetaDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                                 const Tensor& labels) {
+  all_meta("log_softmax_nll", {&logp, &row_loss, &logits, &labels});
+  same_numel("log_softmax_nll", logp, logits);
+  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
+    throw UsageError("log_softmax_nll: logits must be [B,C] with labels and row_loss [B]");
+  }
+  tally(counters_, 4 * logits.numel(), logits.nbytes() + labels.nbytes(), logp.nbytes());
+}
+void MetaDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double) {
+  all_meta("nll_loss_backward", {&grad, &labels});
+  if (grad.ndim() != 2 || labels.numel() != grad.dim(0)) {
+    throw UsageError("nll_loss_backward: grad must be [B,C] with labels [B]");
+  }
+  tally(counters_, grad.numel(), labels.nbytes(), grad.nbytes());
+}
+void MetaDevice::log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) {
+  all_meta("log_softmax_backward", {&dx, &dout, &logp});
+  same_numel("log_softmax_backward", dx, logp);
+  same_numel("log_softmax_backward", dout, logp);
+  tally(counters_, 4 * logp.numel(), logp.nbytes() + dout.nbytes(), dx.nbytes());
+}
 // Note [Meta mode]: balanced routing, row r to column r % C.
 std::vector<std::int64_t> MetaDevice::argmax_rows(const Tensor& x) {
   all_meta("argmax_rows", {&x});

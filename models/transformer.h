@@ -30,15 +30,14 @@
 // - GPT-2's gelu_new runs as its seven ops: it keeps the pre-activation x, tanh(c (x + a x^3)),
 //   1 + tanh, 0.5 x and their product. Llama's MLP, and each Mixtral expert's, keeps gate,
 //   silu(gate), up and their product.
-// - The loss upcasts the logits to f32 and keeps an f32 [N, V] (Hugging Face's log-softmax; here
-//   softmax - onehot, the same bytes).
+// - The loss upcasts the logits to f32, keeps their log-softmax, and takes nll_loss's mean; its
+//   backward holds nll_loss's gradient, log_softmax's and the kept log-softmax at once, as autograd
+//   does (Device::log_softmax_nll, nll_loss_backward, log_softmax_backward).
 // On a GPU torch also holds a cuBLAS workspace per thread that runs matmuls, the forward's and
 // autograd's (plan/plan.cpp torch_cublas_workspace_bytes): TransformerSpec::blas_workspace_bytes.
 // What is not Hugging Face's yet (values; memory is the same): RMSNorm's output is rounded once
 // ((x * rstd) * w, Hugging Face rounds x * rstd first), and its dx comes from rmsnorm_backward in
-// one pass; the loss's backward holds two f32 [N, V], where autograd holds three while
-// log_softmax's backward runs (its input gradient from nll_loss). The values are not compared with
-// Hugging Face's yet (issue 41's transformer twin).
+// one pass. The values are not compared with Hugging Face's yet (issue 41's transformer twin).
 //
 // Note [MoE routing]
 // experts > 0 (Mixtral-style): every block's MLP is a router [experts, dim] (a Linear without
@@ -219,7 +218,7 @@ class Transformer : public Model {
   std::vector<BlockActs> acts_;
   NormActs normf_;  // the final norm's
   Tensor forward_workspace_, backward_workspace_;  // TransformerSpec::blas_workspace_bytes
-  Tensor ids_, labels_, positions_, hf_, dlogits_;
+  Tensor ids_, labels_, positions_, hf_, logp_;
   std::int64_t batch_ = 0;
 };
 

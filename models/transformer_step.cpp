@@ -338,10 +338,6 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   }
   batch_ = ids_.dim(0);
   const std::int64_t N = batch_ * spec_.seq, d = spec_.dim, V = spec_.vocab;
-  if (spec_.blas_workspace_bytes > 0 && !forward_workspace_.defined()) {
-    forward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes}, "cublas_workspace.forward",
-                                   MemCategory::temporaries);
-  }
   Module& emb = embed();
   emb.run_pre_forward();
   Tensor x = act(dev, dtype_, {N, d}, "x0");
@@ -360,6 +356,10 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   }
   emb.run_post_forward();
   acts_.assign(static_cast<std::size_t>(spec_.layers), BlockActs{});
+  if (spec_.blas_workspace_bytes > 0 && !forward_workspace_.defined()) {  // at the first matmul
+    forward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes}, "cublas_workspace.forward",
+                                   MemCategory::temporaries);
+  }
   for (std::size_t l = 0; l < acts_.size(); ++l) x = block_forward(dev, layer(l), acts_[l], x);
   final_norm().run_pre_forward();
   hf_ = norm_forward(dev, final_norm(), "weight", x, normf_);
@@ -369,8 +369,8 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   Tensor logits = act(dev, dtype_, {N, V}, "logits");
   dev.matmul(logits, hf_, data_of(lm_head(), "weight"), false, true, false);
   lm_head().run_post_forward();
-  // Hugging Face's loss upcasts the logits and keeps an f32 [N, V] (Note [Hugging Face's saved
-  // tensors]): here softmax - onehot, in the loss dtype. The model's output holds the logits
+  // Hugging Face's loss (Note [Hugging Face's saved tensors]): the logits upcast to f32, their
+  // log-softmax kept for the backward, nll_loss's mean. The model's output holds the logits
   // until the loss is taken.
   const DType loss_dtype = stats_dtype();
   Tensor up = logits;
@@ -378,10 +378,10 @@ double Transformer::forward(Device& dev, const Batch& batch) {
     up = act(dev, loss_dtype, {N, V}, "logits_f32");
     dev.cast(up, logits);
   }
-  dlogits_ = act(dev, loss_dtype, {N, V}, "dlogits");
+  logp_ = act(dev, loss_dtype, {N, V}, "log_softmax");
   Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
   Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
-  dev.softmax_xent(dlogits_, rows, up, labels_.view({N}));
+  dev.log_softmax_nll(logp_, rows, up, labels_.view({N}));
   up = logits = Tensor();
   dev.fill(ones, 1.0);
   const double loss = dev.dot(rows, ones) / static_cast<double>(N);
@@ -390,27 +390,30 @@ double Transformer::forward(Device& dev, const Batch& batch) {
 }
 
 void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
-  ZC_ASSERT(acts_.size() == static_cast<std::size_t>(spec_.layers) && dlogits_.defined(),
+  ZC_ASSERT(acts_.size() == static_cast<std::size_t>(spec_.layers) && logp_.defined(),
             "backward without forward");
   run_pre_backward();
   const std::int64_t N = batch_ * spec_.seq, V = spec_.vocab;
-  if (spec_.blas_workspace_bytes > 0 && !backward_workspace_.defined()) {
-    backward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes},
-                                    "cublas_workspace.autograd", MemCategory::temporaries);
-  }
   Module& head_m = lm_head();
   head_m.run_pre_backward();
-  // In the loss dtype, then cast to the model's, as the backward of Hugging Face's upcast.
-  Tensor dlogits = act(dev, dlogits_.dtype(), {N, V}, "dlogits_scaled");
-  dev.copy(dlogits, dlogits_);
-  dlogits_ = Tensor();
-  dev.div(dlogits, static_cast<double>(N));  // the mean over this rank's tokens
-  dev.scale(dlogits, loss_scale);
-  dev.div(dlogits, static_cast<double>(ga));
+  // As autograd runs Hugging Face's loss backward, in the loss dtype: nll_loss's gradient (the
+  // mean over this rank's tokens of the loss DeepSpeed scaled by loss_scale / ga), then
+  // log_softmax's, three [N, V] live at once; then the cast to the model's dtype.
+  Tensor dlogp = act(dev, logp_.dtype(), {N, V}, "nll_loss_grad");
+  dev.nll_loss_backward(dlogp, labels_.view({N}),
+                        -(loss_scale / static_cast<double>(ga)) / static_cast<double>(N));
+  Tensor dlogits = act(dev, logp_.dtype(), {N, V}, "log_softmax_grad");
+  dev.log_softmax_backward(dlogits, dlogp, logp_);
+  dlogp = logp_ = Tensor();
   if (dlogits.dtype() != dtype_) {
     Tensor down = act(dev, dtype_, {N, V}, "dlogits_model_dtype");
     dev.cast(down, dlogits);
     dlogits = down;
+  }
+  // Autograd's thread takes its cuBLAS workspace at its first matmul, the LM head's.
+  if (spec_.blas_workspace_bytes > 0 && !backward_workspace_.defined()) {
+    backward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes},
+                                    "cublas_workspace.autograd", MemCategory::temporaries);
   }
   // The LM head's weight grad; with tied embeddings it waits for the embedding's part, and the
   // one Parameter gets their sum once (Note [Shared params]).

@@ -429,7 +429,8 @@ void CudaDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumulate) {
 // small download), so a bad id is a UsageError naming the row, as on the host, not a fault.
 void CudaDevice::check_ids(const char* op, const Tensor& ids, std::int64_t limit) {
   // Labels are read as f32 (HostDevice's softmax_xent), token ids as f64 (its embedding ops).
-  const bool labels = std::string_view(op) == "softmax_xent";
+  const std::string_view name(op);
+  const bool labels = name == "softmax_xent" || name == "log_softmax_nll" || name == "nll_loss_backward";
   const std::vector<double> v = to_f64(*this, ids);
   for (std::size_t n = 0; n < v.size(); ++n) {
     const auto id = static_cast<std::int64_t>(labels ? static_cast<double>(static_cast<float>(v[n])) : v[n]);
@@ -452,6 +453,43 @@ void CudaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   CUDA_CHECK(kernels::softmax_xent(st_->stream, any_f64(dlogits, row_loss, logits), vw(dlogits), vw(row_loss), vw(logits),
               vw(labels), rows, cols));
   count_kernel(5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
+}
+
+void CudaDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                                 const Tensor& labels) {
+  for (const Tensor* t : {&logp, &row_loss, &logits, &labels}) on("log_softmax_nll", *t, Placement::cuda);
+  same_numel("log_softmax_nll", logp, logits);
+  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
+    throw UsageError(fmt::format("log_softmax_nll: {} needs labels and row_loss of [{}]",
+                                 shape_str(logits.shape()), logits.ndim() == 2 ? logits.dim(0) : -1));
+  }
+  const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
+  check_ids("log_softmax_nll", labels, cols);
+  CUDA_CHECK(kernels::log_softmax_nll(st_->stream, any_f64(logp, row_loss, logits), vw(logp), vw(row_loss), vw(logits),
+                                      vw(labels), rows, cols));
+  count_kernel(4 * logits.numel(), logits.nbytes() + labels.nbytes(), logp.nbytes());
+}
+
+void CudaDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {
+  for (const Tensor* t : {&grad, &labels}) on("nll_loss_backward", *t, Placement::cuda);
+  if (grad.ndim() != 2 || labels.numel() != grad.dim(0)) {
+    throw UsageError(fmt::format("nll_loss_backward: {} needs labels of [{}]", shape_str(grad.shape()),
+                                 grad.ndim() == 2 ? grad.dim(0) : -1));
+  }
+  check_ids("nll_loss_backward", labels, grad.dim(1));
+  CUDA_CHECK(kernels::nll_loss_backward(st_->stream, any_f64(grad), vw(grad), vw(labels), value, grad.dim(0),
+                                        grad.dim(1)));
+  count_kernel(grad.numel(), labels.nbytes(), grad.nbytes());
+}
+
+void CudaDevice::log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) {
+  for (const Tensor* t : {&dx, &dout, &logp}) on("log_softmax_backward", *t, Placement::cuda);
+  same_numel("log_softmax_backward", dx, logp);
+  same_numel("log_softmax_backward", dout, logp);
+  const std::int64_t rows = device_check::rows("log_softmax_backward", logp), cols = logp.dim(1);
+  CUDA_CHECK(kernels::log_softmax_backward(st_->stream, any_f64(dx, dout, logp), vw(dx), vw(dout), vw(logp), rows,
+                                           cols));
+  count_kernel(4 * logp.numel(), logp.nbytes() + dout.nbytes(), dx.nbytes());
 }
 
 std::vector<std::int64_t> CudaDevice::argmax_rows(const Tensor& x) {

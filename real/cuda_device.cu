@@ -252,6 +252,38 @@ void softmax_xent_k(cudaStream_t s, View dl, View loss, View logits, View labels
     st<T>(loss, r, log_denom - (ld<T>(logits, r * cols + label) - mx));
   });
 }
+template <class T>
+void log_softmax_nll_k(cudaStream_t s, View logp, View loss, View logits, View labels, std::int64_t rows,
+                       std::int64_t cols) {
+  each(s, rows, [=] __device__(std::int64_t r) {
+    const auto label = static_cast<std::int64_t>(ld32(labels, r));  // checked on the host
+    T mx = -std::numeric_limits<T>::infinity();
+    for (std::int64_t c = 0; c < cols; ++c) mx = host_max(mx, ld<T>(logits, r * cols + c));
+    T denom = 0;
+    for (std::int64_t c = 0; c < cols; ++c) denom = denom + dexp(ld<T>(logits, r * cols + c) - mx);
+    const T log_denom = dlog(denom);
+    for (std::int64_t c = 0; c < cols; ++c) st<T>(logp, r * cols + c, (ld<T>(logits, r * cols + c) - mx) - log_denom);
+    st<T>(loss, r, log_denom - (ld<T>(logits, r * cols + label) - mx));
+  });
+}
+template <class T>
+void nll_loss_backward_k(cudaStream_t s, View grad, View labels, double value, std::int64_t rows, std::int64_t cols) {
+  const T v = static_cast<T>(value);
+  each(s, rows * cols, [=] __device__(std::int64_t e) {
+    const std::int64_t r = e / cols, c = e % cols;
+    st<T>(grad, e, c == static_cast<std::int64_t>(ld32(labels, r)) ? v : T(0));
+  });
+}
+template <class T>
+void log_softmax_backward_k(cudaStream_t s, View dx, View dout, View logp, std::int64_t rows, std::int64_t cols) {
+  each(s, rows, [=] __device__(std::int64_t r) {
+    T sum = 0;
+    for (std::int64_t c = 0; c < cols; ++c) sum = sum + ld<T>(dout, r * cols + c);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      st<T>(dx, r * cols + c, ld<T>(dout, r * cols + c) - dexp(ld<T>(logp, r * cols + c)) * sum);
+    }
+  });
+}
 void argmax_rows_k(cudaStream_t s, std::int64_t* out, View x, std::int64_t rows, std::int64_t cols) {
   each(s, rows, [=] __device__(std::int64_t r) {
     double best = ld64(x, r * cols);
@@ -664,6 +696,21 @@ cudaError_t swiglu(cudaStream_t s, bool f64, View o, View gate, View up, std::in
 cudaError_t swiglu_backward(cudaStream_t s, bool f64, View dgate, View dup, View dout, View gate, View up,
                             std::int64_t n) {
   ZC_F64_OR_F32(swiglu_backward_k, s, dgate, dup, dout, gate, up, n);
+  return cudaGetLastError();
+}
+cudaError_t log_softmax_nll(cudaStream_t s, bool f64, View logp, View loss, View logits, View labels,
+                            std::int64_t rows, std::int64_t cols) {
+  ZC_F64_OR_F32(log_softmax_nll_k, s, logp, loss, logits, labels, rows, cols);
+  return cudaGetLastError();
+}
+cudaError_t nll_loss_backward(cudaStream_t s, bool f64, View grad, View labels, double value, std::int64_t rows,
+                              std::int64_t cols) {
+  ZC_F64_OR_F32(nll_loss_backward_k, s, grad, labels, value, rows, cols);
+  return cudaGetLastError();
+}
+cudaError_t log_softmax_backward(cudaStream_t s, bool f64, View dx, View dout, View logp, std::int64_t rows,
+                                 std::int64_t cols) {
+  ZC_F64_OR_F32(log_softmax_backward_k, s, dx, dout, logp, rows, cols);
   return cudaGetLastError();
 }
 cudaError_t unary(cudaStream_t s, bool f64, View o, View x, int f, std::int64_t n) {

@@ -61,6 +61,12 @@ cudaError_t gelu_backward(cudaStream_t s, bool f64, View dx, View dout, View x, 
 cudaError_t swiglu(cudaStream_t s, bool f64, View o, View gate, View up, std::int64_t n);
 cudaError_t swiglu_backward(cudaStream_t s, bool f64, View dgate, View dup, View dout, View gate, View up,
                             std::int64_t n);
+cudaError_t log_softmax_nll(cudaStream_t s, bool f64, View logp, View loss, View logits, View labels,
+                            std::int64_t rows, std::int64_t cols);
+cudaError_t nll_loss_backward(cudaStream_t s, bool f64, View grad, View labels, double value, std::int64_t rows,
+                              std::int64_t cols);
+cudaError_t log_softmax_backward(cudaStream_t s, bool f64, View dx, View dout, View logp, std::int64_t rows,
+                                 std::int64_t cols);
 // f: the Unary's value (engine/device.h): 0 tanh, 1 silu, 2 cube.
 cudaError_t unary(cudaStream_t s, bool f64, View o, View x, int f, std::int64_t n);
 cudaError_t unary_backward(cudaStream_t s, bool f64, View dx, View dout, View saved, int f, std::int64_t n);

@@ -89,6 +89,17 @@ bool SimDevice::has_inf_nan(const Tensor& x) {
 double SimDevice::dot(const Tensor& a, const Tensor& b) {
   return guarded("dot", {&a, &b}, {}, [&] { return inner_.dot(a, b); });
 }
+void SimDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                                const Tensor& labels) {
+  guarded("log_softmax_nll", {&logits, &labels}, {&logp, &row_loss},
+          [&] { inner_.log_softmax_nll(logp, row_loss, logits, labels); });
+}
+void SimDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {
+  guarded("nll_loss_backward", {&labels}, {&grad}, [&] { inner_.nll_loss_backward(grad, labels, value); });
+}
+void SimDevice::log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) {
+  guarded("log_softmax_backward", {&dout, &logp}, {&dx}, [&] { inner_.log_softmax_backward(dx, dout, logp); });
+}
 void SimDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                              const Tensor& labels) {
   guarded("softmax_xent", {&logits, &labels}, {&dlogits, &row_loss},

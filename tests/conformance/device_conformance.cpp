@@ -33,7 +33,9 @@ std::string DeviceCase::name() const {
 
 double ulp_factor(const DeviceCase& c) {
   // exp of integers is no more exact than exp of anything else: every domain gets the bound.
-  if (c.op == "softmax_xent" || c.op == "causal_softmax") return 12.0 + 2.0 * static_cast<double>(c.dims.at(1));
+  if (c.op == "softmax_xent" || c.op == "causal_softmax" || c.op == "log_softmax_nll") {
+    return 12.0 + 2.0 * static_cast<double>(c.dims.at(1));
+  }
   // Note [Transcendentals]: tanh/exp/cos/sin are evaluated in f64 and rounded once to the compute
   // type. CUDA's f64 versions are within 1 ulp (tanh, exp) or 2 ulp (sin, cos), glibc's within 1,
   // so two libraries' values differ by <= 3 ulp <= 6u of the function's value; the op's few
@@ -43,7 +45,8 @@ double ulp_factor(const DeviceCase& c) {
   // (Output::terms). Seen on an H200: f64 gelu, gelu_backward, swiglu_backward and rope differed
   // from glibc's by up to 23 u of |out| where they cancel.
   if (c.op == "gelu" || c.op == "gelu_backward" || c.op == "swiglu" || c.op == "swiglu_backward" ||
-      c.op == "rope" || (c.op == "unary" && c.variant != static_cast<int>(Unary::cube)) ||
+      c.op == "rope" || c.op == "log_softmax_backward" ||
+      (c.op == "unary" && c.variant != static_cast<int>(Unary::cube)) ||
       (c.op == "unary_backward" && c.variant == static_cast<int>(Unary::silu))) {
     return 8.0;
   }
@@ -113,6 +116,9 @@ std::vector<DeviceCase> device_table() {
   add_cases(t, "add_row_vector", all, f32, mat, {0}, ed);
   add_cases(t, "sum_rows", all, f32, mat, {0, 1}, ed);
   add_cases(t, "softmax_xent", all, f32, {{1, 2}, {5, 7}, {33, 16}}, {0}, ed);
+  add_cases(t, "log_softmax_nll", all, f32, {{1, 2}, {5, 7}, {33, 16}}, {0}, ed);
+  add_cases(t, "nll_loss_backward", all, f32, {{1, 1}, {5, 7}, {33, 16}}, {0}, {Domain::exact});
+  add_cases(t, "log_softmax_backward", all, f32, {{1, 2}, {5, 7}, {33, 16}}, {0}, ed);
   add_cases(t, "argmax_rows", all, f32, mat, {0}, ed);
   add_cases(t, "scale_rows", all, f32, mat, {0}, ed);
   add_cases(t, "row_dot", all, f32, mat, {0}, ed);
@@ -349,6 +355,32 @@ void run_op(Runner& k) {
     dev.softmax_xent(dl, loss, logits, labels);
     k.keep("dlogits", dl);
     k.keep("row_loss", loss);
+  } else if (op == "log_softmax_nll") {
+    const Tensor logits = k.input(c.dtype, {d[0], d[1]}), labels = k.ids({d[0]}, d[1], false);
+    const Tensor logp = dev.alloc(c.dtype, {d[0], d[1]}), loss = dev.alloc(c.dtype, {d[0]});
+    dev.log_softmax_nll(logp, loss, logits, labels);
+    k.keep("logp", logp);
+    k.keep("row_loss", loss);
+  } else if (op == "nll_loss_backward") {
+    const Tensor labels = k.ids({d[0]}, d[1], false), grad = k.input(c.dtype, {d[0], d[1]});  // overwritten
+    dev.nll_loss_backward(grad, labels, -1.0 / 3.0);
+    k.keep("grad", grad);
+  } else if (op == "log_softmax_backward") {
+    const Tensor dout = k.input(c.dtype, {d[0], d[1]}), logp = k.input(c.dtype, {d[0], d[1]}, Role::unit_range);
+    const Tensor dx = dev.alloc(c.dtype, {d[0], d[1]});
+    dev.log_softmax_backward(dx, dout, logp);
+    // dout - exp(logp) s: exp's error enters times |exp(logp) s|, and the difference cancels.
+    const std::vector<double> g = to_f64(dev, dout), l = to_f64(dev, logp);
+    std::vector<double> terms(g.size());
+    for (std::int64_t r = 0; r < d[0]; ++r) {
+      double s = 0;
+      for (std::int64_t j = 0; j < d[1]; ++j) s += g[static_cast<std::size_t>(r * d[1] + j)];
+      for (std::int64_t j = 0; j < d[1]; ++j) {
+        const auto i = static_cast<std::size_t>(r * d[1] + j);
+        terms[i] = std::fabs(g[i]) + std::fabs(std::exp(l[i]) * s);
+      }
+    }
+    k.keep("dx", dx, std::move(terms));
   } else if (op == "argmax_rows") {
     const std::vector<std::int64_t> a = dev.argmax_rows(k.input(c.dtype, {d[0], d[1]}));
     for (std::size_t i = 0; i < a.size(); ++i) k.value(fmt::format("argmax[{}]", i), static_cast<double>(a[i]));

@@ -96,6 +96,19 @@ class PerturbingDevice final : public Device {
     inner_.swiglu_backward(dgate, dup, dout, gate, up);
     hit("swiglu_backward", dgate);
   }
+  void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+                       const Tensor& labels) override {
+    inner_.log_softmax_nll(logp, row_loss, logits, labels);
+    hit("log_softmax_nll", logp);
+  }
+  void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) override {
+    inner_.nll_loss_backward(grad, labels, value);
+    hit("nll_loss_backward", grad);
+  }
+  void log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) override {
+    inner_.log_softmax_backward(dx, dout, logp);
+    hit("log_softmax_backward", dx);
+  }
   void unary(const Tensor& out, const Tensor& x, Unary f) override {
     inner_.unary(out, x, f);
     hit("unary", out);
@@ -157,7 +170,7 @@ class PerturbingDevice final : public Device {
  private:
   void hit(const char* op, const Tensor& t) {
     if (op_ != op || t.numel() == 0) return;
-    const bool wide = op_ == "softmax_xent" || op_ == "causal_softmax" || op_ == "gelu" || op_ == "gelu_backward" ||
+    const bool wide = op_ == "softmax_xent" || op_ == "log_softmax_nll" || op_ == "log_softmax_backward" || op_ == "causal_softmax" || op_ == "gelu" || op_ == "gelu_backward" ||
                       op_ == "swiglu" || op_ == "swiglu_backward" || op_ == "unary" || op_ == "unary_backward" || op_ == "rope" || op_ == "moe_gate" ||
                       op_ == "moe_gate_backward";
     const int bit = wide ? dtype_mantissa_bits(t.dtype()) - 5 : 0;

@@ -89,7 +89,8 @@ void in_compute_type(std::initializer_list<const Tensor*> operands, Fn&& fn) {
 
 // exp and log are the only operations here that IEEE does not round: evaluated one type wider and
 // rounded once, they are the correctly rounded values (but for rare double roundings). Only the ops
-// the table checks within a bound (softmax_xent, causal_softmax) call them.
+// the table checks within a bound (softmax_xent, causal_softmax, log_softmax_nll,
+// log_softmax_backward) call them.
 float wide_exp(float x) { return static_cast<float>(std::exp(static_cast<double>(x))); }
 double wide_exp(double x) { return static_cast<double>(std::exp(static_cast<long double>(x))); }
 float wide_log(float x) { return static_cast<float>(std::log(static_cast<double>(x))); }
@@ -446,6 +447,56 @@ void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss
         put<T>(dlogits, r * cols + c, c == label[static_cast<std::size_t>(r)] ? prob - T(1) : prob);
       }
       put<T>(row_loss, r, wide_log(denom) - (x(label[static_cast<std::size_t>(r)]) - largest));
+    }
+  });
+}
+
+// As softmax_xent: logp = (x - max) - log(denom), row_loss = log(denom) - (x[label] - max).
+void ReferenceDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss,
+                                      const Tensor& logits, const Tensor& labels) {
+  const std::int64_t rows = rows_of("log_softmax_nll", logits), cols = logits.dim(1);
+  same_numel("log_softmax_nll", logp, logits);
+  require(labels.numel() == rows && row_loss.numel() == rows, "log_softmax_nll",
+          "labels and row_loss need one element per row");
+  const std::vector<std::int64_t> label = read_ids("log_softmax_nll", labels, cols);
+  in_compute_type({&logp, &row_loss, &logits}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto x = [&](std::int64_t c) { return get<T>(logits, r * cols + c); };
+      T largest = -std::numeric_limits<T>::infinity();
+      for (std::int64_t c = 0; c < cols; ++c) largest = x(c) > largest ? x(c) : largest;
+      T denom = 0;
+      for (std::int64_t c = 0; c < cols; ++c) denom = denom + wide_exp(x(c) - largest);
+      const T log_denom = wide_log(denom);
+      for (std::int64_t c = 0; c < cols; ++c) put<T>(logp, r * cols + c, (x(c) - largest) - log_denom);
+      put<T>(row_loss, r, log_denom - (x(label[static_cast<std::size_t>(r)]) - largest));
+    }
+  });
+}
+
+void ReferenceDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {
+  const std::int64_t rows = rows_of("nll_loss_backward", grad), cols = grad.dim(1);
+  require(labels.numel() == rows, "nll_loss_backward", "labels need one element per row");
+  const std::vector<std::int64_t> label = read_ids("nll_loss_backward", labels, cols);
+  in_compute_type({&grad}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        put<T>(grad, r * cols + c, c == label[static_cast<std::size_t>(r)] ? static_cast<T>(value) : T(0));
+      }
+    }
+  });
+}
+
+void ReferenceDevice::log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) {
+  const std::int64_t rows = rows_of("log_softmax_backward", logp), cols = logp.dim(1);
+  same_numel("log_softmax_backward", dx, logp);
+  same_numel("log_softmax_backward", dout, logp);
+  in_compute_type({&dx, &dout, &logp}, [&]<class T>(T) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T sum = 0;  // ascending c
+      for (std::int64_t c = 0; c < cols; ++c) sum = sum + get<T>(dout, r * cols + c);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        put<T>(dx, r * cols + c, get<T>(dout, r * cols + c) - wide_exp(get<T>(logp, r * cols + c)) * sum);
+      }
     }
   });
 }
