@@ -235,15 +235,21 @@ void row_dot_k(cudaStream_t s, View o, View a, View c, std::int64_t rows, std::i
     st<T>(o, r, acc);
   });
 }
+// Row r's max and sum_c exp(x - max) (ascending c): softmax_xent's and log_softmax_nll's start.
+template <class T>
+__device__ __forceinline__ void row_max_denom(View x, std::int64_t r, std::int64_t cols, T& mx, T& denom) {
+  mx = -std::numeric_limits<T>::infinity();
+  for (std::int64_t c = 0; c < cols; ++c) mx = host_max(mx, ld<T>(x, r * cols + c));
+  denom = 0;
+  for (std::int64_t c = 0; c < cols; ++c) denom = denom + dexp(ld<T>(x, r * cols + c) - mx);
+}
 template <class T>
 void softmax_xent_k(cudaStream_t s, View dl, View loss, View logits, View labels, std::int64_t rows,
                     std::int64_t cols) {
   each(s, rows, [=] __device__(std::int64_t r) {
     const auto label = static_cast<std::int64_t>(ld32(labels, r));  // checked on the host
-    T mx = -std::numeric_limits<T>::infinity();
-    for (std::int64_t c = 0; c < cols; ++c) mx = host_max(mx, ld<T>(logits, r * cols + c));
-    T denom = 0;
-    for (std::int64_t c = 0; c < cols; ++c) denom = denom + dexp(ld<T>(logits, r * cols + c) - mx);
+    T mx, denom;
+    row_max_denom(logits, r, cols, mx, denom);
     const T log_denom = dlog(denom);
     for (std::int64_t c = 0; c < cols; ++c) {
       const T p = dexp(ld<T>(logits, r * cols + c) - mx) / denom;
@@ -257,10 +263,8 @@ void log_softmax_nll_k(cudaStream_t s, View logp, View loss, View logits, View l
                        std::int64_t cols) {
   each(s, rows, [=] __device__(std::int64_t r) {
     const auto label = static_cast<std::int64_t>(ld32(labels, r));  // checked on the host
-    T mx = -std::numeric_limits<T>::infinity();
-    for (std::int64_t c = 0; c < cols; ++c) mx = host_max(mx, ld<T>(logits, r * cols + c));
-    T denom = 0;
-    for (std::int64_t c = 0; c < cols; ++c) denom = denom + dexp(ld<T>(logits, r * cols + c) - mx);
+    T mx, denom;
+    row_max_denom(logits, r, cols, mx, denom);
     const T log_denom = dlog(denom);
     for (std::int64_t c = 0; c < cols; ++c) st<T>(logp, r * cols + c, (ld<T>(logits, r * cols + c) - mx) - log_denom);
     st<T>(loss, r, log_denom - (ld<T>(logits, r * cols + label) - mx));

@@ -426,22 +426,43 @@ void ReferenceDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumula
   });
 }
 
+namespace {
+
+// logits [B,C] with labels and row_loss of [B] beside out [B,C]: the labels, checked.
+std::vector<std::int64_t> loss_labels(const char* op, const Tensor& out, const Tensor& row_loss,
+                                      const Tensor& logits, const Tensor& labels) {
+  const std::int64_t rows = rows_of(op, logits);
+  same_numel(op, out, logits);
+  require(labels.numel() == rows && row_loss.numel() == rows, op, "labels and row_loss need one element per row");
+  return read_ids(op, labels, logits.dim(1));
+}
+
+// Row r's largest value and sum_c exp(x - largest) (ascending c), in the compute type.
+template <class T>
+std::pair<T, T> largest_and_denom(const Tensor& logits, std::int64_t r) {
+  const std::int64_t cols = logits.dim(1);
+  T largest = -std::numeric_limits<T>::infinity();
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const T v = get<T>(logits, r * cols + c);
+    largest = v > largest ? v : largest;
+  }
+  T denom = 0;
+  for (std::int64_t c = 0; c < cols; ++c) denom = denom + wide_exp(get<T>(logits, r * cols + c) - largest);
+  return {largest, denom};
+}
+
+}  // namespace
+
 // logits [B,C], labels [B]. Per row, in the compute type: max, denom = sum_c exp(x - max)
 // (ascending c), dlogits = exp(x - max) / denom - onehot, loss = log(denom) - (x[label] - max).
 void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss,
                                    const Tensor& logits, const Tensor& labels) {
-  const std::int64_t rows = rows_of("softmax_xent", logits), cols = logits.dim(1);
-  same_numel("softmax_xent", dlogits, logits);
-  require(labels.numel() == rows && row_loss.numel() == rows, "softmax_xent",
-          "labels and row_loss need one element per row");
-  const std::vector<std::int64_t> label = read_ids("softmax_xent", labels, cols);
+  const std::vector<std::int64_t> label = loss_labels("softmax_xent", dlogits, row_loss, logits, labels);
+  const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   in_compute_type({&dlogits, &row_loss, &logits}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto x = [&](std::int64_t c) { return get<T>(logits, r * cols + c); };
-      T largest = -std::numeric_limits<T>::infinity();
-      for (std::int64_t c = 0; c < cols; ++c) largest = x(c) > largest ? x(c) : largest;
-      T denom = 0;
-      for (std::int64_t c = 0; c < cols; ++c) denom = denom + wide_exp(x(c) - largest);
+      const auto [largest, denom] = largest_and_denom<T>(logits, r);
       for (std::int64_t c = 0; c < cols; ++c) {
         const T prob = wide_exp(x(c) - largest) / denom;
         put<T>(dlogits, r * cols + c, c == label[static_cast<std::size_t>(r)] ? prob - T(1) : prob);
@@ -454,18 +475,12 @@ void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss
 // As softmax_xent: logp = (x - max) - log(denom), row_loss = log(denom) - (x[label] - max).
 void ReferenceDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss,
                                       const Tensor& logits, const Tensor& labels) {
-  const std::int64_t rows = rows_of("log_softmax_nll", logits), cols = logits.dim(1);
-  same_numel("log_softmax_nll", logp, logits);
-  require(labels.numel() == rows && row_loss.numel() == rows, "log_softmax_nll",
-          "labels and row_loss need one element per row");
-  const std::vector<std::int64_t> label = read_ids("log_softmax_nll", labels, cols);
+  const std::vector<std::int64_t> label = loss_labels("log_softmax_nll", logp, row_loss, logits, labels);
+  const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   in_compute_type({&logp, &row_loss, &logits}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto x = [&](std::int64_t c) { return get<T>(logits, r * cols + c); };
-      T largest = -std::numeric_limits<T>::infinity();
-      for (std::int64_t c = 0; c < cols; ++c) largest = x(c) > largest ? x(c) : largest;
-      T denom = 0;
-      for (std::int64_t c = 0; c < cols; ++c) denom = denom + wide_exp(x(c) - largest);
+      const auto [largest, denom] = largest_and_denom<T>(logits, r);
       const T log_denom = wide_log(denom);
       for (std::int64_t c = 0; c < cols; ++c) put<T>(logp, r * cols + c, (x(c) - largest) - log_denom);
       put<T>(row_loss, r, log_denom - (x(label[static_cast<std::size_t>(r)]) - largest));
