@@ -153,6 +153,11 @@ void Transformer::attention_backward(Device& dev, BlockActs& a, const Tensor& do
       dev.softmax_backward(ds, dp, a.p);
       dp = a.p = Tensor();
     }
+    {  // the scaling's backward is out of place, as autograd's mul (Llama) or div (GPT-2) is
+      Tensor scaled = act(dev, dtype_, {B * H * S, S}, "attn_dscores_scaled");
+      dev.copy(scaled, ds);
+      ds = scaled;
+    }
     dev.scale(ds, scale);
     dev.bmm(dqh, ds, a.kh, {B * H, S, S, S, dh, 1, kd, 1}, false, false, false);
     dev.bmm(dkr, ds, a.qh, {B * H, S, S, S, dh, 1, 1, od}, true, false, false);
