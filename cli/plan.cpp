@@ -32,6 +32,7 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
     p.model = transformer_preset(o.model);
   }
   p.model.attention = o.attention == "fused" ? AttentionMemory::fused : AttentionMemory::materialised;
+  p.model.gradient_checkpointing = o.gradient_checkpointing;
   // --micro-batch overrides the config (plan.cpp), so it overrides before "auto" is resolved.
   if (o.micro_batch && p.ds_config.is_object()) {
     p.ds_config["train_micro_batch_size_per_gpu"] = *o.micro_batch;
@@ -91,13 +92,13 @@ int run_fit(plan::PlanOptions p, const plan::Hardware& hw, const PlanCliOptions&
   }
   fmt::print("zerocheck plan --fit {} per rank: {} on {} x {}; what fits, fastest first, then what does not\n",
              format_bytes(budget), p.model.preset, p.world, gpu.name);
-  fmt::print("  {:<8}{:<18}{:>6}{:>8}{:>14}{:>8}{:>12}{:>14}\n", "stage", "offload", "mb", "global", "GPU peak",
-             "fits", "step", "tokens/s");
+  fmt::print("  {:<8}{:<18}{:>6}{:>8}{:>6}{:>14}{:>8}{:>12}{:>14}\n", "stage", "offload", "mb", "global", "ckpt",
+             "GPU peak", "fits", "step", "tokens/s");
   for (const plan::FitCandidate* c : rows) {
     const std::int64_t need = std::max(c->result.device.peak, c->result.device.construction_peak);
-    fmt::print("  {:<8}{:<18}{:>6}{:>8}{:>14}{:>8}{:>10.1f}ms{:>14.0f}\n", c->stage, c->offload, c->micro_batch,
-               c->result.global_batch(), format_bytes(need), c->result.fits ? "yes" : "no", c->result.step_us / 1e3,
-               c->result.tokens_per_s);
+    fmt::print("  {:<8}{:<18}{:>6}{:>8}{:>6}{:>14}{:>8}{:>10.1f}ms{:>14.0f}\n", c->stage, c->offload, c->micro_batch,
+               c->result.global_batch(), c->gradient_checkpointing ? "yes" : "no", format_bytes(need),
+               c->result.fits ? "yes" : "no", c->result.step_us / 1e3, c->result.tokens_per_s);
   }
   std::vector<plan::PlanResult> results;
   for (const plan::FitCandidate* c : rows) results.push_back(c->result);
@@ -115,8 +116,9 @@ int run_fit(plan::PlanOptions p, const plan::Hardware& hw, const PlanCliOptions&
     return 1;
   }
   const plan::FitCandidate& best = fits.front();
-  fmt::print("fastest that fits: ZeRO-{} offload {} micro-batch {}: {} per rank, {:.1f} ms per step, "
+  fmt::print("fastest that fits: ZeRO-{} offload {} micro-batch {}{}: {} per rank, {:.1f} ms per step, "
              "{:.0f} tokens/s\n", best.stage, best.offload, best.micro_batch,
+             best.gradient_checkpointing ? " with gradient checkpointing" : "",
              format_bytes(std::max(best.result.device.peak, best.result.device.construction_peak)),
              best.result.step_us / 1e3, best.result.tokens_per_s);
   return 0;

@@ -21,6 +21,7 @@ struct PlanCliOptions {
   std::optional<long long> micro_batch, seq;
   int steps = 2;
   std::string attention = "materialised";
+  bool gradient_checkpointing = false;  // Note [Gradient checkpointing] (models/transformer.h)
   bool fit = false;                // --fit given, with or without a budget
   std::optional<double> fit_gib;   // --fit's budget in GiB; unset: the GPU's capacity
   std::string out;

@@ -619,9 +619,14 @@ Config Config::from_json(const json& j, int world_size) {
     else throw top.error("communication_data_type", fmt::format("Invalid communication_data_type. Supported data "
                                                                 "types: ['fp16', 'bf16', 'fp32']. Got: {}", v));
   }
-  for (const char* k : {"wall_clock_breakdown", "activation_checkpointing",
-                        "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
+  for (const char* k : {"wall_clock_breakdown", "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
     if (top.has(k)) c.warnings.push_back(fmt::format("'{}' accepted and ignored: not modelled", k));
+  }
+  if (top.has("activation_checkpointing")) {  // read by deepspeed.checkpointing.configure only
+    c.warnings.push_back("'activation_checkpointing' accepted and ignored: DeepSpeed applies it only where the model "
+                         "calls deepspeed.checkpointing.checkpoint (Megatron-style models), which is not modelled; "
+                         "a Hugging Face model's gradient checkpointing is torch.utils.checkpoint "
+                         "(zerocheck plan --gradient-checkpointing)");
   }
   top.warn_unknown();
   check_gradient_scaling(c);

@@ -385,15 +385,17 @@ Transformer::Transformer(TransformerSpec spec, std::string name, Comm* ep)
 }
 
 nlohmann::json Transformer::kind_args() const {
-  return {{"preset", spec_.preset}, {"vocab", spec_.vocab}, {"dim", spec_.dim},
-          {"layers", spec_.layers}, {"heads", spec_.heads}, {"kv_heads", spec_.kv_heads},
-          {"ffn", spec_.ffn},       {"seq", spec_.seq},         {"experts", spec_.experts}};
+  nlohmann::json j = {{"preset", spec_.preset}, {"vocab", spec_.vocab}, {"dim", spec_.dim},
+                      {"layers", spec_.layers}, {"heads", spec_.heads}, {"kv_heads", spec_.kv_heads},
+                      {"ffn", spec_.ffn},       {"seq", spec_.seq},     {"experts", spec_.experts}};
+  if (spec_.gradient_checkpointing) j["gradient_checkpointing"] = true;
+  return j;
 }
 
 std::string Transformer::describe() const {
   return fmt::format(
       "transformer {} ({} params: vocab {}, dim {}, {} layers, {} heads ({} kv), ffn {}, seq {}, "
-      "{}, {}, {} positions{}{}, {} attention{})",
+      "{}, {}, {} positions{}{}, {} attention{}{})",
       spec_.preset, spec_.param_count(), spec_.vocab, spec_.dim, spec_.layers, spec_.heads,
       spec_.kv_heads, spec_.ffn, spec_.seq,
       spec_.norm == NormKind::layernorm ? "LayerNorm" : "RMSNorm",
@@ -401,6 +403,7 @@ std::string Transformer::describe() const {
       spec_.pos == PositionKind::learned ? "learned" : "rotary",
       spec_.tied_embeddings ? ", tied embeddings" : "", spec_.bias ? ", biases" : "",
       spec_.attention == AttentionMemory::fused ? "fused" : "materialised",
+      spec_.gradient_checkpointing ? ", gradient checkpointing" : "",
       spec_.experts > 0 ? fmt::format(", {} experts top-{} over ep_size {}, capacity factor {}",
                                       spec_.experts, spec_.top_k, ep_size(), spec_.capacity_factor)
                         : std::string());

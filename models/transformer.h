@@ -13,8 +13,24 @@
 // fused (what FlashAttention-style kernels save): nothing of size S^2 is kept; forward and backward
 // compute each (batch, head)'s [S, S] scores and probabilities one head at a time and free them,
 // the backward recomputing them (so its attention FLOPs include a second forward's).
-// Activation checkpointing is not modelled: every layer keeps its activations until its backward,
-// which frees them (as autograd frees saved tensors).
+// Without checkpointing every layer keeps its activations until its backward, which frees them
+// (as autograd frees saved tensors); with it, Note [Gradient checkpointing].
+//
+// Note [Gradient checkpointing]
+// TransformerSpec::gradient_checkpointing is Hugging Face's gradient_checkpointing_enable() (the
+// Trainer's --gradient_checkpointing): every decoder layer runs under torch.utils.checkpoint with
+// use_reentrant=True, the default transformers passes (modeling_utils.py
+// gradient_checkpointing_enable; torch/utils/checkpoint.py CheckpointFunction). The forward runs
+// each layer without grad, so the layer frees each intermediate once its last forward use is past
+// and keeps only its input (ctx.save_for_backward); the backward, when it reaches the layer,
+// recomputes the layer's forward with grad (its ZeRO-3 pre- and post-forward hooks fire again,
+// as DeepSpeed's do under the recomputation) and runs the layer's backward through what the
+// recomputation saved, holding the saved input and the recomputed output until that backward
+// ends. Embedding, final norm, LM head and loss are not checkpointed, as in Hugging Face. The
+// gradients are the same bits (the recomputation is deterministic; a test checks it). Not
+// modelled: use_reentrant=False (recomputation on first unpack, tensors freed as unpacked), and
+// DeepSpeed's own deepspeed.checkpointing (the ds_config's activation_checkpointing block), which
+// only models that call it (Megatron-style) use.
 //
 // Note [Hugging Face's saved tensors]
 // The blocks compute op by op as Hugging Face's eager GPT2Block and LlamaDecoderLayer do, so that
@@ -87,6 +103,7 @@ struct TransformerSpec {
   double eps = 1e-5;
   double rope_base = 10000.0;
   AttentionMemory attention = AttentionMemory::materialised;
+  bool gradient_checkpointing = false;  // Note [Gradient checkpointing]
   // Mixture of experts (Note [MoE routing]): 0 = a dense SwiGLU MLP.
   int experts = 0;
   int top_k = 2;
@@ -195,7 +212,11 @@ class Transformer : public Model {
   // dx (when want_dx) of y = x W^T + b; accumulates dW (and db) into the params.
   Tensor linear_backward(Device& dev, Module& m, const char* w, const char* b, const Tensor& dy,
                          const Tensor& x, bool want_dx);
+  // With grad_ false (a checkpointed layer's forward, Note [Gradient checkpointing]) `a` keeps
+  // nothing past its last forward use.
   Tensor block_forward(Device& dev, Module& blk, BlockActs& a, const Tensor& x);
+  // A checkpointed layer's backward: recompute, then block_backward.
+  Tensor checkpointed_block_backward(Device& dev, std::size_t l, const Tensor& dx3);
   Tensor block_backward(Device& dev, Module& blk, BlockActs& a, const Tensor& dx3);
   Tensor head_probs(Device& dev, const BlockActs& a, std::int64_t b, std::int64_t h,
                     Tensor& scores);
@@ -216,6 +237,8 @@ class Transformer : public Model {
   TransformerSpec spec_;
   Comm* ep_ = nullptr;
   std::vector<BlockActs> acts_;
+  std::vector<Tensor> layer_inputs_;  // checkpointed layers' saved inputs
+  bool grad_ = true;  // false while a checkpointed layer runs its forward without grad
   NormActs normf_;  // the final norm's
   Tensor forward_workspace_, backward_workspace_;  // TransformerSpec::blas_workspace_bytes
   Tensor ids_, labels_, positions_, hf_, logp_;

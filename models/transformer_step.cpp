@@ -23,6 +23,13 @@ Tensor head(const Tensor& t, std::int64_t b, std::int64_t h, std::int64_t heads,
 constexpr double kGeluC = 0.7978845608028654;  // gelu_new's sqrt(2 / pi), as device.h's gelu
 constexpr double kGeluA = 0.044715;
 
+// A forward intermediate autograd saves for the backward; without grad (a checkpointed layer's
+// forward, Note [Gradient checkpointing]) it goes once its last forward use is past.
+template <typename... T>
+void unless_saved(bool grad, T&... t) {
+  if (!grad) ((t = T()), ...);
+}
+
 }  // namespace
 
 // Llama's eager attention takes its softmax in f32 (softmax(dtype=float32)); GPT-2's in the
@@ -81,6 +88,7 @@ Tensor Transformer::attention_forward(Device& dev, BlockActs& a) {
       scores = Tensor();
       a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
       dev.cast(a.p, a.p32);
+      unless_saved(grad_, a.p32);
     } else {
       a.p = act(dev, dtype_, {B * H * S, S}, "attn_probs");
       dev.causal_softmax(a.p, scores);
@@ -206,19 +214,23 @@ Tensor Transformer::mlp_forward(Device& dev, Module& blk, BlockActs& a) {
     a.th1 = act(dev, dtype_, {N, f}, "gelu_one_plus_tanh");
     dev.fill(a.th1, 1.0);
     dev.add(a.th1, a.th1, a.th);
+    unless_saved(grad_, a.th);
     a.xh = act(dev, dtype_, {N, f}, "gelu_half_x");
     dev.copy(a.xh, a.u);
     dev.scale(a.xh, 0.5);
     a.a = act(dev, dtype_, {N, f}, "mlp_act");
     dev.mul(a.a, a.xh, a.th1);
+    unless_saved(grad_, a.u, a.xh, a.th1);
     return linear(dev, blk, "w_proj", "b_proj", a.a, spec_.dim, "mlp_out");
   }
   a.g = linear(dev, blk, "w_gate", nullptr, a.h2, f, "mlp_gate");
   a.s = act(dev, dtype_, {N, f}, "mlp_silu");
   dev.unary(a.s, a.g, Unary::silu);
+  unless_saved(grad_, a.g);
   a.u = linear(dev, blk, "w_up", nullptr, a.h2, f, "mlp_up");
   a.a = act(dev, dtype_, {N, f}, "mlp_act");
   dev.mul(a.a, a.s, a.u);
+  unless_saved(grad_, a.s, a.u);
   return linear(dev, blk, "w_down", nullptr, a.a, spec_.dim, "mlp_out");
 }
 
@@ -270,6 +282,7 @@ Tensor Transformer::block_forward(Device& dev, Module& blk, BlockActs& a, const 
   const std::int64_t B = batch_, S = spec_.seq, N = x.dim(0), d = spec_.dim;
   const std::int64_t H = spec_.heads, Hkv = spec_.kv_heads, dh = spec_.head_dim();
   a.h1 = norm_forward(dev, blk, "attn_norm", x, a.n1);
+  unless_saved(grad_, a.n1.x, a.n1.mean, a.n1.rstd, a.n1.xn);
   Tensor q = linear(dev, blk, "wq", "bq", a.h1, H * dh, "q");
   Tensor k = linear(dev, blk, "wk", "bk", a.h1, Hkv * dh, "k");
   Tensor v = linear(dev, blk, "wv", "bv", a.h1, Hkv * dh, "v");
@@ -290,11 +303,17 @@ Tensor Transformer::block_forward(Device& dev, Module& blk, BlockActs& a, const 
   }
   a.o = attention_forward(dev, a);
   Tensor attn = linear(dev, blk, "wo", "bo", a.o, d, "attn_out");
+  // Without grad, what Hugging Face's attention module holds in locals goes when it returns (after
+  // its o_proj); the probabilities it returns stay in the decoder layer's `_` until the layer
+  // returns.
+  unless_saved(grad_, a.h1, a.qh, a.kh, a.vh, a.o);
   Tensor x2 = act(dev, dtype_, {N, d}, "x2");
   dev.add(x2, x, attn);
   attn = Tensor();
   a.h2 = norm_forward(dev, blk, "mlp_norm", x2, a.n2);
+  unless_saved(grad_, a.n2.x, a.n2.mean, a.n2.rstd, a.n2.xn);
   Tensor m = mlp_forward(dev, blk, a);
+  if (!grad_) a = BlockActs{};  // the MLP's input and what an MoE layer keeps
   Tensor x3 = act(dev, dtype_, {N, d}, "x3");
   dev.add(x3, x2, m);
   blk.run_post_forward();
@@ -333,8 +352,21 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   return dx;
 }
 
+// CheckpointFunction.backward (Note [Gradient checkpointing]): the layer's forward again, with
+// grad, from its saved input, then its backward; the saved input and the recomputed output live
+// until that backward has run.
+Tensor Transformer::checkpointed_block_backward(Device& dev, std::size_t l, const Tensor& dx3) {
+  ZC_ASSERT(layer_inputs_.at(l).defined(), "layer {}'s checkpointed input is gone", l);
+  BlockActs a;
+  const Tensor recomputed = block_forward(dev, layer(l), a, layer_inputs_[l]);
+  Tensor dx = block_backward(dev, layer(l), a, dx3);
+  layer_inputs_[l] = Tensor();
+  return dx;
+}
+
 double Transformer::forward(Device& dev, const Batch& batch) {
   run_pre_forward();
+  grad_ = true;
   ids_ = batch.at("ids");
   labels_ = batch.at("labels");
   if (ids_.ndim() != 2 || ids_.dim(1) != spec_.seq || labels_.numel() != ids_.numel()) {
@@ -365,7 +397,19 @@ double Transformer::forward(Device& dev, const Batch& batch) {
     forward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes}, "cublas_workspace.forward",
                                    MemCategory::temporaries);
   }
-  for (std::size_t l = 0; l < acts_.size(); ++l) x = block_forward(dev, layer(l), acts_[l], x);
+  layer_inputs_.assign(spec_.gradient_checkpointing ? acts_.size() : 0, Tensor());
+  for (std::size_t l = 0; l < acts_.size(); ++l) {
+    if (!spec_.gradient_checkpointing) {
+      x = block_forward(dev, layer(l), acts_[l], x);
+      continue;
+    }
+    // Note [Gradient checkpointing]: the layer keeps its input and runs without grad.
+    layer_inputs_[l] = x;
+    BlockActs none;
+    grad_ = false;
+    x = block_forward(dev, layer(l), none, x);
+    grad_ = true;
+  }
   final_norm().run_pre_forward();
   hf_ = norm_forward(dev, final_norm(), "weight", x, normf_);
   x = Tensor();
@@ -437,7 +481,10 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dhf = hf_ = Tensor();
   normf_ = NormActs{};
   final_norm().run_post_backward();
-  for (std::size_t l = acts_.size(); l-- > 0;) dx = block_backward(dev, layer(l), acts_[l], dx);
+  for (std::size_t l = acts_.size(); l-- > 0;) {
+    dx = spec_.gradient_checkpointing ? checkpointed_block_backward(dev, l, dx)
+                                      : block_backward(dev, layer(l), acts_[l], dx);
+  }
   Module& emb = embed();
   emb.run_pre_backward();
   Tensor dtok = dev.alloc(dtype_, {V, spec_.dim}, "dtok_emb", MemCategory::temporaries);

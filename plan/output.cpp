@@ -93,7 +93,9 @@ nlohmann::json to_json(const PlanResult& r) {
   };
   return {{"schema", "zerocheck-plan/1"},
           {"model", {{"name", r.model_name}, {"params", r.params}, {"largest_param", r.largest_param},
-                     {"seq", r.seq}}},
+                     {"seq", r.seq},
+                     {"attention", r.options.model.attention == AttentionMemory::fused ? "fused" : "materialised"},
+                     {"gradient_checkpointing", r.options.model.gradient_checkpointing}}},
           {"cluster", {{"world", r.options.world}, {"gpus_per_node", r.gpus_per_node}, {"gpu", r.gpu_name},
                        {"network", r.network_name}, {"simulated_ranks", r.simulated_ranks.size()},
                        {"representative", r.representative},

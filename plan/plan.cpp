@@ -245,11 +245,13 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.mfu = r.step_us > 0 ? static_cast<double>(r.flops_per_step) /
                               (r.step_us * 1e-6 * peak_tflops(gpu, cfg.model_dtype()) * 1e12)
                         : 0;
-  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {} (global batch {}){}",
+  r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {} (global batch {}){}{}{}",
                                  r.stage, r.dtype, r.offload, r.micro_batch, r.seq, r.ga, r.global_batch(),
                                  r.experts > 0 ? fmt::format(", {} experts over ep_size {}",
                                                              r.experts, r.ep_size)
-                                               : std::string());
+                                               : std::string(),
+                                 o.model.attention == AttentionMemory::fused ? ", fused attention" : "",
+                                 o.model.gradient_checkpointing ? ", gradient checkpointing" : "");
   return r;
 }
 
@@ -261,6 +263,9 @@ std::string fit_levers(const PlanResult& r) {
   std::vector<std::string> levers;
   if (r.device.at_peak[static_cast<std::size_t>(MemCategory::activations)] > 0 && r.options.model.attention == AttentionMemory::materialised) {
     levers.push_back("--attention fused (FlashAttention-style memory)");
+  }
+  if (r.device.at_peak[static_cast<std::size_t>(MemCategory::activations)] > 0 && !r.options.model.gradient_checkpointing) {
+    levers.push_back("--gradient-checkpointing (Hugging Face's, recomputing each layer in the backward)");
   }
   if (r.micro_batch > 1) levers.push_back(fmt::format("a micro-batch below {} (--micro-batch)", r.micro_batch));
   if (r.experts == 0 && r.stage < 3) levers.push_back(fmt::format("ZeRO-{} (zero_optimization.stage)", r.stage + 1));
@@ -298,18 +303,23 @@ std::string fit_message(const PlanResult& r) {
 
 namespace zc::plan {
 
-// Every stage x offload, micro-batches 1, 2, 4, ... while they fit (memory grows with the
-// micro-batch, so the first that does not fit ends that setting's search).
+// Every stage x offload x gradient checkpointing (off, then on, unless the base asks for it),
+// micro-batches 1, 2, 4, ... while they fit (memory grows with the micro-batch, so the first that
+// does not fit ends that setting's search).
 std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& hw,
                                       std::int64_t budget_bytes, std::vector<FitCandidate>* tried) {
   std::vector<FitCandidate> fits;
   const std::vector<std::pair<int, std::string>> settings = {
       {0, "none"}, {1, "none"}, {1, "optimizer"}, {2, "none"}, {2, "optimizer"},
       {3, "none"}, {3, "optimizer"}, {3, "optimizer+param"}};
+  std::vector<bool> checkpointing = {true};
+  if (!base.model.gradient_checkpointing) checkpointing.insert(checkpointing.begin(), false);
   for (const auto& [stage, offload] : settings) {
+    for (const bool ckpt : checkpointing) {
     for (std::int64_t mb = 1; mb <= 64; mb *= 2) {
       PlanOptions o = base;
       o.micro_batch = mb;
+      o.model.gradient_checkpointing = ckpt;
       nlohmann::json& z = o.ds_config["zero_optimization"];
       z["stage"] = stage;
       z.erase("offload_optimizer");
@@ -317,10 +327,11 @@ std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& h
       if (offload != "none") z["offload_optimizer"] = {{"device", "cpu"}};
       if (offload == "optimizer+param") z["offload_param"] = {{"device", "cpu"}};
       o.memory_budget = budget_bytes;
-      FitCandidate c{stage, offload, mb, run_plan(o, hw)};
+      FitCandidate c{stage, offload, mb, ckpt, run_plan(o, hw)};
       if (tried) tried->push_back(c);
       if (!c.result.fits) break;
       fits.push_back(std::move(c));
+    }
     }
   }
   std::sort(fits.begin(), fits.end(), [](const FitCandidate& a, const FitCandidate& b) {

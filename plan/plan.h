@@ -149,6 +149,7 @@ struct FitCandidate {
   int stage = 0;
   std::string offload;
   std::int64_t micro_batch = 1;
+  bool gradient_checkpointing = false;
   PlanResult result;
 };
 std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& hw,

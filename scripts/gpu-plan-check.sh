@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # zerocheck plan's GPU memory against DeepSpeed's own, measured on a real GPU: for each shape in
 # examples/plan/shapes/, each ZeRO stage 0-3 (examples/plan/zero{1,2,3}.json, stage 0 = zero1's
-# settings at stage 0) and each micro-batch in MICRO_BATCHES (default "1 4"), DeepSpeed 0.19.8
+# settings at stage 0), each micro-batch in MICRO_BATCHES (default "1 4") and each of CHECKPOINTING
+# (default "off on": Hugging Face's gradient checkpointing, --gradient-checkpointing), DeepSpeed 0.19.8
 # trains the Hugging Face model of that shape for 2 steps on one GPU
 # (reference/deepspeed/gpu_memory.py: torch's max_memory_allocated), and zerocheck plan predicts
 # the same run; the table puts the two side by side.
@@ -59,28 +60,33 @@ case "${1:-}" in
     # allocator figures are per process; four of the largest fit the GPU's memory together).
     : > "$out/ds_gpu_memory.jsonl"; : > "$out/ds_gpu_memory.log"
     i=0
+    for ckpt in ${CHECKPOINTING:-off on}; do
+    ckpt_flag=(); [ "$ckpt" = on ] && ckpt_flag=(--gradient-checkpointing)
     for mb in ${MICRO_BATCHES:-1 4}; do
       for shape in "${shapes[@]}"; do
         pids=(); first=$i
         for stage in 0 1 2 3; do
           cfg=$(stage_config "$stage" "$tmp")
           MASTER_PORT=$((29600 + i)) PYTHONUNBUFFERED=1 timeout 240 python3 reference/deepspeed/gpu_memory.py \
-            --model-json "$shape" --config "$cfg" --steps 2 --micro-batch "$mb" >"$tmp/run$i.out" 2>"$tmp/run$i.err" &
+            --model-json "$shape" --config "$cfg" --steps 2 --micro-batch "$mb" "${ckpt_flag[@]}" \
+            >"$tmp/run$i.out" 2>"$tmp/run$i.err" &
           pids+=($!); i=$((i + 1))
         done
         for stage in 0 1 2 3; do
           j=$((first + stage)); rc=0; wait "${pids[$stage]}" || rc=$?
-          { echo "=== $shape stage $stage micro-batch $mb (exit $rc)"; cat "$tmp/run$j.err"; } >> "$out/ds_gpu_memory.log"
+          what="$shape stage $stage micro-batch $mb checkpointing $ckpt"
+          { echo "=== $what (exit $rc)"; cat "$tmp/run$j.err"; } >> "$out/ds_gpu_memory.log"
           if line=$(grep '^GPU_MEMORY ' "$tmp/run$j.out"); then
             echo "${line#GPU_MEMORY }" >> "$out/ds_gpu_memory.jsonl"
-            echo "gpu-plan-check: $shape stage $stage micro-batch $mb: measured"
+            echo "gpu-plan-check: $what: measured"
           else
-            printf '{"shape": "%s", "stage": %s, "micro_batch": %s, "error": "exit %s, see ds_gpu_memory.log"}\n' \
-              "$shape" "$stage" "$mb" "$rc" >> "$out/ds_gpu_memory.jsonl"
-            echo "gpu-plan-check: $shape stage $stage micro-batch $mb: FAILED (exit $rc): $(tail -1 "$tmp/run$j.err")"
+            printf '{"shape": "%s", "stage": %s, "micro_batch": %s, "gradient_checkpointing": %s, "error": "exit %s, see ds_gpu_memory.log"}\n' \
+              "$shape" "$stage" "$mb" "$([ "$ckpt" = on ] && echo true || echo false)" "$rc" >> "$out/ds_gpu_memory.jsonl"
+            echo "gpu-plan-check: $what: FAILED (exit $rc): $(tail -1 "$tmp/run$j.err")"
           fi
         done
       done
+    done
     done
     ;;
   --compare)
@@ -100,7 +106,8 @@ gib = lambda b: f"{b / 2**30:.2f}"
 def plan(m):  # zerocheck plan's GPU memory for a measured run's shape, stage and micro-batch
     out = subprocess.run([zc, "plan", "--config", f"{tmp}/zero{m['stage']}.json", "--model-json", by_name[m["model"]],
                           "--world-size", "1", "--gpu", "h200", "--micro-batch", str(m["micro_batch"]),
-                          "--no-deepspeed", "--json"], capture_output=True, text=True)
+                          "--no-deepspeed", "--json"] + (["--gradient-checkpointing"] if m.get("gradient_checkpointing") else []),
+                         capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"gpu-plan-check: zerocheck plan exited {out.returncode} for {m['model']} ZeRO-{m['stage']}: "
                          f"{out.stderr.strip()}")
@@ -113,13 +120,14 @@ if as_json:
         print(json.dumps({"measured": m, "plan": None if "error" in m else plan(m)}))
     sys.exit(0)
 close = lambda p, d: abs(p - d) <= max(1 << 20, d // 1000)  # 0.1 %, at least 1 MiB
-print("| model | stage | micro-batch | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
+print("| model | stage | micro-batch | checkpointing | construction peak: DeepSpeed / plan (GiB) | ratio | step peak: DeepSpeed / plan (GiB) | ratio | "
       "steps within 0.1 %: after forward, after step, peak | params, master, optimizer states at the end: DeepSpeed / plan (GiB) |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for line in open(file):
     m = json.loads(line)
     if "error" in m:
-        print(f"| {m['shape']} | {m['stage']} | {m.get('micro_batch', '')} | not measured: {m['error']} | | | | | |")
+        print(f"| {m['shape']} | {m['stage']} | {m.get('micro_batch', '')} | {'on' if m.get('gradient_checkpointing') else 'off'} | "
+              f"not measured: {m['error']} | | | | | |")
         continue
     p = plan(m)
     ds_step = max(s["peak_bytes"] for s in m["steps"])
@@ -129,7 +137,7 @@ for line in open(file):
     pairs = list(zip(m["steps"], p.get("steps", [])))
     within = ", ".join(f"{sum(close(b[k], a[k]) for a, b in pairs)}/{len(m['steps'])}"
                        for k in ("after_forward_bytes", "after_step_bytes", "peak_bytes"))
-    print(f"| {m['model']} | {m['stage']} | {m['micro_batch']} | {gib(m['construction_peak_bytes'])} / {gib(p['construction_peak_bytes'])} | "
+    print(f"| {m['model']} | {m['stage']} | {m['micro_batch']} | {'on' if m.get('gradient_checkpointing') else 'off'} | {gib(m['construction_peak_bytes'])} / {gib(p['construction_peak_bytes'])} | "
           f"{p['construction_peak_bytes'] / m['construction_peak_bytes']:.2f} | {gib(ds_step)} / {gib(p['peak_bytes'])} | "
           f"{p['peak_bytes'] / ds_step:.2f} | {within} | {states} |")
 first = json.loads(open(file).readline())

@@ -3,11 +3,13 @@
 # H100s at ZeRO-1/2/3 with and without optimizer offload, at 8, 64 and 1,024 ranks (every rank
 # simulated). Prints a Markdown table; set ZC_BIN to another zerocheck binary.
 # MODEL=mixtral-8x7b [EP=8]: the MoE preset at ZeRO-1/2 (DeepSpeed refuses MoE at 0 and 3), with
-# moe.ep_size EP added to each config.
+# moe.ep_size EP added to each config. ATTENTION=fused: FlashAttention-style memory.
+# CHECKPOINTING=1: Hugging Face's gradient checkpointing (--gradient-checkpointing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${ZC_BIN:-build/default/cli/zerocheck}
 attention=${ATTENTION:-materialised}
+ckpt=(); [[ -n ${CHECKPOINTING:-} ]] && ckpt=(--gradient-checkpointing)
 model=${MODEL:-llama-2-7b}
 configs="zero1 zero1-offload zero2 zero2-offload zero3 zero3-offload"
 tmp=$(mktemp -d)
@@ -26,7 +28,7 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
 for cfg in $configs; do
   for w in 8 64 1024; do
     t0=$(date +%s.%N)
-    "$bin" plan --config "$tmp/$cfg.json" --model "$model" --world-size "$w" --attention "$attention" \
+    "$bin" plan --config "$tmp/$cfg.json" --model "$model" --world-size "$w" --attention "$attention" "${ckpt[@]}" \
       --ranks all --no-deepspeed --json > /tmp/zc-plan-$$.json || true
     t1=$(date +%s.%N)
     python3 - "$cfg" "$w" "$t0" "$t1" /tmp/zc-plan-$$.json <<'PY'

@@ -366,6 +366,37 @@ TEST(PlanFit, EveryCandidateIsJudgedAgainstTheBudgetOnce) {
   }
 }
 
+// A budget that only gradient checkpointing meets (micro-batch 1 at every stage without it is
+// over, with it under): the search finds those settings and says so.
+TEST(PlanFit, GradientCheckpointingIsALeverTheSearchPulls) {
+  PlanOptions o = tiny(3, 2);
+  o.steps = 1;
+  o.model.seq = 32;  // activations large beside the tiny model's states
+  const PlanResult plain = run_plan(o, hardware());
+  PlanOptions ck = o;
+  ck.model.gradient_checkpointing = true;
+  const PlanResult ckpt = run_plan(ck, hardware());
+  const auto need = [](const PlanResult& r) { return std::max(r.device.peak, r.device.construction_peak); };
+  ASSERT_LT(need(ckpt), need(plain));
+  PlanOptions tight = o;
+  tight.memory_budget = need(ckpt);
+  const std::string why = fit_message(run_plan(tight, hardware()));
+  EXPECT_NE(why.find("--gradient-checkpointing"), std::string::npos) << why;
+  EXPECT_NE(to_text(ckpt).find("gradient checkpointing"), std::string::npos) << "the config line says so";
+  EXPECT_TRUE(to_json(ckpt).at("model").at("gradient_checkpointing").get<bool>());
+  std::vector<FitCandidate> tried;
+  const std::vector<FitCandidate> fits = search_fits(o, hardware(), need(ckpt), &tried);
+  ASSERT_FALSE(fits.empty());
+  bool some_without = false;
+  for (const FitCandidate& c : tried) some_without |= !c.gradient_checkpointing;
+  EXPECT_TRUE(some_without) << "the search tries both";
+  for (const FitCandidate& c : fits) {
+    if (c.stage == 3 && c.offload == "none") {
+      EXPECT_TRUE(c.gradient_checkpointing) << "ZeRO-3 micro-batch " << c.micro_batch << " fits only with it";
+    }
+  }
+}
+
 TEST(PlanFit, ABudgetAboveTheCapacityIsTheCapacity) {
   PlanOptions o = tiny(1, 2);
   o.steps = 1;

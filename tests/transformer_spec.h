@@ -20,7 +20,7 @@
 namespace zc {
 
 inline props::RunSpec transformer_run(const std::string& preset, int stage, int world, bool offload,
-                                      const std::string& dtype) {
+                                      const std::string& dtype, bool gradient_checkpointing = false) {
   props::RunSpec spec;
   spec.world = world;
   spec.steps = 2;
@@ -34,12 +34,17 @@ inline props::RunSpec transformer_run(const std::string& preset, int stage, int 
   if (dtype == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (offload) cfg["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   spec.ds_config = cfg;
-  spec.make_model = [preset] { return std::make_unique<Transformer>(transformer_preset(preset)); };
+  spec.make_model = [preset, gradient_checkpointing] {
+    TransformerSpec t = transformer_preset(preset);
+    t.gradient_checkpointing = gradient_checkpointing;
+    return std::make_unique<Transformer>(t);
+  };
   return spec;
 }
 
 // The transformer runs a real backend's memory is checked on against meta mode (zerocheck plan's
-// figures): gpt2-tiny and llama-gqa-tiny at stages 0-3, bf16, and one with optimizer offload.
+// figures): gpt2-tiny and llama-gqa-tiny at stages 0-3, bf16, one with optimizer offload and one
+// with gradient checkpointing (its recomputation refetches ZeRO-3's params in the backward).
 inline std::vector<props::NamedSpec> transformer_memory_runs(int world) {
   std::vector<props::NamedSpec> runs;
   for (int stage = 0; stage <= 3; ++stage) {
@@ -48,6 +53,8 @@ inline std::vector<props::NamedSpec> transformer_memory_runs(int world) {
     }
   }
   runs.push_back({"llama-gqa-tiny stage 2 bf16 offload true", transformer_run("llama-gqa-tiny", 2, world, true, "bf16")});
+  runs.push_back({"gpt2-tiny stage 3 bf16 gradient checkpointing",
+                  transformer_run("gpt2-tiny", 3, world, false, "bf16", true)});
   return runs;
 }
 

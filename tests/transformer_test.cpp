@@ -249,6 +249,70 @@ TEST(TransformerBackward, FusedAttentionGivesTheSameBitsWithLessMemory) {
   }
 }
 
+// Note [Gradient checkpointing]: recomputing each layer in the backward gives the gradients bit
+// for bit, keeps less, and runs each layer's forward twice.
+TEST(TransformerBackward, GradientCheckpointingGivesTheSameBitsWithLessMemory) {
+  for (const char* name : {"gpt2-tiny", "llama-gqa-tiny", "mixtral-tiny"}) {
+    TransformerSpec plain = transformer_preset(name), ckpt = plain;
+    plain.layers = ckpt.layers = 4;
+    ckpt.gradient_checkpointing = true;
+    std::vector<Probe> probes;
+    std::vector<std::int64_t> peaks, after_forward, flops;
+    for (const TransformerSpec& s : {plain, ckpt}) {
+      HostDevice dev;
+      Transformer t(s);
+      Rng rng(3);
+      t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
+      Rng data(4);
+      const HostBatch hb = t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{});
+      dev.reset_peak();
+      const Batch b = upload_batch(dev, hb, DType::f32);
+      const std::int64_t flops_before = dev.counters().flops;
+      Probe p;
+      p.loss = t.forward(dev, b);
+      after_forward.push_back(dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)]);
+      t.backward(dev, 1.0, 1);
+      flops.push_back(dev.counters().flops - flops_before);
+      for (Parameter* q : t.named_parameters()) p.grads.push_back(to_f64(dev, q->grad));
+      probes.push_back(p);
+      peaks.push_back(dev.memory().peak()[static_cast<std::size_t>(MemCategory::activations)]);
+    }
+    EXPECT_EQ(probes[0].loss, probes[1].loss) << name;
+    EXPECT_EQ(probes[0].grads, probes[1].grads) << name;
+    EXPECT_LT(peaks[1], peaks[0]) << name;
+    // After the forward a checkpointed model keeps 4 layer inputs [N, d] and what the final norm,
+    // the head and the loss keep; every block's saved tensors are gone.
+    EXPECT_LT(after_forward[1], after_forward[0] / 2) << name;
+    EXPECT_GT(flops[1], flops[0]) << name << ": each layer's forward runs again in the backward";
+  }
+}
+
+// A checkpointed layer's forward runs without grad: what autograd would save goes once its last
+// forward use is past, so at long sequences the forward's peak is the attention's (scores and
+// the f32 probabilities), not the MLP's with the whole layer's saved tensors beside it.
+TEST(TransformerBackward, ACheckpointedLayersForwardKeepsNothingPastItsLastUse) {
+  std::vector<std::int64_t> peaks;
+  std::vector<std::string> labels;
+  for (bool ckpt : {false, true}) {
+    TransformerSpec s = transformer_preset("llama-gqa-tiny");
+    s.seq = 64;
+    s.gradient_checkpointing = ckpt;
+    HostDevice dev;
+    Transformer t(s);
+    Rng rng(3);
+    t.init_params(dev, DType::bf16, DataDomain::gaussian, ExactSpec{}, rng);
+    Rng data(4);
+    const Batch b = upload_batch(dev, t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{}), DType::bf16);
+    const std::int64_t before = dev.memory().live_total();
+    dev.memory().reset_window_peak();
+    t.forward(dev, b);
+    peaks.push_back(dev.memory().window_peak() - before);
+    labels.push_back(dev.memory().peak_label());
+  }
+  EXPECT_EQ(labels[1], "attn_probs_f32") << "kept past their use, the layer's tensors peak at its end (x3)";
+  EXPECT_LT(peaks[1], peaks[0] / 2) << "the plain forward keeps both layers' tensors";
+}
+
 TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesAtEveryStage) {
   for (int stage = 0; stage <= 3; ++stage) {
     for (const char* preset : {"gpt2-tiny", "llama-gqa-tiny"}) {
@@ -260,6 +324,10 @@ TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesAtEveryStage) {
         EXPECT_EQ(c.difference, "") << preset << " stage " << stage << " offload " << offload;
         EXPECT_GT(c.peak_bytes, 0);
       }
+      const props::MemoryComparison ckpt =
+          props::compare_meta_with_host(transformer_run(preset, stage, 2, false, "bf16", true));
+      ASSERT_TRUE(ckpt.applies) << ckpt.why_not;
+      EXPECT_EQ(ckpt.difference, "") << preset << " stage " << stage << " gradient checkpointing";
     }
   }
 }

@@ -9,14 +9,17 @@ measure zerocheck plan predicts) for construction and for each step, and the mod
 identity at the end (module params, the optimizer's fp32 master params and its state tensors).
 
     python3 gpu_memory.py --model-json SHAPE.json --config ds_config.json [--steps 2] [--seed 0] [--micro-batch N]
-                          [--trace-construction OUT.json]
+                          [--gradient-checkpointing] [--trace-construction OUT.json]
 
 Not the reference worker: it runs outside the pinned environment, on the GPU machine's own torch
 (scripts/gpu-plan-check.sh carries DeepSpeed and its pure-Python needs there). The optimizer is
 DeepSpeed's torch path with torch's fused AdamW ("torch_adam": true, "fused": true) instead of
 DeepSpeed's FusedAdam, whose JIT build needs nvcc on the GPU machine; both update in place with
 no per-tensor temporaries. The model runs in eval mode: dropout off (zerocheck models none), the
-gradients the same.
+gradients the same. With --gradient-checkpointing it runs in train mode instead (Hugging Face
+checkpoints only while training) with every dropout probability 0, which torch's dropout returns
+as its input, no copy: model.gradient_checkpointing_enable(), as the Trainer's
+--gradient_checkpointing calls it (torch.utils.checkpoint, use_reentrant=True).
 """
 import argparse
 import json
@@ -118,6 +121,8 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--micro-batch", type=int, default=None, help="overrides train_micro_batch_size_per_gpu")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="model.gradient_checkpointing_enable(), in train mode with dropout 0")
     ap.add_argument("--trace-construction", default=None,
                     help="write construction's peak, allocation by allocation with its Python stack, to this JSON")
     a = ap.parse_args()
@@ -137,7 +142,11 @@ def main():
     mb = cfg.get("train_micro_batch_size_per_gpu", 1)
     torch.manual_seed(a.seed)
     model = build_model(shape)
-    model.eval()  # dropout off; autograd unchanged
+    if a.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.train()  # Hugging Face checkpoints only in training; every dropout p is 0
+    else:
+        model.eval()  # dropout off; autograd unchanged
     deepspeed.init_distributed(dist_backend="nccl")
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -149,7 +158,8 @@ def main():
         write_peak_composition(torch, a.trace_construction)
     out = {"model": shape.get("name", "custom"), "stage": cfg.get("zero_optimization", {}).get("stage", 0),
            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-           "micro_batch": mb, "seq": shape["seq"], "before_bytes": before,
+           "micro_batch": mb, "seq": shape["seq"], "gradient_checkpointing": a.gradient_checkpointing,
+           "before_bytes": before,
            "construction_peak_bytes": torch.cuda.max_memory_allocated(),
            "after_construction_bytes": torch.cuda.memory_allocated(), "steps": []}
     gen = torch.Generator(device="cpu").manual_seed(a.seed + 1)
