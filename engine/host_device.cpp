@@ -139,8 +139,8 @@ Tensor HostDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCate
   if (data == nullptr) throw UsageError(fmt::format("alloc: out of host memory ({} bytes)", bytes));
   storage->data = data;
   alloc_stats_->on_alloc(category, bytes, label);
-  storage->owner = std::shared_ptr<void>(data, [stats = alloc_stats_, category, bytes, mapped](void* ptr) {
-    stats->on_free(category, bytes);
+  storage->stats = alloc_stats_;  // told of the free by the Storage (Note [Stream-ordered free])
+  storage->owner = std::shared_ptr<void>(data, [mapped, bytes](void* ptr) {
     if (mapped) {
       munmap(ptr, static_cast<std::size_t>(bytes));
     } else {

@@ -33,12 +33,28 @@ struct Storage {
   std::shared_ptr<void> owner;  // frees data when the last view is gone
   // The allocating device's ledger, told of the free when the last view is gone.
   std::shared_ptr<MemoryLedger> ledger;
+  // The backend allocator's own count (HostDevice, CudaDevice), told at the same moment.
+  std::shared_ptr<AllocatorStats> stats;
   MemCategory category = MemCategory::unattributed;
   Storage() = default;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
-  ~Storage() {
+  ~Storage() { release_accounting(); }
+  // Note [Stream-ordered free]
+  // torch's caching allocator counts a block free (memory_allocated drops, and later allocations
+  // on the stream that allocated it reuse it) as soon as the program drops its last reference,
+  // though kernels queued on that stream still read it: the stream orders the reuse after them.
+  // DeepSpeed relies on it where it issues a collective on a side stream and lets go of the
+  // buffers at once (ZeRO-3's reduce-scatter, stage3.py __reduce_and_partition_ipg_grads). An
+  // engine whose backend reads the buffer asynchronously (the simulator's rendezvous, MPI's
+  // nonblocking calls) must keep it until the wait; release_accounting() counts it free in the
+  // ledger and the allocator's count now, as torch's allocator does, and the storage itself is
+  // freed when the last view goes. Once only.
+  void release_accounting() {
     if (ledger) ledger->on_free(category, bytes);
+    if (stats) stats->on_free(category, bytes);
+    ledger.reset();
+    stats.reset();
   }
 };
 

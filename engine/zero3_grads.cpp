@@ -107,6 +107,13 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   bucket_params_.clear();
   bucket_elements_ = 0;
   if (overlap_) {
+    // DeepSpeed issues the reduce-scatter on its reduction stream and lets go of both buffers at
+    // once (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter_coalesced reduces in place
+    // into the input, coalesced_collectives.py), so torch counts them free here, not at the
+    // epilogue's wait (Note [Stream-ordered free]). The engine keeps them until the wait. Not
+    // DeepSpeed's: the separate output of 1/world of the input, live from its alloc to here.
+    pend.in.storage()->release_accounting();
+    pend.out.storage()->release_accounting();
     pending_.push_back(std::move(pend));
   } else {
     finish(pend);

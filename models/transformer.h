@@ -27,10 +27,14 @@
 // as DeepSpeed's do under the recomputation) and runs the layer's backward through what the
 // recomputation saved, holding the saved input and the recomputed output until that backward
 // ends. Embedding, final norm, LM head and loss are not checkpointed, as in Hugging Face. The
-// gradients are the same bits (the recomputation is deterministic; a test checks it). Not
-// modelled: use_reentrant=False (recomputation on first unpack, tensors freed as unpacked), and
-// DeepSpeed's own deepspeed.checkpointing (the ds_config's activation_checkpointing block), which
-// only models that call it (Megatron-style) use.
+// gradients are the same bits (the recomputation is deterministic; a test checks it). Measured on
+// CPU against transformers 5.25.0 (reference/hf/checkpoint_memory.py; the figures in
+// reference/hf/measured/): after the forward and at the end, equal to the byte but for torch's
+// CPU RNG state each checkpoint keeps (5,056 B per layer, host memory on a GPU run); the peaks
+// within the listed small tensors (test TransformerHfCpu). Not modelled: use_reentrant=False,
+// transformers 5's default (recomputation on first unpack, each tensor freed as unpacked: 1.8 %
+// below reentrant's peak there), and DeepSpeed's own deepspeed.checkpointing (the ds_config's
+// activation_checkpointing block), which only models that call it (Megatron-style) use.
 //
 // Note [Hugging Face's saved tensors]
 // The blocks compute op by op as Hugging Face's eager GPT2Block and LlamaDecoderLayer do, so that
@@ -48,7 +52,14 @@
 //   silu(gate), up and their product.
 // - The loss upcasts the logits to f32, keeps their log-softmax, and takes nll_loss's mean; its
 //   backward holds nll_loss's gradient, log_softmax's and the kept log-softmax at once, as autograd
-//   does (Device::log_softmax_nll, nll_loss_backward, log_softmax_backward).
+//   does (Device::log_softmax_nll, nll_loss_backward, log_softmax_backward). ForCausalLMLoss pads
+//   the labels ([B, S + 1] int64, until the loss is taken) and keeps their shifted copy ([B, S]
+//   int64) as nll_loss's target.
+// - Beside the layers, the model's forward holds the eager causal mask [B, 1, S, S] in the model
+//   dtype until it returns, and Llama's position ids (int64 [1, S]) and rotary cos and sin
+//   ([1, S, dh] each, model dtype), which the rope's products keep until their backward. Under
+//   gradient checkpointing every layer's checkpoint context holds the mask (and Llama's ids and
+//   cos/sin) until the loss graph goes, after the step (Note [Gradient checkpointing]).
 // On a GPU torch also holds a cuBLAS workspace per thread that runs matmuls, the forward's and
 // autograd's (plan/plan.cpp torch_cublas_workspace_bytes): TransformerSpec::blas_workspace_bytes.
 // What is not Hugging Face's yet (values; memory is the same): RMSNorm's output is rounded once
@@ -242,6 +253,9 @@ class Transformer : public Model {
   NormActs normf_;  // the final norm's
   Tensor forward_workspace_, backward_workspace_;  // TransformerSpec::blas_workspace_bytes
   Tensor ids_, labels_, positions_, hf_, logp_;
+  // Hugging Face's tensors beside the layers: position ids, causal mask, rotary cos/sin, and the
+  // loss's shifted labels (Note [Hugging Face's saved tensors]).
+  Tensor position_ids_, mask_, rope_cs_, target_;
   std::int64_t batch_ = 0;
 };
 

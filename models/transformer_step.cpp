@@ -374,7 +374,9 @@ double Transformer::forward(Device& dev, const Batch& batch) {
                                  shape_str(ids_.shape()), spec_.seq));
   }
   batch_ = ids_.dim(0);
-  const std::int64_t N = batch_ * spec_.seq, d = spec_.dim, V = spec_.vocab;
+  const std::int64_t N = batch_ * spec_.seq, d = spec_.dim, V = spec_.vocab, S = spec_.seq;
+  // The last step's loss graph goes before this forward (the caller drops its loss tensor).
+  mask_ = rope_cs_ = position_ids_ = Tensor();
   Module& emb = embed();
   emb.run_pre_forward();
   Tensor x = act(dev, dtype_, {N, d}, "x0");
@@ -392,6 +394,15 @@ double Transformer::forward(Device& dev, const Batch& batch) {
     dev.add(x, x, pe);
   }
   emb.run_post_forward();
+  // Hugging Face's model forward beside its layers (Note [Hugging Face's saved tensors]): the
+  // eager causal mask [B, 1, S, S] in the model dtype, and for Llama the position ids (int64
+  // [1, S]; GPT-2's are positions_, which its position embedding keeps) and the rotary cos and sin
+  // [1, S, dh] in the model dtype.
+  if (spec_.pos == PositionKind::rotary) {
+    position_ids_ = dev.alloc(DType::u8, {S * 8}, "position_ids", MemCategory::activations);
+  }
+  mask_ = act(dev, dtype_, {batch_ * S * S}, "causal_mask");
+  if (spec_.pos == PositionKind::rotary) rope_cs_ = act(dev, dtype_, {2 * S * spec_.head_dim()}, "rope_cos_sin");
   acts_.assign(static_cast<std::size_t>(spec_.layers), BlockActs{});
   if (spec_.blas_workspace_bytes > 0 && !forward_workspace_.defined()) {  // at the first matmul
     forward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes}, "cublas_workspace.forward",
@@ -414,6 +425,11 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   hf_ = norm_forward(dev, final_norm(), "weight", x, normf_);
   x = Tensor();
   final_norm().run_post_forward();
+  // The model's forward returns: its locals go, but what a checkpointed layer's context holds
+  // (the mask, and Llama's position ids and cos/sin, passed to every layer) stays with the loss
+  // graph, and the rope's products save cos and sin until their backward.
+  if (!spec_.gradient_checkpointing) mask_ = Tensor();
+  if (!spec_.gradient_checkpointing || spec_.pos != PositionKind::rotary) position_ids_ = Tensor();
   lm_head().run_pre_forward();
   Tensor logits = act(dev, dtype_, {N, V}, "logits");
   dev.matmul(logits, hf_, data_of(lm_head(), "weight"), false, true, false);
@@ -427,11 +443,15 @@ double Transformer::forward(Device& dev, const Batch& batch) {
     up = act(dev, loss_dtype, {N, V}, "logits_f32");
     dev.cast(up, logits);
   }
+  // ForCausalLMLoss pads the labels by one ([B, S + 1] int64) and shifts them into a contiguous
+  // [B, S] int64 target, which nll_loss keeps for its backward.
+  Tensor padded_labels = dev.alloc(DType::u8, {batch_ * (S + 1) * 8}, "labels_padded", MemCategory::temporaries);
+  target_ = dev.alloc(DType::u8, {N * 8}, "nll_loss_target", MemCategory::activations);
   logp_ = act(dev, loss_dtype, {N, V}, "log_softmax");
   Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
   Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
   dev.log_softmax_nll(logp_, rows, up, labels_.view({N}));
-  up = logits = Tensor();
+  up = logits = padded_labels = Tensor();
   dev.fill(ones, 1.0);
   const double loss = dev.dot(rows, ones) / static_cast<double>(N);
   run_post_forward();
@@ -451,6 +471,7 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   Tensor dlogp = act(dev, logp_.dtype(), {N, V}, "nll_loss_grad");
   dev.nll_loss_backward(dlogp, labels_.view({N}),
                         -(loss_scale / static_cast<double>(ga)) / static_cast<double>(N));
+  target_ = Tensor();
   Tensor dlogits = act(dev, logp_.dtype(), {N, V}, "log_softmax_grad");
   dev.log_softmax_backward(dlogits, dlogp, logp_);
   dlogp = logp_ = Tensor();
@@ -497,6 +518,16 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
     accumulate_grad(dev, *emb.params().get("pos"), dpos);
   }
   accumulate_grad(dev, *emb.params().get("tok"), dtok);
+  // What Hugging Face passes a checkpointed layer by keyword (Llama's mask, position ids, cos and
+  // sin; GPT-2's position ids) stays in the checkpoints' contexts until the loss graph goes, at
+  // the next forward; what it passes positionally (GPT-2's mask) is a saved input, freed with the
+  // last checkpoint's backward. Without checkpointing the rope's products keep cos and sin until
+  // layer 0's backward and the position embedding its ids until its own.
+  if (!spec_.gradient_checkpointing) {
+    rope_cs_ = positions_ = Tensor();
+  } else if (spec_.pos == PositionKind::learned) {
+    mask_ = Tensor();
+  }
   // No post-backward hook for the embedding or the model: DeepSpeed's fires only through an input
   // that requires grad, and theirs are token ids (Note [ZeRO-3's parameter coordinator]).
 }

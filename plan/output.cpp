@@ -65,8 +65,13 @@ std::string to_text(const PlanResult& r) {
   out += fmt::format("  communication           {:>12}   blocked in collectives {}, overlapped {}\n",
                      ms(r.comm_us), ms(r.exposed_comm_us), ms(r.overlap_us));
   if (r.offload_us > 0) out += fmt::format("  offload (CPU Adam, PCIe){:>12}\n", ms(r.offload_us));
-  out += fmt::format("  step                    {:>12}   {:.0f} tokens/s over the cluster, MFU {:.1f}%\n",
-                     ms(r.step_us), r.tokens_per_s, 100 * r.mfu);
+  out += fmt::format("  step                    {:>12}   {:.0f} tokens/s over the cluster, MFU {:.1f}%{}\n",
+                     ms(r.step_us), r.tokens_per_s, 100 * r.mfu,
+                     r.recompute_flops_per_step > 0
+                         ? fmt::format(" (the recomputation's {:.1f}% more FLOPs not counted)",
+                                       100.0 * static_cast<double>(r.recompute_flops_per_step) /
+                                           static_cast<double>(r.flops_per_step - r.recompute_flops_per_step))
+                         : std::string());
   return out;
 }
 
@@ -114,6 +119,7 @@ nlohmann::json to_json(const PlanResult& r) {
                        {"exposed_communication", r.exposed_comm_us}, {"overlapped", r.overlap_us},
                        {"offload", r.offload_us}}},
           {"flops_per_step", r.flops_per_step},
+          {"recompute_flops_per_step", r.recompute_flops_per_step},
           {"kernels_per_step", r.kernels_per_step},
           {"tokens_per_s", r.tokens_per_s},
           {"mfu", r.mfu}};

@@ -15,6 +15,7 @@
 
 #include "engine/config.h"
 #include "engine/errors.h"
+#include "engine/host_device.h"
 #include "props/training_run.h"
 
 #include <fmt/format.h>
@@ -25,6 +26,27 @@
 namespace zc::plan {
 
 namespace {
+
+// The FLOPs one micro-step's recomputation adds under gradient checkpointing (Note [Gradient
+// checkpointing]): one rank's forward and backward of the model alone in meta mode, with it and
+// without it. MFU counts the model's FLOPs, not the recomputation's (the step's time includes it).
+std::int64_t recompute_flops(TransformerSpec model, DType dtype, std::int64_t micro_batch) {
+  if (!model.gradient_checkpointing) return 0;
+  std::int64_t flops[2] = {0, 0};
+  for (const bool ckpt : {false, true}) {
+    model.gradient_checkpointing = ckpt;
+    MetaDevice dev;
+    Transformer t(model);
+    Rng rng(0);
+    t.init_params(dev, dtype, DataDomain::gaussian, ExactSpec{}, rng);
+    const Batch b = upload_batch(dev, t.batch_shapes(micro_batch), dtype);
+    const std::int64_t before = dev.counters().flops;
+    t.forward(dev, b);
+    t.backward(dev, 1.0, 1);
+    flops[ckpt ? 1 : 0] = dev.counters().flops - before;
+  }
+  return flops[1] - flops[0];
+}
 
 std::string offload_name(const Config& c) {
   const bool opt = c.zero.offload_optimizer == OffloadDevice::cpu;
@@ -239,10 +261,11 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.offload_us = offload_us(run.step_cpu_ops[worst], run.step_offload[worst], host, hw) / o.steps;
   r.step_us = w.step_us + r.offload_us;
   r.flops_per_step = run.step_device_ops[worst].flops / o.steps;
+  r.recompute_flops_per_step = recompute_flops(model, cfg.model_dtype(), r.micro_batch) * r.ga;
   r.kernels_per_step = run.step_device_ops[worst].kernels / o.steps;
   const double tokens = static_cast<double>(r.micro_batch * r.seq * r.ga) * o.world;
   r.tokens_per_s = r.step_us > 0 ? tokens / (r.step_us * 1e-6) : 0;
-  r.mfu = r.step_us > 0 ? static_cast<double>(r.flops_per_step) /
+  r.mfu = r.step_us > 0 ? static_cast<double>(r.flops_per_step - r.recompute_flops_per_step) /
                               (r.step_us * 1e-6 * peak_tflops(gpu, cfg.model_dtype()) * 1e12)
                         : 0;
   r.config_summary = fmt::format("ZeRO-{} {} offload {} micro-batch {} x seq {} x GA {} (global batch {}){}{}{}",
@@ -274,7 +297,7 @@ std::string fit_levers(const PlanResult& r) {
   if (levers.empty()) return "; no lever left: more ranks, or a GPU with more memory (--gpu)";
   std::string out = "; levers: ";
   for (std::size_t i = 0; i < levers.size(); ++i) out += (i ? ", " : "") + levers[i];
-  return out + "; --fit searches stage, offload and micro-batch";
+  return out + "; --fit searches stage, offload, micro-batch and gradient checkpointing";
 }
 
 }  // namespace

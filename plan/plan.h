@@ -127,12 +127,13 @@ struct PlanResult {
   // behind compute, and waiting for slower ranks), and the CPU side of offload (CPU Adam, PCIe).
   double step_us = 0, compute_us = 0, comm_us = 0, exposed_comm_us = 0, overlap_us = 0;
   double offload_us = 0;
-  std::int64_t flops_per_step = 0;
+  std::int64_t flops_per_step = 0;  // executed on the largest rank, recomputation included
+  std::int64_t recompute_flops_per_step = 0;  // gradient checkpointing's recomputation
   std::int64_t kernels_per_step = 0;  // device ops the step launched (meta counts them)
   double tokens_per_s = 0;  // micro_batch * seq * ga * world / step time
   // DeepSpeed's train_batch_size: micro-batch x GA x data-parallel ranks.
   std::int64_t global_batch() const { return micro_batch * ga * options.world; }
-  double mfu = 0;           // model FLOPs / (step time * peak), the plan's own figure
+  double mfu = 0;           // model FLOPs (no recomputation) / (step time * peak), the plan's own figure
   std::string notes;        // how the figures were made
   std::vector<std::string> warnings;  // the config's (Config::warnings), as `zerocheck run` prints them
 };

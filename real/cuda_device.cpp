@@ -137,10 +137,10 @@ Tensor CudaDevice::do_alloc(DType dtype, Shape shape, std::string label, MemCate
   auto storage = std::make_shared<Storage>();
   storage->data = data;
   st_->alloc_stats->on_alloc(category, bytes, label);
-  storage->owner = std::shared_ptr<void>(data, [st = st_, category, bytes](void* ptr) {
+  storage->stats = st_->alloc_stats;  // told of the free by the Storage (Note [Stream-ordered free])
+  storage->owner = std::shared_ptr<void>(data, [st = st_](void* ptr) {
     // Stream-ordered: after every kernel already queued on the compute stream. A failure here
     // (the runtime already torn down at exit) cannot be raised from a deleter and frees nothing.
-    st->alloc_stats->on_free(category, bytes);
     (void)cudaFreeAsync(ptr, st->stream);
   });
   storage->bytes = bytes;

@@ -366,6 +366,22 @@ TEST(PlanFit, EveryCandidateIsJudgedAgainstTheBudgetOnce) {
   }
 }
 
+// ZeRO-3 with overlap_comm: DeepSpeed lets go of each reduce-scatter's buffers as it issues it
+// (Note [Stream-ordered free]), so the comm buffers' peak is one bucket's, whatever the depth; an
+// engine that counted them until the epilogue's wait would grow with every layer.
+TEST(Plan, Zero3ReduceScatterBuffersAreFreeOnceIssued) {
+  std::vector<std::int64_t> comm;
+  for (const int layers : {2, 8}) {
+    PlanOptions o = tiny(3, 4, {{"overlap_comm", true}, {"stage3_param_persistence_threshold", 0}});
+    o.model.layers = layers;
+    o.steps = 1;
+    const PlanResult r = run_plan(o, hardware());
+    comm.push_back(r.device.category_peaks[k(MemCategory::comm_buffers)]);
+  }
+  EXPECT_EQ(comm[0], comm[1]) << "2 layers against 8";
+  EXPECT_GT(comm[0], 0);
+}
+
 // A budget that only gradient checkpointing meets (micro-batch 1 at every stage without it is
 // over, with it under): the search finds those settings and says so.
 TEST(PlanFit, GradientCheckpointingIsALeverTheSearchPulls) {
@@ -384,6 +400,11 @@ TEST(PlanFit, GradientCheckpointingIsALeverTheSearchPulls) {
   EXPECT_NE(why.find("--gradient-checkpointing"), std::string::npos) << why;
   EXPECT_NE(to_text(ckpt).find("gradient checkpointing"), std::string::npos) << "the config line says so";
   EXPECT_TRUE(to_json(ckpt).at("model").at("gradient_checkpointing").get<bool>());
+  // MFU counts the model's FLOPs: the checkpointed step executes the plain one's and the
+  // recomputation's, no more.
+  EXPECT_EQ(plain.recompute_flops_per_step, 0);
+  EXPECT_GT(ckpt.recompute_flops_per_step, 0);
+  EXPECT_EQ(ckpt.flops_per_step - ckpt.recompute_flops_per_step, plain.flops_per_step);
   std::vector<FitCandidate> tried;
   const std::vector<FitCandidate> fits = search_fits(o, hardware(), need(ckpt), &tried);
   ASSERT_FALSE(fits.empty());
