@@ -200,8 +200,7 @@ void DenseOptimizer::buffered_allreduce() {
 // flattens the 16-bit grads first (fused_optimizer.py step: _flatten_dense_tensors).
 Tensor DenseOptimizer::grads_flat() {
   if (use_hp_) return hp_;
-  const bool fp32_copies = unfused_ && !partitioned_;
-  Tensor g = fp32_copies ? dev_.alloc(DType::f32, {layout_.padded}, "fp32_grad", MemCategory::grads)
+  Tensor g = grads_are_fp32_copies() ? dev_.alloc(DType::f32, {layout_.padded}, "fp32_grad", MemCategory::grads)
                          : dev_.alloc(accum_dtype_, {layout_.padded}, "grads_flat", MemCategory::grads);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (params_[i]->grad.defined()) {
@@ -246,7 +245,7 @@ StepPrep DenseOptimizer::prepare_step() {
   const std::int64_t start = layout_.partition_start(partitioned_ ? rank_ : 0);
   // this rank's slice of the reduced grads
   return StepPrep{.grads = grads_flat().narrow(start, layout_.partition_numel), .where = &dev_,
-                  .grads_are_fp32_copies = unfused_ && !partitioned_};
+                  .grads_are_fp32_copies = grads_are_fp32_copies()};
 }
 
 // An fp32 model without ZeRO and with clipping has no wrapper: DeepSpeed's engine clips the fp32

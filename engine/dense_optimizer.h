@@ -53,6 +53,8 @@ class DenseOptimizer final : public ZeroOptimizer {
   // FP16_UnfusedOptimizer (engine.py _configure_fp16_optimizer), which steps fp32 copies of the
   // params one by one and takes the norm per param. Else FP16_Optimizer, over one flat tensor.
   bool unfused_;
+  // FP16_UnfusedOptimizer without partitioning: grads_flat() is the fp32 copies' grads themselves.
+  bool grads_are_fp32_copies() const { return unfused_ && !partitioned_; }
   int world_, rank_;
   FlatLayout layout_;
   Tensor flat_;    // [padded] model dtype; params are views
