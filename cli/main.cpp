@@ -124,9 +124,15 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--steps", plan.steps, "Training steps simulated (the last one is timed)")->check(CLI::Range(1, 4));
   plan_cmd->add_option("--attention", plan.attention, "materialised (eager) | fused (FlashAttention-style memory)")
       ->check(CLI::IsMember({"materialised", "fused"}));
-  plan_cmd->add_flag("--gradient-checkpointing,--gradient_checkpointing", plan.gradient_checkpointing,
-                     "Hugging Face's gradient checkpointing (the Trainer's --gradient_checkpointing): every layer "
-                     "keeps only its input and recomputes its forward in the backward");
+  CLI::Option* plan_gc = plan_cmd->add_flag(
+      "--gradient-checkpointing,--gradient_checkpointing", plan.gradient_checkpointing,
+      "Hugging Face's gradient checkpointing (the Trainer's --gradient_checkpointing): every layer keeps only its "
+      "input and recomputes its forward in the backward");
+  plan_cmd->add_flag("--activation-checkpointing", plan.activation_checkpointing,
+                     "Every layer under deepspeed.checkpointing.checkpoint (Megatron-style), configured by the "
+                     "config's activation_checkpointing block (partition_activations, cpu_checkpointing, "
+                     "contiguous_memory_optimization)")
+      ->excludes(plan_gc);
   CLI::Option* plan_fit = plan_cmd->add_option("--fit", plan.fit_gib, "Search the stage, offload and micro-batch "
                                                "settings that fit, fastest first; optional budget in GiB per GPU "
                                                "(default: the GPU's capacity)")->expected(0, 1);

@@ -32,7 +32,8 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
     p.model = transformer_preset(o.model);
   }
   p.model.attention = o.attention == "fused" ? AttentionMemory::fused : AttentionMemory::materialised;
-  p.model.gradient_checkpointing = o.gradient_checkpointing;
+  p.model.gradient_checkpointing = o.gradient_checkpointing || o.activation_checkpointing;
+  if (o.activation_checkpointing) p.model.checkpoint_function = CheckpointFunction::deepspeed;
   // --micro-batch overrides the config (plan.cpp), so it overrides before "auto" is resolved.
   if (o.micro_batch && p.ds_config.is_object()) {
     p.ds_config["train_micro_batch_size_per_gpu"] = *o.micro_batch;

@@ -22,6 +22,7 @@ struct PlanCliOptions {
   int steps = 2;
   std::string attention = "materialised";
   bool gradient_checkpointing = false;  // Note [Gradient checkpointing] (models/transformer.h)
+  bool activation_checkpointing = false;  // the same under deepspeed.checkpointing (the config's block)
   bool fit = false;                // --fit given, with or without a budget
   std::optional<double> fit_gib;   // --fit's budget in GiB; unset: the GPU's capacity
   std::string out;

@@ -622,11 +622,29 @@ Config Config::from_json(const json& j, int world_size) {
   for (const char* k : {"wall_clock_breakdown", "flops_profiler", "tensorboard", "wandb", "comms_logger", "dump_state"}) {
     if (top.has(k)) c.warnings.push_back(fmt::format("'{}' accepted and ignored: not modelled", k));
   }
-  if (top.has("activation_checkpointing")) {  // read by deepspeed.checkpointing.configure only
-    c.warnings.push_back("'activation_checkpointing' accepted and ignored: DeepSpeed applies it only where the model "
-                         "calls deepspeed.checkpointing.checkpoint (Megatron-style models), which is not modelled; "
-                         "a Hugging Face model's gradient checkpointing is torch.utils.checkpoint "
-                         "(zerocheck plan --gradient-checkpointing)");
+  if (const json* a = top.object("activation_checkpointing")) {  // deepspeed.checkpointing.configure
+    Reader r(*a, "activation_checkpointing", c.warnings);
+    ActivationCheckpointingConfig& ac = c.activation_checkpointing;
+    ac.given = true;
+    ac.partition_activations = r.boolean("partition_activations", false);
+    ac.contiguous_memory_optimization = r.boolean("contiguous_memory_optimization", false);
+    ac.cpu_checkpointing = r.boolean("cpu_checkpointing", false);
+    ac.number_checkpoints = r.integer("number_checkpoints", 0);
+    ac.synchronize_checkpoint_boundary = r.boolean("synchronize_checkpoint_boundary", false);
+    ac.profile = r.boolean("profile", false);
+    // checkpointing.py configure's asserts, at configure time there; here up front.
+    require(!ac.contiguous_memory_optimization || ac.partition_activations, r, "contiguous_memory_optimization",
+            "Contiguous Checkpointing is only available with partitioned activations (DeepSpeed's assert): set "
+            "partition_activations to true");
+    require(!ac.contiguous_memory_optimization || ac.number_checkpoints > 0, r, "number_checkpoints",
+            "must be given (> 0) with contiguous_memory_optimization (DeepSpeed's assert: \"Must specify the number "
+            "of layers with contiguous memory checkpointing\")");
+    require(ac.number_checkpoints >= 0, r, "number_checkpoints", "must be >= 0");
+    r.warn_unknown();  // DeepSpeed ignores unknown keys here (get_scalar_param): a warning, not a refusal
+    c.warnings.push_back("'activation_checkpointing' configures deepspeed.checkpointing: it takes effect only where "
+                         "the model calls deepspeed.checkpointing.checkpoint (Megatron-style models; zerocheck plan "
+                         "--activation-checkpointing plans a transformer whose layers do). A Hugging Face model's "
+                         "gradient checkpointing is torch.utils.checkpoint (zerocheck plan --gradient-checkpointing)");
   }
   top.warn_unknown();
   check_gradient_scaling(c);

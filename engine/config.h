@@ -92,6 +92,19 @@ struct CompileSection {
   std::vector<std::string> passes;  // subset of {z1, z3, autosp, autotp}
 };
 
+// The "activation_checkpointing" block: deepspeed.checkpointing's settings
+// (runtime/activation_checkpointing/config.py), which apply only where the model calls
+// deepspeed.checkpointing.checkpoint (Note [Gradient checkpointing] in models/transformer.h).
+struct ActivationCheckpointingConfig {
+  bool given = false;  // the block is in the config
+  bool partition_activations = false;
+  bool contiguous_memory_optimization = false;  // needs partition_activations and number_checkpoints
+  bool cpu_checkpointing = false;
+  std::int64_t number_checkpoints = 0;  // 0: not given (DeepSpeed's None)
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
 struct Config {
   std::int64_t train_batch_size = 0;
   std::int64_t train_micro_batch_size_per_gpu = 0;
@@ -121,6 +134,7 @@ struct Config {
   int autotp_size = 1;   // tensor_parallel.autotp_size
   int ep_size = 1;       // moe.ep_size
   int steps_per_print = 10;
+  ActivationCheckpointingConfig activation_checkpointing;
   std::vector<std::string> warnings;  // unknown keys, ignored settings
 
   // Parses a ds_config object for `world_size` data-parallel ranks (batch sizes are checked and

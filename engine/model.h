@@ -94,6 +94,9 @@ class Model : public Module {
   DType dtype() const { return dtype_; }
   // init_params() sets it; deserialize restores it.
   void set_dtype(DType dtype) { dtype_ = dtype; }
+  // The CPU side a model may keep tensors in (deepspeed.checkpointing's cpu_checkpointing): the
+  // environment's host device (Options::cpu_device; a meta device in meta mode). Null: none.
+  void set_host_device(Device* host) { host_ = host; }
 
  protected:
   // Allocates p on dev and fills it with domain values.
@@ -105,6 +108,7 @@ class Model : public Module {
   void accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
                                   double loss_scale, std::int64_t ga);
   DType dtype_ = DType::f32;
+  Device* host_ = nullptr;
 };
 
 }  // namespace zc

@@ -79,6 +79,16 @@ std::string TransformerSpec::invalid() const {
   if (pos == PositionKind::rotary && head_dim() % 2 != 0) {
     return fmt::format("rotary positions need an even head dim (dim / heads = {})", head_dim());
   }
+  if (checkpoint_function == CheckpointFunction::deepspeed && gradient_checkpointing) {
+    if (ds_contiguous_memory_optimization && !ds_partition_activations) {
+      return "activation_checkpointing.contiguous_memory_optimization needs partition_activations (DeepSpeed's assert)";
+    }
+    if (ds_contiguous_memory_optimization && ds_number_checkpoints < layers) {
+      return fmt::format("activation_checkpointing.number_checkpoints {} is below the {} checkpointed layers: "
+                         "DeepSpeed's contiguous buffers would run out (an IndexError in checkpointing.py "
+                         "partition_activations); set it to {} or more", ds_number_checkpoints, layers, layers);
+    }
+  }
   if (experts < 0) return "experts must be 0 (dense) or more";
   if (experts > 0) {
     if (mlp != MlpKind::swiglu) return "experts need the swiglu MLP (Mixtral's experts)";
@@ -388,7 +398,9 @@ nlohmann::json Transformer::kind_args() const {
   nlohmann::json j = {{"preset", spec_.preset}, {"vocab", spec_.vocab}, {"dim", spec_.dim},
                       {"layers", spec_.layers}, {"heads", spec_.heads}, {"kv_heads", spec_.kv_heads},
                       {"ffn", spec_.ffn},       {"seq", spec_.seq},     {"experts", spec_.experts}};
-  if (spec_.gradient_checkpointing) j["gradient_checkpointing"] = true;
+  if (spec_.gradient_checkpointing) {
+    j["gradient_checkpointing"] = spec_.checkpoint_function == CheckpointFunction::deepspeed ? "deepspeed" : "torch";
+  }
   return j;
 }
 
@@ -403,7 +415,9 @@ std::string Transformer::describe() const {
       spec_.pos == PositionKind::learned ? "learned" : "rotary",
       spec_.tied_embeddings ? ", tied embeddings" : "", spec_.bias ? ", biases" : "",
       spec_.attention == AttentionMemory::fused ? "fused" : "materialised",
-      spec_.gradient_checkpointing ? ", gradient checkpointing" : "",
+      !spec_.gradient_checkpointing ? ""
+      : spec_.checkpoint_function == CheckpointFunction::deepspeed ? ", deepspeed.checkpointing"
+                                                                   : ", gradient checkpointing",
       spec_.experts > 0 ? fmt::format(", {} experts top-{} over ep_size {}, capacity factor {}",
                                       spec_.experts, spec_.top_k, ep_size(), spec_.capacity_factor)
                         : std::string());

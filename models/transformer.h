@@ -33,8 +33,22 @@
 // CPU RNG state each checkpoint keeps (5,056 B per layer, host memory on a GPU run); the peaks
 // within the listed small tensors (test TransformerHfCpu). Not modelled: use_reentrant=False,
 // transformers 5's default (recomputation on first unpack, each tensor freed as unpacked: 1.8 %
-// below reentrant's peak there), and DeepSpeed's own deepspeed.checkpointing (the ds_config's
-// activation_checkpointing block), which only models that call it (Megatron-style) use.
+// below reentrant's peak there).
+// CheckpointFunction::deepspeed runs the layers under deepspeed.checkpointing.checkpoint instead,
+// configured by the ds_config's activation_checkpointing block (what Megatron-style models call;
+// runtime/activation_checkpointing/checkpointing.py CheckpointFunction, 0.19.8). It recomputes as
+// torch's does and drops its stash (ctx.deepspeed_saved_tensors) once the layer's backward has
+// run; what it keeps differs with the settings, without a model-parallel group (mpu None):
+//   - partition_activations: a clone of the input (the whole of it: one partition), the input's
+//     own storage released when the layer's forward returns (arg.data replaced);
+//   - contiguous_memory_optimization (with partition): at the first checkpointed layer,
+//     number_checkpoints buffers of the input's size at once, on the device or, with
+//     cpu_checkpointing, on the host; the clones are copied in; the list is dropped at the first
+//     backward (unused buffers go then, used ones with their layer's backward);
+//   - cpu_checkpointing: the kept input in host memory (on the host device), the device's copy
+//     released; the backward copies it back to the device first (t.saved_data.to(device)), and
+//     the host copy goes then. The copies' PCIe time is not in the step time.
+// A number_checkpoints below the layers is refused (DeepSpeed's buffer index runs out).
 //
 // Note [Hugging Face's saved tensors]
 // The blocks compute op by op as Hugging Face's eager GPT2Block and LlamaDecoderLayer do, so that
@@ -95,6 +109,8 @@ enum class NormKind : std::uint8_t { rmsnorm, layernorm };
 enum class MlpKind : std::uint8_t { gelu, swiglu };
 enum class PositionKind : std::uint8_t { learned, rotary };
 enum class AttentionMemory : std::uint8_t { materialised, fused };
+// What a checkpointed layer runs under (Note [Gradient checkpointing]).
+enum class CheckpointFunction : std::uint8_t { torch_reentrant, deepspeed };
 
 struct TransformerSpec {
   std::string preset;  // the preset's name ("" for a custom shape)
@@ -115,6 +131,11 @@ struct TransformerSpec {
   double rope_base = 10000.0;
   AttentionMemory attention = AttentionMemory::materialised;
   bool gradient_checkpointing = false;  // Note [Gradient checkpointing]
+  CheckpointFunction checkpoint_function = CheckpointFunction::torch_reentrant;
+  // deepspeed.checkpointing's settings (the ds_config's activation_checkpointing block), with
+  // CheckpointFunction::deepspeed; no model-parallel group (mpu None): a partition is the whole.
+  bool ds_partition_activations = false, ds_contiguous_memory_optimization = false, ds_cpu_checkpointing = false;
+  std::int64_t ds_number_checkpoints = 0;
   // Mixture of experts (Note [MoE routing]): 0 = a dense SwiGLU MLP.
   int experts = 0;
   int top_k = 2;
@@ -248,7 +269,10 @@ class Transformer : public Model {
   TransformerSpec spec_;
   Comm* ep_ = nullptr;
   std::vector<BlockActs> acts_;
-  std::vector<Tensor> layer_inputs_;  // checkpointed layers' saved inputs
+  std::vector<Tensor> layer_inputs_;  // checkpointed layers' saved inputs (on host_ with cpu_checkpointing)
+  std::vector<Tensor> contiguous_;    // deepspeed.checkpointing's contiguous buffers, until the first backward
+  // deepspeed.checkpointing.checkpoint's forward of layer l's input: what it keeps.
+  Tensor ds_checkpoint_input(Device& dev, std::size_t l, const Tensor& x);
   bool grad_ = true;  // false while a checkpointed layer runs its forward without grad
   NormActs normf_;  // the final norm's
   Tensor forward_workspace_, backward_workspace_;  // TransformerSpec::blas_workspace_bytes

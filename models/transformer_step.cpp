@@ -357,11 +357,61 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
 // until that backward has run.
 Tensor Transformer::checkpointed_block_backward(Device& dev, std::size_t l, const Tensor& dx3) {
   ZC_ASSERT(layer_inputs_.at(l).defined(), "layer {}'s checkpointed input is gone", l);
+  const bool ds = spec_.checkpoint_function == CheckpointFunction::deepspeed;
+  contiguous_.clear();  // deepspeed.checkpointing drops its buffer list at the first backward
+  if (ds && spec_.ds_cpu_checkpointing) {  // t.data = t.saved_data.to(device); t.saved_data = None
+    Tensor on_device = act(dev, dtype_, {layer_inputs_[l].numel()}, "ds_checkpoint_to_device");
+    dev.copy(on_device, layer_inputs_[l]);
+    layer_inputs_[l] = on_device;
+  }
   BlockActs a;
-  const Tensor recomputed = block_forward(dev, layer(l), a, layer_inputs_[l]);
+  const Tensor recomputed = block_forward(dev, layer(l), a, layer_inputs_[l].view({batch_ * spec_.seq, spec_.dim}));
   Tensor dx = block_backward(dev, layer(l), a, dx3);
   layer_inputs_[l] = Tensor();
   return dx;
+}
+
+// deepspeed.checkpointing.checkpoint's forward (Note [Gradient checkpointing]): what it keeps of
+// layer l's input x.
+Tensor Transformer::ds_checkpoint_input(Device& dev, std::size_t l, const Tensor& x) {
+  const std::int64_t n = x.numel();
+  Device* keep_on = &dev;
+  if (spec_.ds_cpu_checkpointing) {
+    if (host_ == nullptr) {
+      throw UsageError("activation_checkpointing.cpu_checkpointing keeps the layer inputs in host memory, and this "
+                       "run has no host device (Model::set_host_device)");
+    }
+    if (dev.placement() == Placement::cuda) {
+      throw NotImplementedError("activation_checkpointing.cpu_checkpointing on the CUDA backend: the copies to host "
+                                "memory are not implemented there; plan it (meta mode) instead");
+    }
+    keep_on = host_;
+  }
+  if (!spec_.ds_partition_activations) {
+    if (keep_on == &dev) return x;  // ctx.deepspeed_saved_tensors = args
+    Tensor h = keep_on->alloc(dtype_, {n}, "ds_checkpoint_cpu", MemCategory::activations);
+    dev.copy(h, x.view({n}));  // copy_to_device(args, cpu)
+    return h;
+  }
+  // partition_activations: item.detach().contiguous().view(-1).narrow(...).clone(), the whole
+  // input without a model-parallel group.
+  Tensor part = act(dev, dtype_, {n}, "ds_checkpoint_partition");
+  dev.copy(part, x.view({n}));
+  if (spec_.ds_contiguous_memory_optimization) {
+    if (l == 0 || contiguous_.empty()) {  // number_checkpoints buffers at once, at the first layer
+      contiguous_.clear();
+      for (std::int64_t i = 0; i < spec_.ds_number_checkpoints; ++i) {
+        contiguous_.push_back(keep_on->alloc(dtype_, {n}, "ds_contiguous_checkpoint", MemCategory::activations));
+      }
+    }
+    Tensor slot = contiguous_.at(l);
+    dev.copy(slot, part);
+    return slot;
+  }
+  if (keep_on == &dev) return part;
+  Tensor h = keep_on->alloc(dtype_, {n}, "ds_checkpoint_cpu", MemCategory::activations);
+  dev.copy(h, part);  // partition.cpu()
+  return h;
 }
 
 double Transformer::forward(Device& dev, const Batch& batch) {
@@ -415,7 +465,7 @@ double Transformer::forward(Device& dev, const Batch& batch) {
       continue;
     }
     // Note [Gradient checkpointing]: the layer keeps its input and runs without grad.
-    layer_inputs_[l] = x;
+    layer_inputs_[l] = spec_.checkpoint_function == CheckpointFunction::deepspeed ? ds_checkpoint_input(dev, l, x) : x;
     BlockActs none;
     grad_ = false;
     x = block_forward(dev, layer(l), none, x);

@@ -100,7 +100,9 @@ nlohmann::json to_json(const PlanResult& r) {
           {"model", {{"name", r.model_name}, {"params", r.params}, {"largest_param", r.largest_param},
                      {"seq", r.seq},
                      {"attention", r.options.model.attention == AttentionMemory::fused ? "fused" : "materialised"},
-                     {"gradient_checkpointing", r.options.model.gradient_checkpointing}}},
+                     {"gradient_checkpointing", r.options.model.gradient_checkpointing},
+                     {"checkpoint_function", r.options.model.checkpoint_function == CheckpointFunction::deepspeed
+                                                 ? "deepspeed.checkpointing" : "torch.utils.checkpoint"}}},
           {"cluster", {{"world", r.options.world}, {"gpus_per_node", r.gpus_per_node}, {"gpu", r.gpu_name},
                        {"network", r.network_name}, {"simulated_ranks", r.simulated_ranks.size()},
                        {"representative", r.representative},

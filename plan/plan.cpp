@@ -35,8 +35,9 @@ std::int64_t recompute_flops(TransformerSpec model, DType dtype, std::int64_t mi
   std::int64_t flops[2] = {0, 0};
   for (const bool ckpt : {false, true}) {
     model.gradient_checkpointing = ckpt;
-    MetaDevice dev;
+    MetaDevice dev, host;
     Transformer t(model);
+    t.set_host_device(&host);
     Rng rng(0);
     t.init_params(dev, dtype, DataDomain::gaussian, ExactSpec{}, rng);
     const Batch b = upload_batch(dev, t.batch_shapes(micro_batch), dtype);
@@ -176,6 +177,14 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
     cfg_json.erase("train_batch_size");
   }
   const Config cfg = Config::from_json(cfg_json, o.world);
+  if (model.checkpoint_function == CheckpointFunction::deepspeed) {  // deepspeed.checkpointing.configure
+    const ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+    model.ds_partition_activations = ac.partition_activations;
+    model.ds_contiguous_memory_optimization = ac.contiguous_memory_optimization;
+    model.ds_cpu_checkpointing = ac.cpu_checkpointing;
+    model.ds_number_checkpoints = ac.number_checkpoints;
+    if (const std::string why = model.invalid(); !why.empty()) throw ConfigError(why);
+  }
   r.warnings = cfg.warnings;
   if (!cfg.optimizer_given) {  // Note [No optimizer] in engine/engine.cpp
     throw ConfigError(fmt::format(
@@ -274,7 +283,13 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
                                                              r.experts, r.ep_size)
                                                : std::string(),
                                  o.model.attention == AttentionMemory::fused ? ", fused attention" : "",
-                                 o.model.gradient_checkpointing ? ", gradient checkpointing" : "");
+                                 !o.model.gradient_checkpointing ? ""
+                                 : o.model.checkpoint_function == CheckpointFunction::deepspeed
+                                     ? fmt::format(", deepspeed.checkpointing{}{}{}",
+                                                   model.ds_partition_activations ? ", partition_activations" : "",
+                                                   model.ds_cpu_checkpointing ? ", cpu_checkpointing" : "",
+                                                   model.ds_contiguous_memory_optimization ? ", contiguous" : "")
+                                     : ", gradient checkpointing");
   return r;
 }
 

@@ -232,6 +232,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     opts.expert_data_parallel = edp.get();
   }
   std::unique_ptr<Model> model = spec.ep_size > 0 ? spec.make_moe_model(*ep) : spec.make_model();
+  model->set_host_device(cpu);
   init_model(spec, *model, dev, cfg.model_dtype());
   opts.bugs = spec.bugs;
   opts.trace = trace;

@@ -418,6 +418,39 @@ TEST(PlanFit, GradientCheckpointingIsALeverTheSearchPulls) {
   }
 }
 
+// --activation-checkpointing: the config's activation_checkpointing block reaches the model.
+// cpu_checkpointing keeps each layer's input [B*S, d] in bf16 in host memory: the CPU side holds
+// them all after the forward, the GPU side that much less than torch's checkpointing; a
+// number_checkpoints below the layers is refused naming it.
+TEST(Plan, DeepSpeedActivationCheckpointingFollowsTheConfigsBlock) {
+  PlanOptions torch_ckpt = tiny(3, 2);
+  torch_ckpt.steps = 1;
+  torch_ckpt.model.gradient_checkpointing = true;
+  PlanOptions ds = torch_ckpt;
+  ds.model.checkpoint_function = CheckpointFunction::deepspeed;
+  ds.ds_config["activation_checkpointing"] = {{"cpu_checkpointing", true}};
+  const PlanResult a = run_plan(torch_ckpt, hardware());
+  const PlanResult b = run_plan(ds, hardware());
+  const TransformerSpec& m = torch_ckpt.model;
+  const std::int64_t inputs = m.layers * m.seq * m.dim * 2;  // micro-batch 1, bf16
+  EXPECT_EQ(b.cpu.category_peaks[k(MemCategory::activations)], inputs);
+  EXPECT_EQ(a.cpu.category_peaks[k(MemCategory::activations)], 0);
+  EXPECT_LT(b.device.category_peaks[k(MemCategory::activations)], a.device.category_peaks[k(MemCategory::activations)]);
+  EXPECT_NE(to_text(b).find("deepspeed.checkpointing, cpu_checkpointing"), std::string::npos);
+  EXPECT_EQ(to_json(b).at("model").at("checkpoint_function"), "deepspeed.checkpointing");
+  ds.ds_config["activation_checkpointing"] = {{"partition_activations", true},
+                                              {"contiguous_memory_optimization", true},
+                                              {"number_checkpoints", 1}};
+  try {
+    run_plan(ds, hardware());
+    ADD_FAILURE() << "number_checkpoints 1 under 2 layers was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("number_checkpoints 1 is below the 2"), std::string::npos) << e.what();
+  }
+  ds.ds_config["activation_checkpointing"] = {{"contiguous_memory_optimization", true}, {"number_checkpoints", 2}};
+  EXPECT_THROW(run_plan(ds, hardware()), ConfigError) << "contiguous without partition_activations";
+}
+
 TEST(PlanFit, ABudgetAboveTheCapacityIsTheCapacity) {
   PlanOptions o = tiny(1, 2);
   o.steps = 1;

@@ -379,6 +379,69 @@ TEST(TransformerHfCpu, LiveBytesAreHuggingFacesMeasuredOnCpu) {
   }
 }
 
+// deepspeed.checkpointing (Note [Gradient checkpointing]): the same bits as torch's reentrant
+// checkpoint under every setting, and what each setting keeps where: cpu_checkpointing moves the
+// kept inputs to host memory; contiguous_memory_optimization allocates number_checkpoints buffers
+// at the first layer and drops the unused ones at the first backward.
+TEST(TransformerBackward, DeepSpeedCheckpointingKeepsWhatItsSettingsSay) {
+  struct Setting {
+    const char* name;
+    bool partition, contiguous, cpu;
+  };
+  constexpr int kLayers = 4;
+  const std::int64_t input_bytes = 2 * 8 * 16 * 4;  // one layer input: [B*S, d] f32, llama-gqa-tiny
+  const auto run = [&](const TransformerSpec& s, std::int64_t* dev_after_fwd, std::int64_t* host_after_fwd,
+                       std::int64_t* dev_after_bwd) {
+    HostDevice dev, host;
+    Transformer t(s);
+    t.set_host_device(&host);
+    Rng rng(3);
+    t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
+    Rng data(4);
+    const Batch b = upload_batch(dev, t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{}), DType::f32);
+    const std::int64_t before = dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)];
+    Probe p;
+    p.loss = t.forward(dev, b);
+    *dev_after_fwd = dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)] - before;
+    *host_after_fwd = host.memory().live_total();
+    t.backward(dev, 1.0, 1);
+    *dev_after_bwd = dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)] - before;
+    for (Parameter* q : t.named_parameters()) p.grads.push_back(to_f64(dev, q->grad));
+    EXPECT_EQ(host.memory().live_total(), 0) << "the host copies go with their layers' backward";
+    return p;
+  };
+  TransformerSpec torch_spec = transformer_preset("llama-gqa-tiny");
+  torch_spec.layers = kLayers;
+  torch_spec.gradient_checkpointing = true;
+  std::int64_t torch_fwd = 0, torch_host = 0, torch_bwd = 0;
+  const Probe want = run(torch_spec, &torch_fwd, &torch_host, &torch_bwd);
+  for (const Setting& st : {Setting{"plain", false, false, false}, Setting{"partition", true, false, false},
+                            Setting{"contiguous", true, true, false}, Setting{"cpu", false, false, true},
+                            Setting{"partition+cpu", true, false, true}, Setting{"contiguous+cpu", true, true, true}}) {
+    TransformerSpec s = torch_spec;
+    s.checkpoint_function = CheckpointFunction::deepspeed;
+    s.ds_partition_activations = st.partition;
+    s.ds_contiguous_memory_optimization = st.contiguous;
+    s.ds_cpu_checkpointing = st.cpu;
+    s.ds_number_checkpoints = kLayers + 2;  // two buffers more than the layers use
+    std::int64_t fwd = 0, host = 0, bwd = 0;
+    const Probe got = run(s, &fwd, &host, &bwd);
+    EXPECT_EQ(got.loss, want.loss) << st.name;
+    EXPECT_EQ(got.grads, want.grads) << st.name;
+    const std::int64_t kept = kLayers * input_bytes, spare = st.contiguous ? 2 * input_bytes : 0;
+    EXPECT_EQ(fwd, st.cpu ? torch_fwd - kept : torch_fwd + spare) << st.name << " device after the forward";
+    EXPECT_EQ(host, st.cpu ? kept + spare : 0) << st.name << " host after the forward";
+    EXPECT_EQ(bwd, torch_bwd) << st.name << " after the backward";
+  }
+  TransformerSpec bad = torch_spec;
+  bad.checkpoint_function = CheckpointFunction::deepspeed;
+  bad.ds_contiguous_memory_optimization = true;
+  EXPECT_NE(bad.invalid().find("needs partition_activations"), std::string::npos) << bad.invalid();
+  bad.ds_partition_activations = true;
+  bad.ds_number_checkpoints = kLayers - 1;
+  EXPECT_NE(bad.invalid().find("number_checkpoints 3 is below the 4"), std::string::npos) << bad.invalid();
+}
+
 // Through the engine: a checkpointed model trains to the same bits at every ZeRO stage (at ZeRO-3
 // the recomputation's forward fetches the layer's params again and its trace records the second
 // fetch), with and without optimizer offload.
@@ -415,6 +478,18 @@ TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesAtEveryStage) {
           props::compare_meta_with_host(transformer_run(preset, stage, 2, false, "bf16", true));
       ASSERT_TRUE(ckpt.applies) << ckpt.why_not;
       EXPECT_EQ(ckpt.difference, "") << preset << " stage " << stage << " gradient checkpointing";
+      props::RunSpec ds = transformer_run(preset, stage, 2, false, "bf16", true);
+      ds.make_model = [preset] {  // deepspeed.checkpointing, its inputs on the host, contiguous buffers
+        TransformerSpec t = transformer_preset(preset);
+        t.gradient_checkpointing = true;
+        t.checkpoint_function = CheckpointFunction::deepspeed;
+        t.ds_partition_activations = t.ds_contiguous_memory_optimization = t.ds_cpu_checkpointing = true;
+        t.ds_number_checkpoints = t.layers + 1;
+        return std::make_unique<Transformer>(t);
+      };
+      const props::MemoryComparison dsc = props::compare_meta_with_host(ds);
+      ASSERT_TRUE(dsc.applies) << dsc.why_not;
+      EXPECT_EQ(dsc.difference, "") << preset << " stage " << stage << " deepspeed.checkpointing";
     }
   }
 }
