@@ -333,7 +333,16 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
       "'train_micro_batch_size_per_gpu': 18446744073709551615 is out of range"},
   Bad{"stage_past_int", R"({"train_micro_batch_size_per_gpu": 1,
       "zero_optimization": {"stage": 4294967298}})",
-      "'zero_optimization.stage': 4294967298 is out of range: at most 2147483647"}),
+      "'zero_optimization.stage': 4294967298 is out of range: at most 2147483647"},
+  Bad{"contiguous_without_partition", R"({"train_micro_batch_size_per_gpu": 1,
+      "activation_checkpointing": {"contiguous_memory_optimization": true, "number_checkpoints": 4}})",
+      "'activation_checkpointing.contiguous_memory_optimization': Contiguous Checkpointing is only available"},
+  Bad{"contiguous_without_number", R"({"train_micro_batch_size_per_gpu": 1,
+      "activation_checkpointing": {"partition_activations": true, "contiguous_memory_optimization": true}})",
+      "'activation_checkpointing.number_checkpoints': must be given (> 0) with contiguous_memory_optimization"},
+  Bad{"checkpointing_flag_type", R"({"train_micro_batch_size_per_gpu": 1,
+      "activation_checkpointing": {"cpu_checkpointing": "yes"}})",
+      "'activation_checkpointing.cpu_checkpointing' must be true or false"}),
   [](const ::testing::TestParamInfo<Bad>& p) { return std::string(p.param.name); });
 
 // zero_optimization.parameter_alignment: false is DeepSpeed's default and accepted without a
