@@ -629,17 +629,21 @@ Config Config::from_json(const json& j, int world_size) {
     ac.partition_activations = r.boolean("partition_activations", false);
     ac.contiguous_memory_optimization = r.boolean("contiguous_memory_optimization", false);
     ac.cpu_checkpointing = r.boolean("cpu_checkpointing", false);
-    ac.number_checkpoints = r.integer("number_checkpoints", 0);
+    // DeepSpeed reads it with get_scalar_param, whatever its type; Megatron passes the layer count
+    // to configure() in code, and public configs write false or null here.
+    if (r.has("number_checkpoints") && !(*a)["number_checkpoints"].is_number()) {
+      c.warnings.push_back(fmt::format("'activation_checkpointing.number_checkpoints' is {}: taken as not given",
+                                       (*a)["number_checkpoints"].dump()));
+    } else {
+      ac.number_checkpoints = r.integer("number_checkpoints", 0);
+      require(ac.number_checkpoints >= 0, r, "number_checkpoints", "must be >= 0");
+    }
     ac.synchronize_checkpoint_boundary = r.boolean("synchronize_checkpoint_boundary", false);
     ac.profile = r.boolean("profile", false);
-    // checkpointing.py configure's asserts, at configure time there; here up front.
-    require(!ac.contiguous_memory_optimization || ac.partition_activations, r, "contiguous_memory_optimization",
-            "Contiguous Checkpointing is only available with partitioned activations (DeepSpeed's assert): set "
-            "partition_activations to true");
-    require(!ac.contiguous_memory_optimization || ac.number_checkpoints > 0, r, "number_checkpoints",
-            "must be given (> 0) with contiguous_memory_optimization (DeepSpeed's assert: \"Must specify the number "
-            "of layers with contiguous memory checkpointing\")");
-    require(ac.number_checkpoints >= 0, r, "number_checkpoints", "must be >= 0");
+    // DeepSpeed's engine only parses the block; checkpointing.py configure() asserts that
+    // contiguous_memory_optimization has partition_activations and number_checkpoints, when a
+    // model's code calls it. zerocheck checks them where it models that call (plan
+    // --activation-checkpointing: TransformerSpec::invalid()).
     r.warn_unknown();  // DeepSpeed ignores unknown keys here (get_scalar_param): a warning, not a refusal
     c.warnings.push_back("'activation_checkpointing' configures deepspeed.checkpointing: it takes effect only where "
                          "the model calls deepspeed.checkpointing.checkpoint (Megatron-style models; zerocheck plan "

@@ -19,8 +19,8 @@
 // Note [Gradient checkpointing]
 // TransformerSpec::gradient_checkpointing is Hugging Face's gradient_checkpointing_enable() (the
 // Trainer's --gradient_checkpointing): every decoder layer runs under torch.utils.checkpoint with
-// use_reentrant=True, the default transformers passes (modeling_utils.py
-// gradient_checkpointing_enable; torch/utils/checkpoint.py CheckpointFunction). The forward runs
+// use_reentrant=True, the default transformers 4.x passes (modeling_utils.py
+// gradient_checkpointing_enable; torch/utils/checkpoint.py CheckpointFunction; 5.x passes False). The forward runs
 // each layer without grad, so the layer frees each intermediate once its last forward use is past
 // and keeps only its input (ctx.save_for_backward); the backward, when it reaches the layer,
 // recomputes the layer's forward with grad (its ZeRO-3 pre- and post-forward hooks fire again,
@@ -29,9 +29,10 @@
 // ends. Embedding, final norm, LM head and loss are not checkpointed, as in Hugging Face. The
 // gradients are the same bits (the recomputation is deterministic; a test checks it). Measured on
 // CPU against transformers 5.25.0 (reference/hf/checkpoint_memory.py; the figures in
-// reference/hf/measured/): after the forward and at the end, equal to the byte but for torch's
-// CPU RNG state each checkpoint keeps (5,056 B per layer, host memory on a GPU run); the peaks
-// within the listed small tensors (test TransformerHfCpu). Not modelled: use_reentrant=False,
+// reference/hf/measured/): four figures (after the forward, the forward's peak, the peak, after
+// the backward) equal to the byte once torch's CPU RNG state each checkpoint keeps (5,056 B per
+// layer, host memory on a GPU run) and two other listed terms are counted (test
+// TransformerHfCpu). Not modelled: use_reentrant=False,
 // transformers 5's default (recomputation on first unpack, each tensor freed as unpacked: 1.8 %
 // below reentrant's peak there).
 // CheckpointFunction::deepspeed runs the layers under deepspeed.checkpointing.checkpoint instead,
@@ -48,7 +49,15 @@
 //   - cpu_checkpointing: the kept input in host memory (on the host device), the device's copy
 //     released; the backward copies it back to the device first (t.saved_data.to(device)), and
 //     the host copy goes then. The copies' PCIe time is not in the step time.
-// A number_checkpoints below the layers is refused (DeepSpeed's buffer index runs out).
+// A number_checkpoints below the layers is refused (DeepSpeed's buffer index runs out), and so is
+// a second forward that runs past the buffers without a backward between. The layers' other
+// arguments (mask, position ids, cos/sin) are taken to be positional, as
+// deepspeed.checkpointing.checkpoint(function, *args) takes them, and go after layer 0's backward;
+// a floating-point mask would also be cloned per layer under partition_activations (not
+// modelled: Megatron's is boolean, which DeepSpeed does not checkpoint).
+// Not modelled either way: without grad an MoE layer's experts free their intermediates expert by
+// expert in Hugging Face; here they stay until the layer returns, so a checkpointed MoE
+// layer's forward peak is overstated (the step's peak, in the recomputation, is not).
 //
 // Note [Hugging Face's saved tensors]
 // The blocks compute op by op as Hugging Face's eager GPT2Block and LlamaDecoderLayer do, so that
@@ -70,10 +79,13 @@
 //   the labels ([B, S + 1] int64, until the loss is taken) and keeps their shifted copy ([B, S]
 //   int64) as nll_loss's target.
 // - Beside the layers, the model's forward holds the eager causal mask [B, 1, S, S] in the model
-//   dtype until it returns, and Llama's position ids (int64 [1, S]) and rotary cos and sin
-//   ([1, S, dh] each, model dtype), which the rope's products keep until their backward. Under
-//   gradient checkpointing every layer's checkpoint context holds the mask (and Llama's ids and
-//   cos/sin) until the loss graph goes, after the step (Note [Gradient checkpointing]).
+//   dtype (materialised attention only) until it returns, and Llama's position ids (int64 [1, S])
+//   and rotary cos and sin ([1, S, dh] each, model dtype), which the rope's products keep until
+//   layer 0's backward. Under torch's checkpoint what Hugging Face passes a layer by keyword
+//   (Llama's mask, ids and cos/sin; GPT-2's position ids) stays in every checkpoint's
+//   run_function until the loss graph goes (after the step, at the next forward); what it passes
+//   positionally (GPT-2's mask) is a saved input, gone after layer 0's backward (Note [Gradient
+//   checkpointing]).
 // On a GPU torch also holds a cuBLAS workspace per thread that runs matmuls, the forward's and
 // autograd's (plan/plan.cpp torch_cublas_workspace_bytes): TransformerSpec::blas_workspace_bytes.
 // What is not Hugging Face's yet (values; memory is the same): RMSNorm's output is rounded once
@@ -271,6 +283,7 @@ class Transformer : public Model {
   std::vector<BlockActs> acts_;
   std::vector<Tensor> layer_inputs_;  // checkpointed layers' saved inputs (on host_ with cpu_checkpointing)
   std::vector<Tensor> contiguous_;    // deepspeed.checkpointing's contiguous buffers, until the first backward
+  std::size_t contiguous_next_ = 0;   // the next of them (DeepSpeed's data_offsets)
   // deepspeed.checkpointing.checkpoint's forward of layer l's input: what it keeps.
   Tensor ds_checkpoint_input(Device& dev, std::size_t l, const Tensor& x);
   bool grad_ = true;  // false while a checkpointed layer runs its forward without grad
@@ -280,6 +293,7 @@ class Transformer : public Model {
   // Hugging Face's tensors beside the layers: position ids, causal mask, rotary cos/sin, and the
   // loss's shifted labels (Note [Hugging Face's saved tensors]).
   Tensor position_ids_, mask_, rope_cs_, target_;
+  Tensor inputs_embeds_, position_embeds_;  // GPT-2's, until the model's forward returns
   std::int64_t batch_ = 0;
 };
 

@@ -305,17 +305,19 @@ Tensor Transformer::block_forward(Device& dev, Module& blk, BlockActs& a, const 
   Tensor attn = linear(dev, blk, "wo", "bo", a.o, d, "attn_out");
   // Without grad, what Hugging Face's attention module holds in locals goes when it returns (after
   // its o_proj); the probabilities it returns stay in the decoder layer's `_` until the layer
-  // returns.
+  // returns (block_forward's end).
   unless_saved(grad_, a.h1, a.qh, a.kh, a.vh, a.o);
   Tensor x2 = act(dev, dtype_, {N, d}, "x2");
   dev.add(x2, x, attn);
-  attn = Tensor();
+  // Llama's layer rebinds its attention output to the residual sum; GPT2Block keeps it
+  // (attn_output) until the block returns.
+  if (spec_.norm != NormKind::layernorm) attn = Tensor();
   a.h2 = norm_forward(dev, blk, "mlp_norm", x2, a.n2);
   unless_saved(grad_, a.n2.x, a.n2.mean, a.n2.rstd, a.n2.xn);
   Tensor m = mlp_forward(dev, blk, a);
-  if (!grad_) a = BlockActs{};  // the MLP's input and what an MoE layer keeps
   Tensor x3 = act(dev, dtype_, {N, d}, "x3");
   dev.add(x3, x2, m);
+  if (!grad_) a = BlockActs{};  // the layer returns: its locals (the MLP's input, the probabilities) go
   blk.run_post_forward();
   return x3;
 }
@@ -398,13 +400,21 @@ Tensor Transformer::ds_checkpoint_input(Device& dev, std::size_t l, const Tensor
   Tensor part = act(dev, dtype_, {n}, "ds_checkpoint_partition");
   dev.copy(part, x.view({n}));
   if (spec_.ds_contiguous_memory_optimization) {
-    if (l == 0 || contiguous_.empty()) {  // number_checkpoints buffers at once, at the first layer
-      contiguous_.clear();
+    if (contiguous_.empty()) {  // number_checkpoints buffers at once, at the first layer
+      contiguous_next_ = 0;
       for (std::int64_t i = 0; i < spec_.ds_number_checkpoints; ++i) {
         contiguous_.push_back(keep_on->alloc(dtype_, {n}, "ds_contiguous_checkpoint", MemCategory::activations));
       }
     }
-    Tensor slot = contiguous_.at(l);
+    // The offset runs on until a backward drops the list: a second forward without one takes the
+    // next buffers, and past the last DeepSpeed's index fails.
+    if (contiguous_next_ >= contiguous_.size()) {
+      throw UsageError(fmt::format(
+          "layer {}: deepspeed.checkpointing's {} contiguous buffers are used up (DeepSpeed raises IndexError here): "
+          "a forward without a backward since the last one, or number_checkpoints below the checkpointed layers",
+          l, contiguous_.size()));
+    }
+    Tensor slot = contiguous_.at(contiguous_next_++);
     dev.copy(slot, part);
     return slot;
   }
@@ -439,19 +449,27 @@ double Transformer::forward(Device& dev, const Batch& batch) {
       for (std::int64_t i = 0; i < N; ++i) pos[static_cast<std::size_t>(i)] = static_cast<double>(i % spec_.seq);
       positions_ = tensor_from_f64(dev, DType::f32, {N}, pos, "positions", MemCategory::activations);
     }
-    Tensor pe = act(dev, dtype_, {N, d}, "pos_x");
-    dev.embedding(pe, data_of(emb, "pos"), positions_);
-    dev.add(x, x, pe);
+    // GPT2Model: inputs_embeds + position_embeds ([1, S, d], broadcast over the batch), both
+    // held as locals until the model's forward returns.
+    inputs_embeds_ = x;
+    position_embeds_ = act(dev, dtype_, {S, d}, "position_embeds");
+    dev.embedding(position_embeds_, data_of(emb, "pos"), positions_.narrow(0, S));
+    x = act(dev, dtype_, {N, d}, "hidden_states");
+    for (std::int64_t b = 0; b < batch_; ++b) {
+      dev.add(x.narrow(b * S * d, S * d).view({S, d}), inputs_embeds_.narrow(b * S * d, S * d).view({S, d}),
+              position_embeds_);
+    }
   }
   emb.run_post_forward();
   // Hugging Face's model forward beside its layers (Note [Hugging Face's saved tensors]): the
-  // eager causal mask [B, 1, S, S] in the model dtype, and for Llama the position ids (int64
+  // eager causal mask [B, 1, S, S] in the model dtype (materialised attention only), and for Llama the position ids (int64
   // [1, S]; GPT-2's are positions_, which its position embedding keeps) and the rotary cos and sin
   // [1, S, dh] in the model dtype.
   if (spec_.pos == PositionKind::rotary) {
     position_ids_ = dev.alloc(DType::u8, {S * 8}, "position_ids", MemCategory::activations);
   }
-  mask_ = act(dev, dtype_, {batch_ * S * S}, "causal_mask");
+  // Fused attention (FlashAttention-style, or sdpa's is_causal) needs no mask tensor.
+  if (spec_.attention == AttentionMemory::materialised) mask_ = act(dev, dtype_, {batch_ * S * S}, "causal_mask");
   if (spec_.pos == PositionKind::rotary) rope_cs_ = act(dev, dtype_, {2 * S * spec_.head_dim()}, "rope_cos_sin");
   acts_.assign(static_cast<std::size_t>(spec_.layers), BlockActs{});
   if (spec_.blas_workspace_bytes > 0 && !forward_workspace_.defined()) {  // at the first matmul
@@ -467,19 +485,23 @@ double Transformer::forward(Device& dev, const Batch& batch) {
     // Note [Gradient checkpointing]: the layer keeps its input and runs without grad.
     layer_inputs_[l] = spec_.checkpoint_function == CheckpointFunction::deepspeed ? ds_checkpoint_input(dev, l, x) : x;
     BlockActs none;
-    grad_ = false;
+    struct NoGrad {  // grad_ comes back even when the layer throws
+      bool& grad;
+      explicit NoGrad(bool& g) : grad(g) { grad = false; }
+      ~NoGrad() { grad = true; }
+    } no_grad(grad_);
     x = block_forward(dev, layer(l), none, x);
-    grad_ = true;
   }
   final_norm().run_pre_forward();
   hf_ = norm_forward(dev, final_norm(), "weight", x, normf_);
   x = Tensor();
   final_norm().run_post_forward();
-  // The model's forward returns: its locals go, but what a checkpointed layer's context holds
-  // (the mask, and Llama's position ids and cos/sin, passed to every layer) stays with the loss
-  // graph, and the rope's products save cos and sin until their backward.
+  // The model's forward returns: its locals go, but what the checkpointed layers hold (the mask,
+  // Llama's position ids and cos/sin) stays with them, and the rope's products save cos and sin
+  // until their backward (the backward says until when).
   if (!spec_.gradient_checkpointing) mask_ = Tensor();
   if (!spec_.gradient_checkpointing || spec_.pos != PositionKind::rotary) position_ids_ = Tensor();
+  inputs_embeds_ = position_embeds_ = Tensor();
   lm_head().run_pre_forward();
   Tensor logits = act(dev, dtype_, {N, V}, "logits");
   dev.matmul(logits, hf_, data_of(lm_head(), "weight"), false, true, false);
@@ -556,6 +578,19 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
     dx = spec_.gradient_checkpointing ? checkpointed_block_backward(dev, l, dx)
                                       : block_backward(dev, layer(l), acts_[l], dx);
   }
+  // Layer 0's backward has run. What the layers kept beside their inputs goes now: the rope's
+  // saved cos and sin without checkpointing; under torch's checkpoint what Hugging Face passes
+  // positionally (GPT-2's mask: a saved input); under deepspeed.checkpointing every argument
+  // (positional only, ctx.deepspeed_saved_tensors, cleared by each layer's backward). What
+  // Hugging Face passes torch's checkpoint by keyword (Llama's mask, position ids, cos and sin;
+  // GPT-2's position ids) stays in the checkpoints' run_function until the loss graph goes, at
+  // the next forward.
+  const bool torch_ckpt = spec_.gradient_checkpointing && spec_.checkpoint_function == CheckpointFunction::torch_reentrant;
+  if (!torch_ckpt) {
+    rope_cs_ = mask_ = position_ids_ = Tensor();
+  } else if (spec_.pos == PositionKind::learned) {
+    mask_ = Tensor();
+  }
   Module& emb = embed();
   emb.run_pre_backward();
   Tensor dtok = dev.alloc(dtype_, {V, spec_.dim}, "dtok_emb", MemCategory::temporaries);
@@ -568,16 +603,7 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
     accumulate_grad(dev, *emb.params().get("pos"), dpos);
   }
   accumulate_grad(dev, *emb.params().get("tok"), dtok);
-  // What Hugging Face passes a checkpointed layer by keyword (Llama's mask, position ids, cos and
-  // sin; GPT-2's position ids) stays in the checkpoints' contexts until the loss graph goes, at
-  // the next forward; what it passes positionally (GPT-2's mask) is a saved input, freed with the
-  // last checkpoint's backward. Without checkpointing the rope's products keep cos and sin until
-  // layer 0's backward and the position embedding its ids until its own.
-  if (!spec_.gradient_checkpointing) {
-    rope_cs_ = positions_ = Tensor();
-  } else if (spec_.pos == PositionKind::learned) {
-    mask_ = Tensor();
-  }
+  if (!torch_ckpt) positions_ = Tensor();  // the position embedding's ids go with its backward
   // No post-backward hook for the embedding or the model: DeepSpeed's fires only through an input
   // that requires grad, and theirs are token ids (Note [ZeRO-3's parameter coordinator]).
 }

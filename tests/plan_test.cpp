@@ -449,6 +449,11 @@ TEST(Plan, DeepSpeedActivationCheckpointingFollowsTheConfigsBlock) {
   }
   ds.ds_config["activation_checkpointing"] = {{"contiguous_memory_optimization", true}, {"number_checkpoints", 2}};
   EXPECT_THROW(run_plan(ds, hardware()), ConfigError) << "contiguous without partition_activations";
+  ds.ds_config["activation_checkpointing"] = {{"partition_activations", true}, {"contiguous_memory_optimization", true}};
+  EXPECT_THROW(run_plan(ds, hardware()), ConfigError) << "contiguous without number_checkpoints";
+  PlanOptions hf = torch_ckpt;  // the same block under Hugging Face's checkpointing: it does nothing
+  hf.ds_config["activation_checkpointing"] = ds.ds_config["activation_checkpointing"];
+  EXPECT_EQ(run_plan(hf, hardware()).device.peak, a.device.peak);
 }
 
 TEST(PlanFit, ABudgetAboveTheCapacityIsTheCapacity) {

@@ -18,8 +18,8 @@ DeepSpeed's FusedAdam, whose JIT build needs nvcc on the GPU machine; both updat
 no per-tensor temporaries. The model runs in eval mode: dropout off (zerocheck models none), the
 gradients the same. With --gradient-checkpointing it runs in train mode instead (Hugging Face
 checkpoints only while training) with every dropout probability 0, which torch's dropout returns
-as its input, no copy: model.gradient_checkpointing_enable(), as the Trainer's
---gradient_checkpointing calls it (torch.utils.checkpoint, use_reentrant=True).
+as its input, no copy: model.gradient_checkpointing_enable() with use_reentrant=True (the
+Trainer's --gradient_checkpointing under transformers 4.x; 5.x defaults to False).
 """
 import argparse
 import json
@@ -143,7 +143,8 @@ def main():
     torch.manual_seed(a.seed)
     model = build_model(shape)
     if a.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # Reentrant, as zerocheck models it: transformers 4.x's default; 5.x defaults to False.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         model.train()  # Hugging Face checkpoints only in training; every dropout p is 0
     else:
         model.eval()  # dropout off; autograd unchanged
