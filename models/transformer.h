@@ -54,10 +54,8 @@
 // arguments (mask, position ids, cos/sin) are taken to be positional, as
 // deepspeed.checkpointing.checkpoint(function, *args) takes them, and go after layer 0's backward;
 // a floating-point mask would also be cloned per layer under partition_activations (not
-// modelled: Megatron's is boolean, which DeepSpeed does not checkpoint).
-// Not modelled either way: without grad an MoE layer's experts free their intermediates expert by
-// expert in Hugging Face; here they stay until the layer returns, so a checkpointed MoE
-// layer's forward peak is overstated (the step's peak, in the recomputation, is not).
+// modelled: Megatron's is boolean, which DeepSpeed does not checkpoint). Without grad an MoE
+// layer's experts free their intermediates expert by expert.
 //
 // Note [Hugging Face's saved tensors]
 // The blocks compute op by op as Hugging Face's eager GPT2Block and LlamaDecoderLayer do, so that

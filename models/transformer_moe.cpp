@@ -80,12 +80,15 @@ Tensor Transformer::moe_forward(Device& dev, Module& blk, BlockActs& a) {
     dev.matmul(a.eg[u], a.ein[u], data_of(blk, expert_param(e, "w_gate").c_str()), false, true, false);
     a.es[u] = act(dev, dtype_, {P * C, f}, "moe_expert_silu");
     dev.unary(a.es[u], a.eg[u], Unary::silu);
+    if (!grad_) a.eg[u] = Tensor();  // without grad (a checkpointed layer) each goes after its last use
     a.eu[u] = act(dev, dtype_, {P * C, f}, "moe_expert_up");
     dev.matmul(a.eu[u], a.ein[u], data_of(blk, expert_param(e, "w_up").c_str()), false, true, false);
     a.ea[u] = act(dev, dtype_, {P * C, f}, "moe_expert_act");
     dev.mul(a.ea[u], a.es[u], a.eu[u]);
+    if (!grad_) a.es[u] = a.eu[u] = Tensor();
     Tensor y = act(dev, dtype_, {P * C, d}, "moe_expert_y");
     dev.matmul(y, a.ea[u], data_of(blk, expert_param(e, "w_down").c_str()), false, true, false);
+    if (!grad_) a.ea[u] = a.ein[u] = Tensor();
     dev.copy_2d(back.view({back.numel()}).narrow(i * C * d, back.numel() - i * C * d), y, P, C * d,
                 L * C * d, C * d);
   }

@@ -528,12 +528,14 @@ TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesAtEveryStage) {
   }
 }
 
-props::RunSpec moe_run(int stage, int world, int ep, bool offload) {
+props::RunSpec moe_run(int stage, int world, int ep, bool offload, bool checkpointing = false) {
   props::RunSpec spec = transformer_run("mixtral-tiny", stage, world, offload, "bf16");
   spec.ep_size = ep;
   spec.ds_config["moe"] = {{"ep_size", ep}};
-  spec.make_moe_model = [](Comm& group) {
-    return std::make_unique<Transformer>(transformer_preset("mixtral-tiny"), "transformer", &group);
+  spec.make_moe_model = [checkpointing](Comm& group) {
+    TransformerSpec t = transformer_preset("mixtral-tiny");
+    t.gradient_checkpointing = checkpointing;
+    return std::make_unique<Transformer>(t, "transformer", &group);
   };
   return spec;
 }
@@ -546,6 +548,11 @@ TEST(TransformerMeta, MetaModeAllocatesWhatTheHostAllocatesForMoe) {
         ASSERT_TRUE(c.applies) << c.why_not;
         EXPECT_EQ(c.difference, "") << "stage " << stage << " ep " << ep << " offload " << offload;
         EXPECT_GT(c.peak_bytes, 0);
+        // checkpointed: the recomputation's all_to_alls and the experts' no-grad frees
+        const props::MemoryComparison ck = props::compare_meta_with_host(moe_run(stage, 2, ep, offload, true));
+        ASSERT_TRUE(ck.applies) << ck.why_not;
+        EXPECT_EQ(ck.difference, "") << "stage " << stage << " ep " << ep << " offload " << offload << " checkpointed";
+        EXPECT_LT(ck.peak_bytes, c.peak_bytes);
       }
     }
   }
