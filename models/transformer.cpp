@@ -68,6 +68,14 @@ std::int64_t TransformerSpec::capacity(std::int64_t tokens) const {
   return std::max(c, min_capacity);
 }
 
+std::string TransformerSpec::checkpointing_summary() const {
+  if (!gradient_checkpointing) return "";
+  if (checkpoint_function == CheckpointFunction::torch_reentrant) return ", gradient checkpointing";
+  return fmt::format(", deepspeed.checkpointing{}{}{}", ds_partition_activations ? ", partition_activations" : "",
+                     ds_cpu_checkpointing ? ", cpu_checkpointing" : "",
+                     ds_contiguous_memory_optimization ? ", contiguous" : "");
+}
+
 std::string TransformerSpec::invalid() const {
   if (vocab < 1 || dim < 1 || layers < 1 || heads < 1 || ffn < 1 || seq < 1) {
     return "vocab, dim, layers, heads, ffn and seq must be at least 1";
@@ -415,9 +423,7 @@ std::string Transformer::describe() const {
       spec_.pos == PositionKind::learned ? "learned" : "rotary",
       spec_.tied_embeddings ? ", tied embeddings" : "", spec_.bias ? ", biases" : "",
       spec_.attention == AttentionMemory::fused ? "fused" : "materialised",
-      !spec_.gradient_checkpointing ? ""
-      : spec_.checkpoint_function == CheckpointFunction::deepspeed ? ", deepspeed.checkpointing"
-                                                                   : ", gradient checkpointing",
+      spec_.checkpointing_summary(),
       spec_.experts > 0 ? fmt::format(", {} experts top-{} over ep_size {}, capacity factor {}",
                                       spec_.experts, spec_.top_k, ep_size(), spec_.capacity_factor)
                         : std::string());

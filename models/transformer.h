@@ -165,6 +165,8 @@ struct TransformerSpec {
   std::int64_t largest_param() const;
   // "" when the shape is consistent, else what is wrong (names the field).
   std::string invalid() const;
+  // ", gradient checkpointing", ", deepspeed.checkpointing[, its settings]" or "" (for summaries).
+  std::string checkpointing_summary() const;
 };
 
 // Preset names: gpt2-xl, llama-2-7b, llama-2-13b, llama-2-70b, mixtral-8x7b, and the small test

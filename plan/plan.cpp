@@ -283,13 +283,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
                                                              r.experts, r.ep_size)
                                                : std::string(),
                                  o.model.attention == AttentionMemory::fused ? ", fused attention" : "",
-                                 !o.model.gradient_checkpointing ? ""
-                                 : o.model.checkpoint_function == CheckpointFunction::deepspeed
-                                     ? fmt::format(", deepspeed.checkpointing{}{}{}",
-                                                   model.ds_partition_activations ? ", partition_activations" : "",
-                                                   model.ds_cpu_checkpointing ? ", cpu_checkpointing" : "",
-                                                   model.ds_contiguous_memory_optimization ? ", contiguous" : "")
-                                     : ", gradient checkpointing");
+                                 model.checkpointing_summary());
   return r;
 }
 
@@ -354,22 +348,22 @@ std::vector<FitCandidate> search_fits(const PlanOptions& base, const Hardware& h
   if (!base.model.gradient_checkpointing) checkpointing.insert(checkpointing.begin(), false);
   for (const auto& [stage, offload] : settings) {
     for (const bool ckpt : checkpointing) {
-    for (std::int64_t mb = 1; mb <= 64; mb *= 2) {
-      PlanOptions o = base;
-      o.micro_batch = mb;
-      o.model.gradient_checkpointing = ckpt;
-      nlohmann::json& z = o.ds_config["zero_optimization"];
-      z["stage"] = stage;
-      z.erase("offload_optimizer");
-      z.erase("offload_param");
-      if (offload != "none") z["offload_optimizer"] = {{"device", "cpu"}};
-      if (offload == "optimizer+param") z["offload_param"] = {{"device", "cpu"}};
-      o.memory_budget = budget_bytes;
-      FitCandidate c{stage, offload, mb, ckpt, run_plan(o, hw)};
-      if (tried) tried->push_back(c);
-      if (!c.result.fits) break;
-      fits.push_back(std::move(c));
-    }
+      for (std::int64_t mb = 1; mb <= 64; mb *= 2) {
+        PlanOptions o = base;
+        o.micro_batch = mb;
+        o.model.gradient_checkpointing = ckpt;
+        nlohmann::json& z = o.ds_config["zero_optimization"];
+        z["stage"] = stage;
+        z.erase("offload_optimizer");
+        z.erase("offload_param");
+        if (offload != "none") z["offload_optimizer"] = {{"device", "cpu"}};
+        if (offload == "optimizer+param") z["offload_param"] = {{"device", "cpu"}};
+        o.memory_budget = budget_bytes;
+        FitCandidate c{stage, offload, mb, ckpt, run_plan(o, hw)};
+        if (tried) tried->push_back(c);
+        if (!c.result.fits) break;
+        fits.push_back(std::move(c));
+      }
     }
   }
   std::sort(fits.begin(), fits.end(), [](const FitCandidate& a, const FitCandidate& b) {

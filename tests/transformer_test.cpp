@@ -221,31 +221,51 @@ TEST(TransformerMoe, CapacityDropsAreDeepSpeedsOrderAndReachTheOutput) {
   EXPECT_NE(s.invalid().find("drop_tokens=False"), std::string::npos) << s.invalid();
 }
 
+// One forward and backward on the host in f32 (params seed 3, data seed 4, micro-batch 2), with a
+// host device for what the model keeps there (cpu_checkpointing): the loss and grads, and what
+// the run allocated.
+struct HostRun {
+  Probe probe;
+  std::int64_t activations_peak = 0;            // since before the batch's upload
+  std::int64_t activations_after_forward = 0;   // live, less what was live before the forward
+  std::int64_t activations_after_backward = 0;  // the same, after the backward
+  std::int64_t host_after_forward = 0, host_after_backward = 0;  // live on the host device
+  std::int64_t flops = 0;                       // forward and backward
+};
+
+HostRun run_on_host(const TransformerSpec& s) {
+  HostDevice dev, host;
+  Transformer t(s);
+  t.set_host_device(&host);
+  Rng rng(3);
+  t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
+  Rng data(4);
+  const HostBatch hb = t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{});
+  dev.reset_peak();
+  const Batch b = upload_batch(dev, hb, DType::f32);
+  const auto activations = [&] { return dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)]; };
+  const std::int64_t before = activations(), flops_before = dev.counters().flops;
+  HostRun r;
+  r.probe.loss = t.forward(dev, b);
+  r.activations_after_forward = activations() - before;
+  r.host_after_forward = host.memory().live_total();
+  t.backward(dev, 1.0, 1);
+  r.activations_after_backward = activations() - before;
+  r.host_after_backward = host.memory().live_total();
+  r.flops = dev.counters().flops - flops_before;
+  for (Parameter* q : t.named_parameters()) r.probe.grads.push_back(to_f64(dev, q->grad));
+  r.activations_peak = dev.memory().peak()[static_cast<std::size_t>(MemCategory::activations)];
+  return r;
+}
+
 TEST(TransformerBackward, FusedAttentionGivesTheSameBitsWithLessMemory) {
   for (const char* name : {"gpt2-tiny", "llama-gqa-tiny"}) {
     TransformerSpec mat = transformer_preset(name), fused = mat;
     fused.attention = AttentionMemory::fused;
-    std::vector<Probe> probes;
-    std::vector<std::int64_t> peaks;
-    for (const TransformerSpec& s : {mat, fused}) {
-      HostDevice dev;
-      Transformer t(s);
-      Rng rng(3);
-      t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
-      Rng data(4);
-      const HostBatch hb = t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{});
-      dev.reset_peak();
-      const Batch b = upload_batch(dev, hb, DType::f32);
-      Probe p;
-      p.loss = t.forward(dev, b);
-      t.backward(dev, 1.0, 1);
-      for (Parameter* q : t.named_parameters()) p.grads.push_back(to_f64(dev, q->grad));
-      probes.push_back(p);
-      peaks.push_back(dev.memory().peak()[static_cast<std::size_t>(MemCategory::activations)]);
-    }
-    EXPECT_EQ(probes[0].loss, probes[1].loss) << name;
-    EXPECT_EQ(probes[0].grads, probes[1].grads) << name;
-    EXPECT_LT(peaks[1], peaks[0]) << name << ": fused attention keeps no probabilities";
+    const HostRun m = run_on_host(mat), f = run_on_host(fused);
+    EXPECT_EQ(m.probe.loss, f.probe.loss) << name;
+    EXPECT_EQ(m.probe.grads, f.probe.grads) << name;
+    EXPECT_LT(f.activations_peak, m.activations_peak) << name << ": fused attention keeps no probabilities";
   }
 }
 
@@ -256,36 +276,29 @@ TEST(TransformerBackward, GradientCheckpointingGivesTheSameBitsWithLessMemory) {
     TransformerSpec plain = transformer_preset(name), ckpt = plain;
     plain.layers = ckpt.layers = 4;
     ckpt.gradient_checkpointing = true;
-    std::vector<Probe> probes;
-    std::vector<std::int64_t> peaks, after_forward, flops;
-    for (const TransformerSpec& s : {plain, ckpt}) {
-      HostDevice dev;
-      Transformer t(s);
-      Rng rng(3);
-      t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
-      Rng data(4);
-      const HostBatch hb = t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{});
-      dev.reset_peak();
-      const Batch b = upload_batch(dev, hb, DType::f32);
-      const std::int64_t flops_before = dev.counters().flops;
-      Probe p;
-      p.loss = t.forward(dev, b);
-      after_forward.push_back(dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)]);
-      t.backward(dev, 1.0, 1);
-      flops.push_back(dev.counters().flops - flops_before);
-      for (Parameter* q : t.named_parameters()) p.grads.push_back(to_f64(dev, q->grad));
-      probes.push_back(p);
-      peaks.push_back(dev.memory().peak()[static_cast<std::size_t>(MemCategory::activations)]);
-    }
-    EXPECT_EQ(probes[0].loss, probes[1].loss) << name;
-    EXPECT_EQ(probes[0].grads, probes[1].grads) << name;
-    EXPECT_LT(peaks[1], peaks[0]) << name;
+    const HostRun p = run_on_host(plain), c = run_on_host(ckpt);
+    EXPECT_EQ(p.probe.loss, c.probe.loss) << name;
+    EXPECT_EQ(p.probe.grads, c.probe.grads) << name;
+    EXPECT_LT(c.activations_peak, p.activations_peak) << name;
     // After the forward a checkpointed model keeps 4 layer inputs [N, d] and what the final norm,
     // the head and the loss keep; every block's saved tensors are gone.
-    EXPECT_LT(after_forward[1], after_forward[0] / 2) << name;
-    EXPECT_GT(flops[1], flops[0]) << name << ": each layer's forward runs again in the backward";
+    EXPECT_LT(c.activations_after_forward, p.activations_after_forward / 2) << name;
+    EXPECT_GT(c.flops, p.flops) << name << ": each layer's forward runs again in the backward";
   }
 }
+
+// A transformer on a MetaDevice (Note [Meta mode]: what a host run allocates, in no time) with
+// its params (seed 3) and a batch of `samples`, ready to run.
+struct OnMeta {
+  MetaDevice dev;
+  Transformer t;
+  Batch b;
+  OnMeta(const TransformerSpec& s, std::int64_t samples, DType dtype) : t(s) {
+    Rng rng(3);
+    t.init_params(dev, dtype, DataDomain::gaussian, ExactSpec{}, rng);
+    b = upload_batch(dev, t.batch_shapes(samples), dtype);
+  }
+};
 
 // The recomputation is one forward of every layer, no more: the FLOPs checkpointing adds equal
 // the layers' forward FLOPs (the forward's growth from 4 to 8 layers, per layer, times 4).
@@ -294,15 +307,11 @@ TEST(TransformerBackward, CheckpointingRecomputesEachLayerOnce) {
     TransformerSpec s = transformer_preset("llama-gqa-tiny");
     s.layers = layers;
     s.gradient_checkpointing = ckpt;
-    MetaDevice dev;
-    Transformer t(s);
-    Rng rng(3);
-    t.init_params(dev, DType::bf16, DataDomain::gaussian, ExactSpec{}, rng);
-    const Batch b = upload_batch(dev, t.batch_shapes(2), DType::bf16);
-    const std::int64_t before = dev.counters().flops;
-    t.forward(dev, b);
-    if (backward) t.backward(dev, 1.0, 1);
-    return dev.counters().flops - before;
+    OnMeta m(s, 2, DType::bf16);
+    const std::int64_t before = m.dev.counters().flops;
+    m.t.forward(m.dev, m.b);
+    if (backward) m.t.backward(m.dev, 1.0, 1);
+    return m.dev.counters().flops - before;
   };
   const std::int64_t per_layer = (flops(8, false, false) - flops(4, false, false)) / 4;
   ASSERT_GT(per_layer, 0);
@@ -334,6 +343,15 @@ TEST(TransformerBackward, ACheckpointedLayersForwardKeepsNothingPastItsLastUse) 
   }
   EXPECT_EQ(labels[1], "attn_probs_f32") << "kept past their use, the layer's tensors peak at its end (x3)";
   EXPECT_LT(peaks[1], peaks[0] / 2) << "the plain forward keeps both layers' tensors";
+  // An MoE layer's experts free theirs expert by expert: with 256 tokens over 4 experts (128 slots
+  // each) the checkpointed forward's peak is the loss's, not the MoE layer's (mlp_out, when every
+  // expert's intermediates stay until the layer returns).
+  TransformerSpec moe = transformer_preset("mixtral-tiny");
+  moe.gradient_checkpointing = true;
+  OnMeta m(moe, 32, DType::bf16);
+  m.dev.memory().reset_peak();
+  m.t.forward(m.dev, m.b);
+  EXPECT_EQ(m.dev.memory().peak_label(), "ones");
 }
 
 // Hugging Face's own memory, measured on CPU (reference/hf/checkpoint_memory.py, transformers
@@ -384,11 +402,10 @@ TEST(TransformerHfCpu, LiveBytesAreHuggingFacesMeasuredOnCpu) {
       s.tied_embeddings = s.bias = true;
     }
     s.gradient_checkpointing = want.ckpt;
-    MetaDevice dev;  // allocates what a host run allocates (TransformerMeta below), in no time
-    Transformer t(s);
-    Rng rng(3);
-    t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
-    const Batch b = upload_batch(dev, t.batch_shapes(2), DType::f32);
+    OnMeta run(s, 2, DType::f32);
+    MetaDevice& dev = run.dev;
+    Transformer& t = run.t;
+    const Batch& b = run.b;
     const std::int64_t before = dev.memory().live_total();
     dev.memory().reset_window_peak();
     t.forward(dev, b);
@@ -421,31 +438,10 @@ TEST(TransformerBackward, DeepSpeedCheckpointingKeepsWhatItsSettingsSay) {
   };
   constexpr int kLayers = 4;
   const std::int64_t input_bytes = 2 * 8 * 16 * 4;  // one layer input: [B*S, d] f32, llama-gqa-tiny
-  const auto run = [&](const TransformerSpec& s, std::int64_t* dev_after_fwd, std::int64_t* host_after_fwd,
-                       std::int64_t* dev_after_bwd) {
-    HostDevice dev, host;
-    Transformer t(s);
-    t.set_host_device(&host);
-    Rng rng(3);
-    t.init_params(dev, DType::f32, DataDomain::gaussian, ExactSpec{}, rng);
-    Rng data(4);
-    const Batch b = upload_batch(dev, t.make_batch(data, 2, DataDomain::gaussian, ExactSpec{}), DType::f32);
-    const std::int64_t before = dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)];
-    Probe p;
-    p.loss = t.forward(dev, b);
-    *dev_after_fwd = dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)] - before;
-    *host_after_fwd = host.memory().live_total();
-    t.backward(dev, 1.0, 1);
-    *dev_after_bwd = dev.memory().live()[static_cast<std::size_t>(MemCategory::activations)] - before;
-    for (Parameter* q : t.named_parameters()) p.grads.push_back(to_f64(dev, q->grad));
-    EXPECT_EQ(host.memory().live_total(), 0) << "the host copies go with their layers' backward";
-    return p;
-  };
   TransformerSpec torch_spec = transformer_preset("llama-gqa-tiny");
   torch_spec.layers = kLayers;
   torch_spec.gradient_checkpointing = true;
-  std::int64_t torch_fwd = 0, torch_host = 0, torch_bwd = 0;
-  const Probe want = run(torch_spec, &torch_fwd, &torch_host, &torch_bwd);
+  const HostRun want = run_on_host(torch_spec);
   for (const Setting& st : {Setting{"plain", false, false, false}, Setting{"partition", true, false, false},
                             Setting{"contiguous", true, true, false}, Setting{"cpu", false, false, true},
                             Setting{"partition+cpu", true, false, true}, Setting{"contiguous+cpu", true, true, true}}) {
@@ -455,18 +451,21 @@ TEST(TransformerBackward, DeepSpeedCheckpointingKeepsWhatItsSettingsSay) {
     s.ds_contiguous_memory_optimization = st.contiguous;
     s.ds_cpu_checkpointing = st.cpu;
     s.ds_number_checkpoints = kLayers + 2;  // two buffers more than the layers use
-    std::int64_t fwd = 0, host = 0, bwd = 0;
-    const Probe got = run(s, &fwd, &host, &bwd);
-    EXPECT_EQ(got.loss, want.loss) << st.name;
-    EXPECT_EQ(got.grads, want.grads) << st.name;
+    const HostRun got = run_on_host(s);
+    EXPECT_EQ(got.probe.loss, want.probe.loss) << st.name;
+    EXPECT_EQ(got.probe.grads, want.probe.grads) << st.name;
     const std::int64_t kept = kLayers * input_bytes, spare = st.contiguous ? 2 * input_bytes : 0;
-    EXPECT_EQ(fwd, st.cpu ? torch_fwd - kept : torch_fwd + spare) << st.name << " device after the forward";
-    EXPECT_EQ(host, st.cpu ? kept + spare : 0) << st.name << " host after the forward";
-    EXPECT_EQ(bwd, 0) << st.name << " after the backward: every argument went with its layer's backward";
+    EXPECT_EQ(got.activations_after_forward,
+              st.cpu ? want.activations_after_forward - kept : want.activations_after_forward + spare)
+        << st.name << " device after the forward";
+    EXPECT_EQ(got.host_after_forward, st.cpu ? kept + spare : 0) << st.name << " host after the forward";
+    EXPECT_EQ(got.activations_after_backward, 0)
+        << st.name << " after the backward: every argument went with its layer's backward";
+    EXPECT_EQ(got.host_after_backward, 0) << st.name << ": the host copies go with their layers' backward";
   }
   // torch's checkpoints keep what Hugging Face passes by keyword until the next forward: the mask
   // [B, S, S], the position ids [S] int64 and cos/sin [2, S, dh] (B 2, S 8, dh 4, f32).
-  EXPECT_EQ(torch_bwd, 2 * 8 * 8 * 4 + 8 * 8 + 2 * 8 * 4 * 4);
+  EXPECT_EQ(want.activations_after_backward, 2 * 8 * 8 * 4 + 8 * 8 + 2 * 8 * 4 * 4);
   TransformerSpec bad = torch_spec;
   bad.checkpoint_function = CheckpointFunction::deepspeed;
   bad.ds_contiguous_memory_optimization = true;
