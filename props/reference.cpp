@@ -116,7 +116,8 @@ std::string reference_unexpressible(const Scenario& s) {
   return "";
 }
 
-void write_reference_input(const Scenario& s, const std::filesystem::path& dir, const BatchSource& source) {
+void write_reference_input(const Scenario& s, const std::filesystem::path& dir, const BatchSource& source,
+                           bool memory) {
   if (const std::string why = reference_unexpressible(s); !why.empty()) {
     throw NotImplementedError("the DeepSpeed twin cannot express this scenario: " + why);
   }
@@ -161,7 +162,7 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir, 
       {"ds_config", config}, {"dtype", s.dtype}, {"model", model_j}, {"params", params}, {"batch_arrays", arrays},
       {"world", s.world}, {"micro_batch", spec.micro_batch}, {"steps", s.steps}, {"ga", s.ga}, {"n", s.n},
       {"coalesce", s.coalesce}, {"explicit_boundary", s.boundary == "explicit"},
-      {"optimizer_state_keys", optimizer_state_keys(s)}};
+      {"optimizer_state_keys", optimizer_state_keys(s)}, {"memory", memory}};
   std::ofstream(dir / "input.json") << input.dump(1) << "\n";
   write_f64(dir / "init.f64", init);
   write_f64(dir / "batches.f64", batches);
@@ -194,12 +195,16 @@ ReferenceRecord read_reference_record(const std::filesystem::path& file) {
   return rec;
 }
 
-std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches) {
+std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches,
+                                              std::vector<DeepSpeedMemory>* memory) {
   ScratchDir dir;
-  write_reference_input(s, dir.path, batches);
+  write_reference_input(s, dir.path, batches, memory != nullptr);
   pools.get(s.world).run(dir.path);
   std::vector<ReferenceRecord> recs;
-  for (int r = 0; r < s.world; ++r) recs.push_back(read_reference_record(dir.path / fmt::format("rank{}.rec", r)));
+  for (int r = 0; r < s.world; ++r) {
+    recs.push_back(read_reference_record(dir.path / fmt::format("rank{}.rec", r)));
+    if (memory != nullptr) memory->push_back(read_deepspeed_memory(dir.path / fmt::format("rank{}.mem.json", r)));
+  }
   return recs;
 }
 
@@ -376,9 +381,10 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     h = fnv1a(out.sim_error, h);
   }
   std::vector<ReferenceRecord> ds;
+  std::vector<DeepSpeedMemory> ds_memory;
   const Stopwatch watch;
   try {
-    ds = run_on_deepspeed(s, pools);
+    ds = run_on_deepspeed(s, pools, {}, &ds_memory);
     for (const ReferenceRecord& r : ds) {
       for (const auto& [name, v] : r) h = hash_values(h, name, v);
     }
@@ -397,6 +403,17 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     return out;
   }
   compare_records(s, sim, ds, out);
+  out.memory = compare_memory(sim, ds_memory);
+  if (std::getenv("ZC_DS_MEMORY_DUMP") != nullptr) {
+    fmt::print(stderr, "memory {} | {}\n", out.memory.verdict(), describe(s));
+    for (const MemoryFigure& f : out.memory.figures) {
+      fmt::print(stderr, "  {:50} zerocheck {:8} DeepSpeed {:8}{}\n", f.what, f.zerocheck, f.deepspeed, f.exact() ? "" : "  <>");
+    }
+    for (std::size_t r = 0; r < ds_memory.size(); ++r) {
+      fmt::print(stderr, "  DeepSpeed rank {} construction peak at {}\n", r, ds_memory[r].construction.peak_site);
+      for (const DeepSpeedMemoryPhase& p : ds_memory[r].steps) fmt::print(stderr, "  DeepSpeed rank {} {} peak at {}\n", r, p.name, p.peak_site);
+    }
+  }
   return out;
 }
 

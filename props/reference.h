@@ -7,6 +7,7 @@
 // covers both sides' records, so a replay that reproduces it reproduced both runs.
 #pragma once
 
+#include "engine/memory.h"
 #include "props/invariants.h"
 #include "props/reference_pool.h"
 
@@ -30,12 +31,16 @@ std::string reference_unexpressible(const Scenario& s);
 // Adam/AdamW, momentum_buffer for SGD with momentum).
 std::vector<std::string> optimizer_state_keys(const Scenario& s);
 
+struct DeepSpeedMemory;
+
 // A step's (step, micro-step, chunk) global batch, in place of the scenario's generated one (the
 // Z3 witnesses' prescribed gradients).
 using BatchSource = std::function<HostBatch(int step, int micro, int chunk)>;
 
-// Writes input.json, init.f64 and batches.f64 for the twin into `dir`.
-void write_reference_input(const Scenario& s, const std::filesystem::path& dir, const BatchSource& batches = {});
+// Writes input.json, init.f64 and batches.f64 for the twin into `dir`; with `memory`, the twin
+// also measures DeepSpeed's memory (rank{R}.mem.json).
+void write_reference_input(const Scenario& s, const std::filesystem::path& dir, const BatchSource& batches = {},
+                           bool memory = false);
 
 // A record file (reference/deepspeed/record.py's format): name -> values.
 using ReferenceRecord = std::map<std::string, std::vector<double>>;
@@ -54,18 +59,58 @@ struct FieldDiff {
   std::int64_t max_ulps = -1;
 };
 
+// One phase of DeepSpeed's CPU memory on one rank (reference/deepspeed/memory.py): the peak of live
+// bytes, the composition at it, each category's own peak, what allocation made the peak, and the
+// live bytes at the phase's marks (after_forward, after_step).
+struct DeepSpeedMemoryPhase {
+  std::string name;  // construction, step0, step1, ...
+  std::int64_t peak = 0;
+  MemBytes at_peak{}, peak_by_category{};
+  std::string peak_site;
+  std::map<std::string, std::int64_t> marks;
+};
+struct DeepSpeedMemory {
+  DeepSpeedMemoryPhase construction;
+  std::vector<DeepSpeedMemoryPhase> steps;
+};
+// Reads rank{R}.mem.json; UsageError naming the file and what is wrong.
+DeepSpeedMemory read_deepspeed_memory(const std::filesystem::path& file);
+
+// One memory figure on both sides ("rank 0 step 1 peak", "rank 1 steps peak of grads").
+struct MemoryFigure {
+  std::string what;
+  std::int64_t zerocheck = 0, deepspeed = 0;
+  bool exact() const { return zerocheck == deepspeed; }
+  bool within_1pct() const;  // |zerocheck - deepspeed| <= 1 % of DeepSpeed's (exact when it is 0)
+};
+// The scenario's memory on both sides (Note [DeepSpeed's memory, measured] in reference_memory.cpp).
+struct MemoryComparison {
+  bool measured = false;    // both sides ran and DeepSpeed's memory was read
+  std::string error;        // why not (a profiler failure, a missing file)
+  std::vector<MemoryFigure> figures;
+  // "exact", "within 1%", "beyond" over every figure; "" when not measured.
+  std::string verdict() const;
+  // The figures that differ, worst first, at most `n`, one line each.
+  std::vector<std::string> differences(std::size_t n) const;
+};
+struct RunResult;
+MemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds);
+
 struct ReferenceComparison {
   std::vector<FieldDiff> diffs;   // empty: bit for bit the same
   std::string sim_error, ds_error;  // a refusal on either side (both: they agree)
   std::uint64_t hash = 0;         // both sides' records
   double ds_seconds = 0;
+  MemoryComparison memory;        // not part of matched() (yet): reported beside it
   bool matched() const { return diffs.empty(); }
 };
 // Runs the scenario on the simulator and on DeepSpeed and compares. RankFailure when a worker
 // crashes or hangs (the pool restarts on the next scenario).
 ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools);
 // DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
-std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches = {});
+// With `memory`, DeepSpeed's memory rank by rank too (Note [DeepSpeed's memory, measured]).
+std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches = {},
+                                              std::vector<DeepSpeedMemory>* memory = nullptr);
 
 // A probe of DeepSpeed itself (reference/deepspeed/probes.py) on a world of `world`, with keyword
 // arguments `args`: its facts.

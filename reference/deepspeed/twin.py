@@ -15,6 +15,7 @@ msid/s (micro_step_id at the coalesce flush, when coalescing), opt/<key>/s (ever
 optimizer state after step: exp_avg, exp_avg_sq, momentum_buffer), and
 comm/<kind> (calls, bytes) over the whole run, getters excluded.
 """
+import contextlib
 import json
 import os
 
@@ -24,6 +25,7 @@ import deepspeed
 import deepspeed.comm as dist
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
 
+import memory
 import record
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -251,21 +253,50 @@ def watch_flush(engine, stage, msids):
         engine._flush_coalesced_reduction_zero12 = flush12
 
 
-def run_scenario(directory, counter):
+class _NoMemory:
+    """The recorder's interface doing nothing (a scenario without "memory")."""
+    @contextlib.contextmanager
+    def _nothing(self):
+        yield
+
+    def mark(self, name):
+        pass
+
+    def snapshot(self, engine):
+        pass
+
+    excluded = reading = forward = _nothing
+
+
+def wants_memory(directory):
+    with open(os.path.join(directory, "input.json")) as f:
+        return bool(json.load(f).get("memory"))
+
+
+def run_scenario(directory, counter, measure_memory=True):
+    """The scenario's record entries; with "memory" in input.json (and measure_memory), also writes
+    rank{R}.mem.json (memory.py: DeepSpeed's CPU allocations by category, construction and each step)."""
     with open(os.path.join(directory, "input.json")) as f:
         spec = json.load(f)
+    spec["memory"] = spec.get("memory", False) and measure_memory
     rank = dist.get_rank()
     if dist.get_world_size() != spec["world"]:
         raise ValueError(f"scenario world {spec['world']} sent to a pool of {dist.get_world_size()}")
     dtype = DTYPES[spec["dtype"]]
     stage = spec["ds_config"].get("zero_optimization", {}).get("stage", 0)
+    mem = memory.MemoryRecorder() if spec.get("memory") else _NoMemory()
+    if spec.get("memory"):
+        mem.start()
+    mem.mark("begin:construction")
     model = build_twin(spec)
-    load_init(model, spec, directory)
-    batches = load_batches(spec, directory, rank, dtype)
+    with mem.excluded():  # the twin's own staging of zerocheck's values
+        load_init(model, spec, directory)
+        batches = load_batches(spec, directory, rank, dtype)
     counter.reset()
     counter.counting = True
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=spec["ds_config"])
+    mem.snapshot(engine)
     params = list(engine.module.parameters())
     if params[0].dtype != dtype:
         raise ValueError(f"DeepSpeed holds the model in {params[0].dtype}, the scenario says {dtype}")
@@ -274,13 +305,19 @@ def run_scenario(directory, counter):
         watch_flush(engine, stage, msids)
     ga, n = spec["ga"], spec["n"]
     for s in range(spec["steps"]):
+        mem.mark(f"begin:step{s}")
         for m in range(ga):
             def chunks():
                 for c in range(n):
                     if spec["explicit_boundary"] and not spec["coalesce"]:
                         engine.set_gradient_accumulation_boundary(m + 1 == ga and c + 1 == n)
-                    loss = engine(**batches[(s, m, c)])
+                    with mem.forward():
+                        loss = engine(**batches[(s, m, c)])
+                    mem.snapshot(engine)
+                    if m == 0 and c == 0:
+                        mem.mark("after_forward")
                     engine.backward(loss)
+                    mem.snapshot(engine)
             if spec["coalesce"]:
                 with engine.coalesce_grad_reduction():
                     chunks()
@@ -288,22 +325,30 @@ def run_scenario(directory, counter):
                 chunks()
             if m + 1 == ga:
                 counter.counting = False
-                entries.append((f"grads/{s}", flat(full_grads(engine, params, stage))))
-                entries.append((f"loss_scale/{s}", [loss_scale_of(engine)]))
+                with mem.reading():
+                    entries.append((f"grads/{s}", flat(full_grads(engine, params, stage))))
+                    entries.append((f"loss_scale/{s}", [loss_scale_of(engine)]))
                 counter.counting = True
             engine.step()
+            mem.snapshot(engine)
+        mem.mark("after_step")
         counter.counting = False
-        entries.append((f"params/{s}", flat(gathered(engine, params, stage))))
-        entries.append((f"masters/{s}", flat(full_masters(engine, params, stage))))
-        entries.append((f"skipped/{s}", [float(engine.skipped_steps)]))
-        for key in spec.get("optimizer_state_keys", []):
-            states = full_optimizer_state(engine, params, stage, key)
-            if states is not None:
-                entries.append((f"opt/{key}/{s}", flat(states)))
+        with mem.reading():
+            entries.append((f"params/{s}", flat(gathered(engine, params, stage))))
+            entries.append((f"masters/{s}", flat(full_masters(engine, params, stage))))
+            entries.append((f"skipped/{s}", [float(engine.skipped_steps)]))
+            for key in spec.get("optimizer_state_keys", []):
+                states = full_optimizer_state(engine, params, stage, key)
+                if states is not None:
+                    entries.append((f"opt/{key}/{s}", flat(states)))
         counter.counting = True
     counter.counting = False
+    mem.mark("begin:destroy")
     if msids:
         entries.append(("msid", msids))
     entries.extend(counter.entries())
     engine.destroy()
+    if spec.get("memory"):
+        with open(os.path.join(directory, f"rank{rank}.mem.json"), "w") as f:
+            json.dump(mem.finish(), f)
     return entries

@@ -1,0 +1,155 @@
+// DeepSpeed's memory against the engine's, scenario by scenario (issue 41).
+//
+// Note [DeepSpeed's memory, measured]
+// The reference worker runs each scenario under torch's profiler with profile_memory
+// (reference/deepspeed/memory.py): every allocation and free of torch's CPU allocator, with the
+// Python frames around it. Each allocation is given one of the engine's MemCategory names: by
+// identity first (the storages DeepSpeed's engine and optimizer hold at snapshots after
+// construction and after each forward, backward and step), then tensors autograd saved for
+// backward, then the DeepSpeed function that allocated it, the rest temporaries. The twin's own
+// staging (zerocheck's values loaded into torch) is excluded, and so is what the recorder's reads
+// allocate, as the engine's ledger counts none of its getters' work either... except where it
+// does (the figures say so when they differ).
+//
+// On the engine's side the same scenario's RunResult::memory holds the device ledger per rank:
+// construction (the model built and the engine initialised), the steps' high-water marks, and per
+// step the peak, the live bytes after the first forward and after the optimizer step. The figures
+// compared are those, the total and each category's peak, rank by rank. DeepSpeed runs on the CPU
+// accelerator here: offloaded state lives in the same memory as the rest, so under offload the
+// engine's figure is its device ledger plus its CPU ledger, per category (the total peaks of two
+// ledgers do not add; they are compared only without offload).
+//
+// The comparison is reported beside the values (ReferenceComparison::memory) and does not decide the
+// verdict: DeepSpeed's CPU path allocates temporaries (0-dim norms and flags, casts) that the engine
+// names differently or not at all, and the aim, every figure exact outside listed classes, is
+// where issue 41 goes, not where it stands.
+#include "props/reference.h"
+
+#include "engine/errors.h"
+#include "props/training_run.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+namespace zc::props {
+
+namespace {
+
+MemBytes read_bytes(const nlohmann::json& j, const std::filesystem::path& file, const char* what) {
+  MemBytes b{};
+  if (!j.is_object()) throw UsageError(fmt::format("{}: '{}' is not an object", file.string(), what));
+  for (const auto& [name, v] : j.items()) {
+    b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
+  }
+  return b;
+}
+
+DeepSpeedMemoryPhase read_phase(const nlohmann::json& p, const std::filesystem::path& file) {
+  DeepSpeedMemoryPhase out;
+  out.name = p.at("name").get<std::string>();
+  out.peak = p.at("peak").get<std::int64_t>();
+  out.at_peak = read_bytes(p.at("at_peak"), file, "at_peak");
+  out.peak_by_category = read_bytes(p.at("peak_by_category"), file, "peak_by_category");
+  out.peak_site = p.value("peak_site", "");
+  for (const auto& [k, v] : p.at("marks").items()) out.marks[k] = v.get<std::int64_t>();
+  return out;
+}
+
+}  // namespace
+
+DeepSpeedMemory read_deepspeed_memory(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw UsageError(fmt::format("DeepSpeed's memory record {} is missing (the worker's profiler wrote none)", file.string()));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.contains("phases")) throw UsageError(fmt::format("{} is not a memory record", file.string()));
+  DeepSpeedMemory out;
+  try {
+    for (const nlohmann::json& p : j.at("phases")) {
+      DeepSpeedMemoryPhase phase = read_phase(p, file);
+      if (phase.name == "construction") out.construction = std::move(phase);
+      else if (phase.name.rfind("step", 0) == 0) out.steps.push_back(std::move(phase));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("{}: {}", file.string(), e.what()));
+  }
+  return out;
+}
+
+bool MemoryFigure::within_1pct() const {
+  return std::llabs(zerocheck - deepspeed) * 100 <= std::llabs(deepspeed);
+}
+
+std::string MemoryComparison::verdict() const {
+  if (!measured) return "";
+  if (std::all_of(figures.begin(), figures.end(), [](const MemoryFigure& f) { return f.exact(); })) return "exact";
+  if (std::all_of(figures.begin(), figures.end(), [](const MemoryFigure& f) { return f.within_1pct(); })) return "within 1%";
+  return "beyond";
+}
+
+std::vector<std::string> MemoryComparison::differences(std::size_t n) const {
+  std::vector<const MemoryFigure*> diff;
+  for (const MemoryFigure& f : figures) {
+    if (!f.exact()) diff.push_back(&f);
+  }
+  std::stable_sort(diff.begin(), diff.end(), [](const MemoryFigure* a, const MemoryFigure* b) {
+    return std::llabs(a->zerocheck - a->deepspeed) > std::llabs(b->zerocheck - b->deepspeed);
+  });
+  std::vector<std::string> out;
+  for (std::size_t k = 0; k < diff.size() && k < n; ++k) {
+    out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", diff[k]->what, diff[k]->zerocheck, diff[k]->deepspeed));
+  }
+  return out;
+}
+
+MemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds) {
+  MemoryComparison out;
+  out.measured = true;
+  for (std::size_t k = 0; k < sim.ranks.size() && k < sim.memory.size(); ++k) {
+    const int rank = sim.ranks[k];
+    if (rank < 0 || static_cast<std::size_t>(rank) >= ds.size()) continue;
+    const DeviceMemory& dev = sim.memory[k].device;
+    const DeviceMemory& cpu = sim.memory[k].cpu;
+    const DeepSpeedMemory& d = ds[static_cast<std::size_t>(rank)];
+    const bool offload = cpu.construction.allocations() > 0 || cpu.steps.allocations() > 0;
+    auto add = [&](std::string what, std::int64_t z, std::int64_t dsb) {
+      out.figures.push_back({fmt::format("rank {} {}", rank, what), z, dsb});
+    };
+    auto categories = [&](const std::string& phase, const MemoryLedger& z, const MemoryLedger& zc_cpu,
+                          const MemBytes& dsb) {
+      for (std::size_t c = 0; c + 1 < kMemCategories; ++c) {  // unattributed last: the engine names every allocation
+        const std::int64_t zb = z.peak()[c] + (offload ? zc_cpu.peak()[c] : 0);
+        if (zb == 0 && dsb[c] == 0) continue;
+        add(fmt::format("{} peak of {}", phase, mem_category_name(static_cast<MemCategory>(c))), zb, dsb[c]);
+      }
+    };
+    if (!offload) add("construction peak", dev.construction.peak_total(), d.construction.peak);
+    categories("construction", dev.construction, cpu.construction, d.construction.peak_by_category);
+    MemBytes ds_steps{};
+    std::int64_t ds_steps_peak = 0;
+    for (const DeepSpeedMemoryPhase& p : d.steps) {
+      ds_steps_peak = std::max(ds_steps_peak, p.peak);
+      for (std::size_t c = 0; c < kMemCategories; ++c) ds_steps[c] = std::max(ds_steps[c], p.peak_by_category[c]);
+    }
+    if (!offload) add("steps peak", dev.steps.peak_total(), ds_steps_peak);
+    categories("steps", dev.steps, cpu.steps, ds_steps);
+    if (offload) continue;
+    for (std::size_t s = 0; s < dev.per_step.size() && s < d.steps.size(); ++s) {
+      const StepMemory& z = dev.per_step[s];
+      const DeepSpeedMemoryPhase& p = d.steps[s];
+      add(fmt::format("step {} peak", s), z.peak, p.peak);
+      if (auto it = p.marks.find("after_forward"); it != p.marks.end()) {
+        add(fmt::format("step {} after its first forward", s), z.after_forward, it->second);
+      }
+      if (auto it = p.marks.find("after_step"); it != p.marks.end()) {
+        add(fmt::format("step {} after the optimizer step", s), z.after_step, it->second);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace zc::props

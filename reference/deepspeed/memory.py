@@ -1,0 +1,364 @@
+"""DeepSpeed's CPU memory over one reference scenario, allocation by allocation, in zerocheck's categories.
+
+Method (Note [DeepSpeed's memory, measured] in props/reference_memory.cpp says how the two sides meet):
+torch.profiler with profile_memory and with_stack records every CPU allocation and free torch's
+allocator makes (c10's CPU allocator reports each one to the profiler: size, pointer, time) with the
+Python frames and aten ops around it. The profiler's event tree (kineto_results.experimental_event_tree)
+keeps those records; FunctionEvent lists fold most of them into the enclosing op, so the tree is read.
+What torch's allocator does not serve is not seen: gloo's own staging buffers and DeepSpeed's C++
+ops' internal buffers (none in the twin's configurations: CPU Adam steps in place).
+
+Each allocation gets one category, first match wins:
+1. identity: the storages DeepSpeed holds, found by walking the engine at snapshots (after
+   construction, after each forward, backward and step; snapshot()): module params and ZeRO-3
+   partitions (params), gathered ZeRO-3 params (gathered_params, persistent), .grad and the ZeRO
+   optimizers' gradient partitions and buffers (grads), fp32 master partitions (master), optimizer
+   state (optimizer_states), ipg buffers (ipg_buckets);
+2. tensors autograd saves for backward (torch.autograd.graph.saved_tensors_hooks) that were
+   allocated in the forward (activations);
+3. the allocating call site: SITE_CATEGORIES maps DeepSpeed's functions to a category
+   (comm_buffers for the flattened buckets and reduce-scatter staging, gathered_params for ZeRO-3's
+   all-gather outputs), the model's forward and autograd's backward to activations;
+4. the rest is temporaries (0-dim norms and flags, casts).
+
+The recorder's own reads (the twin's full grads, params and states) run inside excluded(): what they
+allocate and free there is not counted; what survives the region (ZeRO-3's re-gather of the params
+that were available) is counted as allocated at the region's end.
+"""
+import contextlib
+import os
+
+import torch
+
+CATEGORIES = ("params", "grads", "master", "optimizer_states", "ipg_buckets", "comm_buffers", "gathered_params",
+              "prefetch", "persistent", "activations", "temporaries")
+
+# (file suffix, function) of the innermost DeepSpeed frame -> category; None matches any function.
+SITE_CATEGORIES = [
+    ("runtime/zero/stage_1_and_2.py", "allreduce_bucket", "comm_buffers"),
+    ("runtime/zero/stage_1_and_2.py", "average_tensor", "comm_buffers"),
+    ("runtime/zero/stage_1_and_2.py", "_get_compact_grad_partition_buffer", "grads"),
+    ("runtime/zero/stage_1_and_2.py", "_build_compact_grad_partition_buffer", "grads"),
+    ("runtime/zero/stage3.py", "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads", "comm_buffers"),
+    ("runtime/zero/stage3.py", "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_contiguous_grads", "comm_buffers"),
+    ("runtime/zero/partition_parameters.py", "_allgather_params", "gathered_params"),
+    ("runtime/zero/partition_parameters.py", "_allgather_params_coalesced", "gathered_params"),
+    ("runtime/zero/partition_parameters.py", "all_gather_coalesced", "gathered_params"),
+    ("runtime/zero/partition_parameters.py", "_all_gather_dtype", "gathered_params"),
+]
+
+MARK = "zc:mark:"
+EXCLUDED = "zc:excluded"  # not counted at all (the twin's inputs)
+READING = "zc:reading"    # the recorder's reads: what survives them is counted from their end
+
+
+def _frame_file(name):
+    """'deepspeed/runtime/zero/stage3.py(123): fn' -> ('runtime/zero/stage3.py', 123, 'fn')."""
+    head, _, fn = name.partition("): ")
+    path, _, line = head.rpartition("(")
+    return path, line, fn
+
+
+class MemoryRecorder:
+    """Wraps a scenario: start() before the model is built, mark() at phase boundaries, excluded()
+    around the recorder's reads, snapshot() at points where DeepSpeed's state is known, finish() for
+    the figures."""
+
+    def __init__(self):
+        self.prof = None
+        self.identity = []  # {ptr: category} per snapshot, at the time of marker snap:<i>
+        self.saved = []     # ptr of each tensor saved for backward, at the time of marker saved:<i>
+
+    def start(self):
+        from torch.profiler import ProfilerActivity, profile
+        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True,
+                            record_shapes=False, acc_events=True)
+        self.prof.__enter__()
+
+    def mark(self, name):
+        with torch.profiler.record_function(MARK + name):
+            pass
+
+    @contextlib.contextmanager
+    def excluded(self):
+        with torch.profiler.record_function(EXCLUDED):
+            yield
+
+    @contextlib.contextmanager
+    def reading(self):
+        with torch.profiler.record_function(READING):
+            yield
+
+    @contextlib.contextmanager
+    def forward(self):
+        """Tensors saved for backward while the model's forward runs."""
+        def pack(t):
+            ptr = _storage(t)
+            if ptr is not None:
+                self.saved.append(ptr)
+                self.mark(f"saved:{len(self.saved) - 1}")
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    def snapshot(self, engine):
+        """The storages DeepSpeed holds now, by category (identity)."""
+        with self.reading():
+            self.identity.append(holdings(engine))
+            self.mark(f"snap:{len(self.identity) - 1}")
+
+    def finish(self):
+        self.prof.__exit__(None, None, None)
+        return analyse(self)
+
+
+def _storage(t):
+    if t is None or not torch.is_tensor(t) or t.device.type != "cpu":
+        return None
+    s = t.untyped_storage()
+    return s.data_ptr() if s.nbytes() > 0 else None
+
+
+def holdings(engine):
+    """{storage pointer: category} for what the engine and its optimizer hold."""
+    out = {}
+
+    def put(t, cat):
+        p = _storage(t)
+        if p is not None and p not in out:
+            out[p] = cat
+
+    def put_all(obj, cat, depth=0):
+        if torch.is_tensor(obj):
+            put(obj, cat)
+        elif isinstance(obj, dict) and depth < 4:
+            for v in obj.values():
+                put_all(v, cat, depth + 1)
+        elif isinstance(obj, (list, tuple)) and depth < 4:
+            for v in obj:
+                put_all(v, cat, depth + 1)
+
+    opt = engine.optimizer
+    params = list(engine.module.parameters())
+    from_ds3 = any(hasattr(p, "ds_tensor") for p in params)
+    for p in params:
+        if from_ds3:
+            put(p.ds_tensor, "params")
+            if p.data.numel() > 0:
+                put(p.data, "persistent" if getattr(p, "ds_persist", False) else "gathered_params")
+        else:
+            put(p.data, "params")
+        put(p.grad, "grads")
+    for name in ("bit16_groups_flat", "fp16_groups_flat", "fp16_partitioned_groups_flat"):
+        put_all(getattr(opt, name, None), "params")
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat",
+                 "fp32_groups", "fp32_groups_flat_partition"):
+        put_all(getattr(opt, name, None), "master")
+    inner = opt
+    while hasattr(inner, "optimizer") and not isinstance(inner, torch.optim.Optimizer):
+        inner = inner.optimizer
+    if isinstance(inner, torch.optim.Optimizer):
+        for st in inner.state.values():
+            put_all(st, "optimizer_states")
+        for g in inner.param_groups:  # stage 0 fp32: the optimizer steps the params themselves
+            for p in g["params"]:
+                put(p, "master" if p.dtype == torch.float32 and from_ds3 is False and getattr(opt, "fp32_groups", None)
+                    else "params")
+    for name in ("averaged_gradients", "averaged_gradients_on_cpu", "grad_partitions_flat_buffer",
+                 "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", "grads_in_partition",
+                 "single_partition_of_fp32_groups_grads", "accumulated_grads_in_cpu", "fp32_groups_gradients_flat",
+                 "grads_in_ipg_bucket"):
+        put_all(getattr(opt, name, None), "grads")
+    for name in ("ipg_buffer",):
+        put_all(getattr(opt, name, None), "ipg_buckets")
+    for bucket in (getattr(opt, "ipg_buckets", None) or {}).values() if isinstance(getattr(opt, "ipg_buckets", None), dict) else []:
+        put(getattr(bucket, "buffer", None), "ipg_buckets")
+    return out
+
+
+def _name(e):
+    try:
+        return e.name
+    except UnicodeDecodeError:  # the Python tracer's name of a C function, now and then
+        return "<undecodable>"
+
+
+def _context(e):
+    """The names that attribution reads around an allocation, outermost first: Python frames and
+    autograd's evaluate_function nodes (parents walked only here: a tuple per node of a long run's
+    tree would cost gigabytes)."""
+    out = []
+    p = e.parent
+    while p is not None:
+        n = _name(p)
+        if ".py(" in n or n.startswith("autograd::engine::evaluate_function"):
+            out.append(n)
+        p = p.parent
+    out.reverse()
+    return tuple(out)
+
+
+def _tree(prof):
+    """(allocations, markers, excluded ranges, reading ranges) from the profiler's event tree, in time order."""
+    roots = prof.profiler.kineto_results.experimental_event_tree()
+    allocs, marks, excluded, reading = [], [], [], []
+    stack = list(reversed(roots))
+    while stack:
+        e = stack.pop()
+        if str(e.tag).endswith("Allocation"):
+            ef = e.extra_fields
+            if ef.device.type == "cpu":
+                allocs.append({"t": e.start_time_ns, "size": ef.alloc_size, "ptr": ef.ptr,
+                               "ctx": _context(e) if ef.alloc_size > 0 else ()})
+            continue
+        name = _name(e)
+        if name.startswith(MARK):
+            marks.append((e.start_time_ns, name[len(MARK):]))
+        elif name == EXCLUDED:
+            excluded.append((e.start_time_ns, e.end_time_ns))
+        elif name == READING:
+            reading.append((e.start_time_ns, e.end_time_ns))
+        stack.extend(reversed(e.children))  # popped in order: ties in time keep the tree's order
+    allocs.sort(key=lambda a: a["t"])  # stable
+    marks.sort()
+    return allocs, marks, excluded, reading
+
+
+def site_of(ctx):
+    """The innermost DeepSpeed frame, 'runtime/zero/stage3.py:123 fn', or the innermost frame."""
+    frames = [c for c in ctx if ".py(" in c]
+    for c in reversed(frames):
+        if "deepspeed/" in c:
+            path, line, fn = _frame_file(c)
+            return path.split("deepspeed/", 1)[1] + ":" + line + " " + fn
+    if frames:
+        path, line, fn = _frame_file(frames[-1])
+        return os.path.basename(path) + ":" + line + " " + fn
+    return "?"
+
+
+def category_by_site(ctx):
+    frames = [c for c in ctx if ".py(" in c]
+    for c in reversed(frames):
+        if "deepspeed/" not in c:
+            continue
+        path, _, fn = _frame_file(c)
+        for suffix, func, cat in SITE_CATEGORIES:
+            if path.endswith(suffix) and (func is None or fn == func):
+                return cat
+    return None
+
+
+def analyse(rec):
+    allocs, marks, excluded, reading = _tree(rec.prof)
+
+    def range_of(t, ranges):
+        return next((r for r in ranges if r[0] <= t <= r[1]), None)
+
+    # Excluded ranges: allocations inside are dropped with their frees. Reading ranges: dropped
+    # unless they outlive the range, then counted from its end.
+    events, dropped = [], set()
+    for a in allocs:
+        if a["size"] > 0:
+            if range_of(a["t"], excluded):
+                dropped.add(id(a))
+            elif (r := range_of(a["t"], reading)) is not None:
+                a["moved_to"] = r[1]
+        events.append(a)
+    # Pair allocations with their frees.
+    live = {}
+    for a in events:
+        if a["size"] > 0:
+            live[a["ptr"]] = a
+        else:
+            b = live.pop(a["ptr"], None)
+            if b is not None:
+                b["free_t"] = a["t"]
+                a["alloc"] = b
+    for a in events:
+        if a["size"] > 0 and "moved_to" in a and a.get("free_t", float("inf")) <= a["moved_to"]:
+            dropped.add(id(a))
+    # Identity snapshots and saved tensors: the allocation live at that time with that pointer.
+    by_ptr = {}
+    for a in events:
+        if a["size"] > 0 and id(a) not in dropped:
+            by_ptr.setdefault(a["ptr"], []).append(a)
+
+    def owner(ptr, t):
+        for a in by_ptr.get(ptr, []):
+            if a["t"] <= t < a.get("free_t", float("inf")):
+                return a
+        return None
+    at = {n: t for t, n in marks}
+    for i, held in enumerate(rec.identity):
+        t = at[f"snap:{i}"]
+        for ptr, cat in held.items():
+            a = owner(ptr, t)
+            if a is not None and "cat" not in a:
+                a["cat"], a["how"] = cat, "identity"
+    for i, ptr in enumerate(rec.saved):
+        a = owner(ptr, at[f"saved:{i}"])
+        if a is not None and "cat" not in a:
+            a["cat"], a["how"] = "activations", "saved for backward"
+    # What survives a reading range is the recorder's output unless DeepSpeed holds it.
+    for a in events:
+        if a["size"] > 0 and "moved_to" in a and a.get("how") != "identity":
+            dropped.add(id(a))
+    for a in events:
+        if a["size"] > 0 and "cat" not in a:
+            cat = category_by_site(a["ctx"])
+            if cat is None and any(c.startswith("autograd::engine::evaluate_function") for c in a["ctx"]):
+                cat = "activations"  # an activation's gradient, alive between two backward ops
+            a["cat"], a["how"] = cat or "temporaries", "site" if cat else "rest"
+    # The timeline, phase by phase.
+    timeline = []  # (t, delta, alloc)
+    for a in events:
+        if a["size"] > 0:
+            if id(a) in dropped:
+                continue
+            timeline.append((a.get("moved_to", a["t"]), a["size"], a))
+        elif "alloc" in a and id(a["alloc"]) not in dropped:
+            timeline.append((a["t"], a["size"], a["alloc"]))
+    timeline.sort(key=lambda x: x[0])
+    return phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:"))])
+
+
+def phases(timeline, marks):
+    """{"construction": stats, "steps": [stats], ...}: peak, composition at the peak, each category's
+    peak, and the live bytes at the phase's marks."""
+    bounds = [t for t, _ in marks]
+    names = [n for _, n in marks]
+    live = dict.fromkeys(CATEGORIES, 0)
+    out, cur = {}, None
+    mi = 0
+
+    def open_phase(name):
+        total = sum(live.values())
+        return {"name": name, "peak": total, "at_peak": dict(live), "peak_by_category": dict(live),
+                "peak_site": "", "marks": {}}
+
+    cur = open_phase("before")
+    order = []
+    for t, delta, a in timeline + [(float("inf"), 0, None)]:
+        while mi < len(bounds) and bounds[mi] <= t:
+            name = names[mi]
+            if name.startswith("begin:"):
+                if cur["name"] != "before":
+                    order.append(cur)
+                cur = open_phase(name[len("begin:"):])
+            else:
+                cur["marks"][name] = sum(live.values())
+            mi += 1
+        if a is None:
+            break
+        live[a["cat"]] += delta
+        total = sum(live.values())
+        for c, v in live.items():
+            if v > cur["peak_by_category"][c]:
+                cur["peak_by_category"][c] = v
+        if total > cur["peak"]:
+            cur["peak"], cur["at_peak"] = total, dict(live)
+            cur["peak_site"] = f"{a['cat']} {a['size']} B at {site_of(a['ctx'])}"
+    order.append(cur)
+    cur["marks"]["end"] = sum(live.values())
+    return {"phases": order, "live_at_end": dict(live)}
