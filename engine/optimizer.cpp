@@ -89,18 +89,22 @@ BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64
 // ZeRO-1 is params + master + one f32 gradient partition, 3.31 GiB; the states' 2.64 GiB come at
 // the first step). FP16_Optimizer and BF16_Optimizer's dummy step at construction still creates
 // them there.
+// torch.optim.SGD at momentum 0 keeps no momentum_buffer (measured on DeepSpeed's reference: no
+// optimizer state allocation in its steps), so nothing is allocated for it.
 void BaseOptimizer::create_states() {
-  state_a_ = dev_.alloc(DType::f32, {numel_}, label_ + ".exp_avg", MemCategory::optimizer_states);
-  if (cfg_.type != OptimizerType::sgd) {
-    state_b_ = dev_.alloc(DType::f32, {numel_}, label_ + ".exp_avg_sq", MemCategory::optimizer_states);
+  if (cfg_.type == OptimizerType::sgd) {
+    if (cfg_.momentum != 0) {
+      state_a_ = dev_.alloc(DType::f32, {numel_}, label_ + ".momentum_buffer", MemCategory::optimizer_states);
+    }
+    return;
   }
+  state_a_ = dev_.alloc(DType::f32, {numel_}, label_ + ".exp_avg", MemCategory::optimizer_states);
+  state_b_ = dev_.alloc(DType::f32, {numel_}, label_ + ".exp_avg_sq", MemCategory::optimizer_states);
 }
 
 Tensor BaseOptimizer::state(OptimizerState what) const {
   ZC_ASSERT(what != OptimizerState::fp32_master, "the master is the wrapper's, not the base optimizer's");
-  if (cfg_.type == OptimizerType::sgd) {
-    return what == OptimizerState::exp_avg && cfg_.momentum != 0 ? state_a_ : Tensor();
-  }
+  if (cfg_.type == OptimizerType::sgd) return what == OptimizerState::exp_avg ? state_a_ : Tensor();
   return what == OptimizerState::exp_avg ? state_a_ : state_b_;
 }
 
@@ -124,13 +128,14 @@ double scheduled_lr(const OptimizerConfig& cfg, std::int64_t engine_step) {
 }
 
 void BaseOptimizer::step(const Tensor& master, const Tensor& grad, bool engine_step) {
-  if (!state_a_.defined()) create_states();
+  if (steps_ == 0) create_states();
   ++steps_;
   const double lr = engine_step ? scheduled_lr(cfg_, engine_steps_++) : cfg_.lr;
   if (cfg_.type == OptimizerType::sgd) {
     SgdParams p{lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, steps_ == 1};
     for (const auto& [off, len] : segments_) {
-      dev_.sgd_step(master.narrow(off, len), grad.narrow(off, len), state_a_.narrow(off, len), p);
+      dev_.sgd_step(master.narrow(off, len), grad.narrow(off, len),
+                    state_a_.defined() ? state_a_.narrow(off, len) : Tensor(), p);
     }
     return;
   }

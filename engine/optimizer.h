@@ -63,8 +63,9 @@ class BaseOptimizer {
   const Tensor& exp_avg() const { return state_a_; }
   const Tensor& exp_avg_sq() const { return state_b_; }
   // exp_avg or exp_avg_sq as DeepSpeed's optimizer keeps it: undefined where it keeps none (SGD
-  // has no exp_avg_sq, and no momentum buffer at momentum 0, though zerocheck allocates one), and
-  // before the first step, which creates them (Note [Lazy optimizer state]).
+  // has no exp_avg_sq, and no momentum buffer at momentum 0: torch.optim.SGD's momentum_buffer
+  // stays None, and so no memory), and before the first step, which creates them (Note [Lazy
+  // optimizer state]).
   Tensor state(OptimizerState what) const;
 
  private:
@@ -75,7 +76,7 @@ class BaseOptimizer {
   Tensor state_b_;  // [numel] f32: Adam exp_avg_sq
   std::int64_t numel_ = 0;
   std::string label_;
-  std::int64_t steps_ = 0;
+  std::int64_t steps_ = 0;  // 0: the states are not created yet
   std::int64_t engine_steps_ = 0;  // applied engine steps: the lr schedule's position
   int adam_simd_width_;
   Segments segments_;

@@ -403,11 +403,38 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     return out;
   }
   compare_records(s, sim, ds, out);
-  out.memory = compare_memory(sim, ds_memory);
+  try {
+    // The memory from a run without the record's getters (full grads, params, states), whose
+    // allocations the engine's ledger would count and DeepSpeed's measurement leaves out
+    // (memory.py's reading ranges): the same training, nothing read back.
+    RunSpec quiet = to_run_spec(s, {}, {});
+    quiet.adam_simd_width = pools.env().adam_simd_width;
+    quiet.torch_sqrt = pools.env().torch_sqrt;
+    quiet.sim.order = sim::ReductionOrder::gloo;
+    quiet.collect_grads = false;
+    quiet.record_values = false;
+    if (std::getenv("ZC_DS_MEMORY_DUMP") != nullptr) {  // the steps' ledger event by event, for the dump below
+      quiet.after_init = [](int, Engine& e) { e.device().memory().enable_timeline(1u << 20); };
+    }
+    const RunResult plain = run_on_sim(quiet);
+    out.memory = compare_memory(plain, ds_memory);
+    sim.memory = plain.memory;  // for the dump
+  } catch (const ZcError& e) {
+    out.memory.error = fmt::format("the engine's run without getters failed: {}", e.what());
+  }
   if (std::getenv("ZC_DS_MEMORY_DUMP") != nullptr) {
     fmt::print(stderr, "memory {} | {}\n", out.memory.verdict(), describe(s));
     for (const MemoryFigure& f : out.memory.figures) {
       fmt::print(stderr, "  {:50} zerocheck {:8} DeepSpeed {:8}{}\n", f.what, f.zerocheck, f.deepspeed, f.exact() ? "" : "  <>");
+    }
+    if (!sim.memory.empty()) {  // rank 0's steps, event by event: the category that moved, by how much, and the label
+      const std::vector<MemSample>& tl = sim.memory[0].device.steps.timeline();
+      for (std::size_t k = 1; k < tl.size(); ++k) {
+        for (std::size_t c = 0; c < kMemCategories; ++c) {
+          const std::int64_t d = tl[k].live[c] - tl[k - 1].live[c];
+          if (d != 0) fmt::print(stderr, "  zc {:+6} {:14} {}\n", d, mem_category_name(static_cast<MemCategory>(c)), tl[k].label);
+        }
+      }
     }
     for (std::size_t r = 0; r < ds_memory.size(); ++r) {
       fmt::print(stderr, "  DeepSpeed rank {} construction peak at {}\n", r, ds_memory[r].construction.peak_site);

@@ -68,10 +68,14 @@ struct DeepSpeedMemoryPhase {
   MemBytes at_peak{}, peak_by_category{};
   std::string peak_site;
   std::map<std::string, std::int64_t> marks;
+  // What torch's gloo backend allocated inside collectives (staging that NCCL does not do), apart
+  // from `peak` and the categories: its own peak over the phase.
+  std::int64_t cpu_backend_peak = 0;
 };
 struct DeepSpeedMemory {
   DeepSpeedMemoryPhase construction;
   std::vector<DeepSpeedMemoryPhase> steps;
+  std::string error;  // the worker's profiler failed: why (the values are still compared)
 };
 // Reads rank{R}.mem.json; UsageError naming the file and what is wrong.
 DeepSpeedMemory read_deepspeed_memory(const std::filesystem::path& file);
@@ -84,7 +88,7 @@ struct MemoryFigure {
   bool within_1pct() const;  // |zerocheck - deepspeed| <= 1 % of DeepSpeed's (exact when it is 0)
 };
 // The scenario's memory on both sides (Note [DeepSpeed's memory, measured] in reference_memory.cpp).
-struct MemoryComparison {
+struct DeepSpeedMemoryComparison {
   bool measured = false;    // both sides ran and DeepSpeed's memory was read
   std::string error;        // why not (a profiler failure, a missing file)
   std::vector<MemoryFigure> figures;
@@ -94,14 +98,14 @@ struct MemoryComparison {
   std::vector<std::string> differences(std::size_t n) const;
 };
 struct RunResult;
-MemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds);
+DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds);
 
 struct ReferenceComparison {
   std::vector<FieldDiff> diffs;   // empty: bit for bit the same
   std::string sim_error, ds_error;  // a refusal on either side (both: they agree)
   std::uint64_t hash = 0;         // both sides' records
   double ds_seconds = 0;
-  MemoryComparison memory;        // not part of matched() (yet): reported beside it
+  DeepSpeedMemoryComparison memory;        // not part of matched() (yet): reported beside it
   bool matched() const { return diffs.empty(); }
 };
 // Runs the scenario on the simulator and on DeepSpeed and compares. RankFailure when a worker

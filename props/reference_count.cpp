@@ -60,6 +60,10 @@ std::vector<std::string> features(const Scenario& s) {
 const std::array<const char*, 6> kTableColumns = {"scenarios", "values_bit_for_bit", "collectives_equal",
                                                    "diverged_in_listed_classes", "refused_by_both", "failed"};
 const std::array<const char*, 4> kCoverageColumns = {"scenarios", "matched", "listed", "unlisted"};
+const std::array<const char*, 5> kMemoryColumns = {"scenarios", "exact", "within_1pct", "beyond", "not_measured"};
+const std::array<const char*, 3> kMemoryCategoryColumns = {"figures", "exact", "within_1pct"};
+constexpr std::size_t kMemoryExamples = 6;  // scenarios beyond 1 % whose differences are kept
+
 
 // Adds `counts` to the row of `table` (an array of objects) whose `key_name` is `key`.
 template <std::size_t N>
@@ -80,6 +84,42 @@ void sort_rows(nlohmann::json& table, const char* key_name) {
   std::sort(table.begin(), table.end(), [key_name](const nlohmann::json& a, const nlohmann::json& b) {
     return a.value(key_name, "") < b.value(key_name, "");
   });
+}
+
+// The memory table's row of a scenario: stage, model, offload, dtype.
+std::string memory_row(const Scenario& s) {
+  return fmt::format("stage {} | {} | offload {} | {}", s.stage, s.model, s.offload, s.dtype);
+}
+
+// The figure's category ("rank 0 steps peak of grads" -> "grads"; a total -> "total").
+std::string figure_category(const std::string& what) {
+  const std::size_t at = what.rfind(" of ");
+  return at == std::string::npos ? "total" : what.substr(at + 4);
+}
+
+// Adds one scenario's memory comparison to a count's "memory" object.
+void count_memory(nlohmann::json& m, const Scenario& s, const DeepSpeedMemoryComparison& c) {
+  const std::string v = c.verdict();
+  const std::array<int, kMemoryColumns.size()> counts = {1, v == "exact", v == "within 1%", v == "beyond", !c.measured};
+  for (std::size_t k = 0; k < counts.size(); ++k) m[kMemoryColumns[k]] = m.value(kMemoryColumns[k], 0) + counts[k];
+  add_row(m["rows"], "row", memory_row(s), kMemoryColumns, counts);
+  std::map<std::string, std::array<int, kMemoryCategoryColumns.size()>> by_category;
+  for (const MemoryFigure& f : c.figures) {
+    auto& row = by_category[figure_category(f.what)];
+    row[0] += 1, row[1] += f.exact(), row[2] += f.within_1pct();
+  }
+  for (const auto& [cat, row] : by_category) add_row(m["categories"], "category", cat, kMemoryCategoryColumns, row);
+  if (v == "beyond" && m["examples"].size() < kMemoryExamples) {
+    m["examples"].push_back({{"scenario", describe(s)}, {"differences", c.differences(4)}});
+  }
+  if (!c.measured && !c.error.empty() && m["errors"].size() < kMemoryExamples) {
+    m["errors"].push_back({{"scenario", describe(s)}, {"error", c.error}});
+  }
+}
+
+nlohmann::json empty_memory_count() {
+  return {{"rows", nlohmann::json::array()}, {"categories", nlohmann::json::array()},
+          {"examples", nlohmann::json::array()}, {"errors", nlohmann::json::array()}};
 }
 
 // The class of an unlisted divergence (Note [Counting the comparison]).
@@ -135,14 +175,16 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
   // counts the case's. None stashed: the comparison raised (a worker crashed or hung, a RankFailure
   // naming it), which is counted as an error, never as a verdict.
   auto last = std::make_shared<std::optional<std::pair<ReferenceVerdict, double>>>();
+  auto last_memory = std::make_shared<DeepSpeedMemoryComparison>();
   Invariant inv;
   inv.name = kConformanceInvariant;
   inv.gen = gen_reference_scenario;
-  inv.check = [&pools, &classes, last](const Scenario& s, const CheckContext&) {
+  inv.check = [&pools, &classes, last, last_memory](const Scenario& s, const CheckContext&) {
     if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
     last->reset();
     const ReferenceComparison c = compare_with_deepspeed(s, pools);
     *last = std::make_pair(classify(s, c, classes), c.ds_seconds);
+    *last_memory = c.memory;
     return (*last)->first.verdict;
   };
   nlohmann::json j = {{"seeds", {seed}}, {"cases", 0}, {"matched", 0}, {"values_bit_for_bit", 0}, {"listed", 0},
@@ -150,7 +192,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
                       {"class_ulps", nlohmann::json::object()}, {"unlisted_classes", nlohmann::json::array()},
                       {"conformance", nlohmann::json::array()}, {"coverage", nlohmann::json::array()},
                       {"deepspeed_seconds", 0.0}, {"scenario_hashes", nlohmann::json::array()}, {"errors", 0},
-                      {"error_cases", nlohmann::json::array()}};
+                      {"error_cases", nlohmann::json::array()}, {"memory", empty_memory_count()}};
   for (const std::string& cell : reference_coverage_cells()) {
     add_row(j["coverage"], "cell", cell, kCoverageColumns, {});
   }
@@ -183,6 +225,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
               {1, v.values_match, v.comm_match, listed, v.refused, !v.verdict.holds});
     }
     add_row(j["coverage"], "cell", coverage_cell(s), kCoverageColumns, {1, matched, listed, unlisted});
+    count_memory(j["memory"], s, *last_memory);
   };
   watch.on_failure = [&](int index, const Scenario& s, const Verdict& verdict) {
     if (!last->has_value()) return false;  // an error, counted by on_case: a crash is not shrunk
@@ -211,6 +254,8 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
     }
   }
   sort_rows(j["conformance"], "feature");
+  sort_rows(j["memory"]["rows"], "row");
+  sort_rows(j["memory"]["categories"], "category");
   return j;
 }
 
@@ -244,6 +289,29 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
     std::array<int, kCoverageColumns.size()> counts{};
     for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = row.value(kCoverageColumns[k], 0);
     add_row(into["coverage"], "cell", row.value("cell", ""), kCoverageColumns, counts);
+  }
+  if (more.contains("memory")) {
+    nlohmann::json& m = into["memory"];
+    if (m.is_null()) m = empty_memory_count();
+    const nlohmann::json& o = more["memory"];
+    for (const char* k : kMemoryColumns) m[k] = m.value(k, 0) + o.value(k, 0);
+    for (const nlohmann::json& row : o.value("rows", nlohmann::json::array())) {
+      std::array<int, kMemoryColumns.size()> counts{};
+      for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = row.value(kMemoryColumns[k], 0);
+      add_row(m["rows"], "row", row.value("row", ""), kMemoryColumns, counts);
+    }
+    for (const nlohmann::json& row : o.value("categories", nlohmann::json::array())) {
+      std::array<int, kMemoryCategoryColumns.size()> counts{};
+      for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = row.value(kMemoryCategoryColumns[k], 0);
+      add_row(m["categories"], "category", row.value("category", ""), kMemoryCategoryColumns, counts);
+    }
+    for (const char* list : {"examples", "errors"}) {
+      for (const nlohmann::json& e : o.value(list, nlohmann::json::array())) {
+        if (m[list].size() < kMemoryExamples) m[list].push_back(e);
+      }
+    }
+    sort_rows(m["rows"], "row");
+    sort_rows(m["categories"], "category");
   }
   // An unlisted class seen again adds its count; the first shrunk case found is the one kept.
   for (const nlohmann::json& k : more.at("unlisted_classes")) {

@@ -43,6 +43,7 @@ MemBytes read_bytes(const nlohmann::json& j, const std::filesystem::path& file, 
   MemBytes b{};
   if (!j.is_object()) throw UsageError(fmt::format("{}: '{}' is not an object", file.string(), what));
   for (const auto& [name, v] : j.items()) {
+    if (name == "cpu_backend") continue;  // gloo's staging: a CPU-path difference, read apart (DeepSpeedMemoryPhase)
     b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
   }
   return b;
@@ -55,6 +56,7 @@ DeepSpeedMemoryPhase read_phase(const nlohmann::json& p, const std::filesystem::
   out.at_peak = read_bytes(p.at("at_peak"), file, "at_peak");
   out.peak_by_category = read_bytes(p.at("peak_by_category"), file, "peak_by_category");
   out.peak_site = p.value("peak_site", "");
+  out.cpu_backend_peak = p.at("peak_by_category").value("cpu_backend", std::int64_t{0});
   for (const auto& [k, v] : p.at("marks").items()) out.marks[k] = v.get<std::int64_t>();
   return out;
 }
@@ -67,6 +69,10 @@ DeepSpeedMemory read_deepspeed_memory(const std::filesystem::path& file) {
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.contains("phases")) throw UsageError(fmt::format("{} is not a memory record", file.string()));
   DeepSpeedMemory out;
+  if (j.contains("error")) {
+    out.error = j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump();
+    return out;
+  }
   try {
     for (const nlohmann::json& p : j.at("phases")) {
       DeepSpeedMemoryPhase phase = read_phase(p, file);
@@ -83,14 +89,14 @@ bool MemoryFigure::within_1pct() const {
   return std::llabs(zerocheck - deepspeed) * 100 <= std::llabs(deepspeed);
 }
 
-std::string MemoryComparison::verdict() const {
+std::string DeepSpeedMemoryComparison::verdict() const {
   if (!measured) return "";
   if (std::all_of(figures.begin(), figures.end(), [](const MemoryFigure& f) { return f.exact(); })) return "exact";
   if (std::all_of(figures.begin(), figures.end(), [](const MemoryFigure& f) { return f.within_1pct(); })) return "within 1%";
   return "beyond";
 }
 
-std::vector<std::string> MemoryComparison::differences(std::size_t n) const {
+std::vector<std::string> DeepSpeedMemoryComparison::differences(std::size_t n) const {
   std::vector<const MemoryFigure*> diff;
   for (const MemoryFigure& f : figures) {
     if (!f.exact()) diff.push_back(&f);
@@ -105,8 +111,18 @@ std::vector<std::string> MemoryComparison::differences(std::size_t n) const {
   return out;
 }
 
-MemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds) {
-  MemoryComparison out;
+DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds) {
+  DeepSpeedMemoryComparison out;
+  for (std::size_t r = 0; r < ds.size(); ++r) {
+    if (!ds[r].error.empty()) {
+      out.error = fmt::format("DeepSpeed rank {}'s memory was not measured: {}", r, ds[r].error);
+      return out;
+    }
+  }
+  if (ds.empty()) {
+    out.error = "no DeepSpeed memory record";
+    return out;
+  }
   out.measured = true;
   for (std::size_t k = 0; k < sim.ranks.size() && k < sim.memory.size(); ++k) {
     const int rank = sim.ranks[k];

@@ -127,6 +127,35 @@ std::string md_reference_counts(const nlohmann::json& j) {
 
 namespace {
 
+// The memory comparison of the same scenarios (props/reference_memory.cpp): by row and by category.
+std::string md_reference_memory(const nlohmann::json& j) {
+  if (!j.contains("memory")) return "";
+  const nlohmann::json& m = j["memory"];
+  std::string s = fmt::format(
+      "\n### Memory: DeepSpeed's CPU allocations against the engine's ledger\n\n{} scenarios: every figure (construction, "
+      "steps and each step's peak, after-forward and after-step bytes, each category's peak, rank by rank) equal to "
+      "the byte in {}, within 1 % in {}, beyond in {}; not measured in {}. Not part of the verdict yet.\n\n"
+      "| stage / model / offload / dtype | scenarios | exact | within 1 % | beyond | not measured |\n|---|---:|---:|---:|---:|---:|\n",
+      m.value("scenarios", 0), m.value("exact", 0), m.value("within_1pct", 0), m.value("beyond", 0), m.value("not_measured", 0));
+  for (const nlohmann::json& row : m.value("rows", nlohmann::json::array())) {
+    s += fmt::format("| {} | {} | {} | {} | {} | {} |\n", md_text(row.value("row", "")), row.value("scenarios", 0),
+                     row.value("exact", 0), row.value("within_1pct", 0), row.value("beyond", 0), row.value("not_measured", 0));
+  }
+  s += "\n| figure's category | figures | exact | within 1 % |\n|---|---:|---:|---:|\n";
+  for (const nlohmann::json& row : m.value("categories", nlohmann::json::array())) {
+    s += fmt::format("| {} | {} | {} | {} |\n", md_text(row.value("category", "")), row.value("figures", 0),
+                     row.value("exact", 0), row.value("within_1pct", 0));
+  }
+  for (const nlohmann::json& e : m.value("examples", nlohmann::json::array())) {
+    s += fmt::format("\n- {}:", md_text(e.value("scenario", "")));
+    for (const nlohmann::json& d : e.value("differences", nlohmann::json::array())) s += " " + md_text(d.get<std::string>()) + ";";
+  }
+  for (const nlohmann::json& e : m.value("errors", nlohmann::json::array())) {
+    s += fmt::format("\n- not measured: {}: {}", md_text(e.value("scenario", "")), md_text(e.value("error", "")));
+  }
+  return s + "\n";
+}
+
 // verify --against deepspeed: the comparison with DeepSpeed, its conformance table and the known
 // divergence classes with their witnesses.
 std::string md_reference(const VerifyReport& r) {
@@ -148,6 +177,7 @@ std::string md_reference(const VerifyReport& r) {
                      row.value("values_bit_for_bit", 0), row.value("collectives_equal", 0),
                      row.value("diverged_in_listed_classes", 0), row.value("refused_by_both", 0), row.value("failed", 0));
   }
+  s += md_reference_memory(j);
   s += "\n### Invariants on DeepSpeed itself\n\n| invariant | holds | cases | failure |\n|---|---|---:|---|\n";
   const nlohmann::json* i3 = nullptr;
   const nlohmann::json on_ds = j.value("invariants_on_deepspeed", nlohmann::json::array());

@@ -32,9 +32,15 @@ import torch
 
 CATEGORIES = ("params", "grads", "master", "optimizer_states", "ipg_buckets", "comm_buffers", "gathered_params",
               "prefetch", "persistent", "activations", "temporaries")
+# What torch's gloo backend allocates inside a collective (its staging of all_gather_into_tensor and
+# reduce_scatter_tensor, on the caller's thread under torch/distributed or DeepSpeed's comm wrapper,
+# or on gloo's own thread with no Python frame at all). NCCL on a GPU writes into the caller's
+# tensors: a CPU-path difference, kept apart from the total that is compared and reported on its own.
+CPU_BACKEND = "cpu_backend"
 
 # (file suffix, function) of the innermost DeepSpeed frame -> category; None matches any function.
 SITE_CATEGORIES = [
+    ("runtime/zero/stage_1_and_2.py", "setup_buckets", "ipg_buckets"),
     ("runtime/zero/stage_1_and_2.py", "allreduce_bucket", "comm_buffers"),
     ("runtime/zero/stage_1_and_2.py", "average_tensor", "comm_buffers"),
     ("runtime/zero/stage_1_and_2.py", "_get_compact_grad_partition_buffer", "grads"),
@@ -50,6 +56,7 @@ SITE_CATEGORIES = [
 MARK = "zc:mark:"
 EXCLUDED = "zc:excluded"  # not counted at all (the twin's inputs)
 READING = "zc:reading"    # the recorder's reads: what survives them is counted from their end
+LABEL = "zc:category:"    # allocations inside are this category
 
 
 def _frame_file(name):
@@ -68,6 +75,7 @@ class MemoryRecorder:
         self.prof = None
         self.identity = []  # {ptr: category} per snapshot, at the time of marker snap:<i>
         self.saved = []     # ptr of each tensor saved for backward, at the time of marker saved:<i>
+        self.error = ""
 
     def start(self):
         from torch.profiler import ProfilerActivity, profile
@@ -82,6 +90,14 @@ class MemoryRecorder:
     @contextlib.contextmanager
     def excluded(self):
         with torch.profiler.record_function(EXCLUDED):
+            yield
+
+    @contextlib.contextmanager
+    def labelled(self, category):
+        """Allocations inside are `category` (after identity): the twin's per-micro-batch inputs,
+        which zerocheck's engine uploads as activations."""
+        assert category in CATEGORIES
+        with torch.profiler.record_function(LABEL + category):
             yield
 
     @contextlib.contextmanager
@@ -101,14 +117,24 @@ class MemoryRecorder:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
 
-    def snapshot(self, engine):
-        """The storages DeepSpeed holds now, by category (identity)."""
+    def snapshot(self, engine=None, module=None):
+        """The storages DeepSpeed holds now, by category (identity); before deepspeed.initialize,
+        the module's params. A failure here is kept for finish() to raise: the scenario's values
+        must not depend on the recorder."""
         with self.reading():
-            self.identity.append(holdings(engine))
+            try:
+                held = holdings(engine) if engine is not None else {
+                    _storage(p.data): "params" for p in module.parameters() if _storage(p.data) is not None}
+            except Exception as e:  # noqa: BLE001
+                self.error = self.error or f"snapshot: {type(e).__name__}: {e}"
+                held = {}
+            self.identity.append(held)
             self.mark(f"snap:{len(self.identity) - 1}")
 
     def finish(self):
         self.prof.__exit__(None, None, None)
+        if self.error:
+            raise RuntimeError(self.error)
         return analyse(self)
 
 
@@ -171,8 +197,9 @@ def holdings(engine):
         put_all(getattr(opt, name, None), "grads")
     for name in ("ipg_buffer",):
         put_all(getattr(opt, name, None), "ipg_buckets")
-    for bucket in (getattr(opt, "ipg_buckets", None) or {}).values() if isinstance(getattr(opt, "ipg_buckets", None), dict) else []:
-        put(getattr(bucket, "buffer", None), "ipg_buckets")
+    buckets = getattr(opt, "ipg_buckets", None)
+    for bucket in buckets.values() if isinstance(buckets, dict) else []:
+        put_all(getattr(bucket, "buffer", None), "ipg_buckets")  # a list: one buffer, two with overlap_comm
     return out
 
 
@@ -201,7 +228,7 @@ def _context(e):
 def _tree(prof):
     """(allocations, markers, excluded ranges, reading ranges) from the profiler's event tree, in time order."""
     roots = prof.profiler.kineto_results.experimental_event_tree()
-    allocs, marks, excluded, reading = [], [], [], []
+    allocs, marks, excluded, reading, labelled = [], [], [], [], []
     stack = list(reversed(roots))
     while stack:
         e = stack.pop()
@@ -218,10 +245,12 @@ def _tree(prof):
             excluded.append((e.start_time_ns, e.end_time_ns))
         elif name == READING:
             reading.append((e.start_time_ns, e.end_time_ns))
+        elif name.startswith(LABEL):
+            labelled.append((e.start_time_ns, e.end_time_ns, name[len(LABEL):]))
         stack.extend(reversed(e.children))  # popped in order: ties in time keep the tree's order
     allocs.sort(key=lambda a: a["t"])  # stable
     marks.sort()
-    return allocs, marks, excluded, reading
+    return allocs, marks, excluded, reading, labelled
 
 
 def site_of(ctx):
@@ -239,6 +268,11 @@ def site_of(ctx):
 
 def category_by_site(ctx):
     frames = [c for c in ctx if ".py(" in c]
+    if not frames:
+        return CPU_BACKEND  # a backend thread's allocation (gloo's)
+    innermost = _frame_file(frames[-1])[0]
+    if innermost.endswith(("torch/distributed/distributed_c10d.py", "deepspeed/comm/torch.py")):
+        return CPU_BACKEND
     for c in reversed(frames):
         if "deepspeed/" not in c:
             continue
@@ -250,7 +284,7 @@ def category_by_site(ctx):
 
 
 def analyse(rec):
-    allocs, marks, excluded, reading = _tree(rec.prof)
+    allocs, marks, excluded, reading, labelled = _tree(rec.prof)
 
     def range_of(t, ranges):
         return next((r for r in ranges if r[0] <= t <= r[1]), None)
@@ -300,6 +334,11 @@ def analyse(rec):
         a = owner(ptr, at[f"saved:{i}"])
         if a is not None and "cat" not in a:
             a["cat"], a["how"] = "activations", "saved for backward"
+    for a in events:
+        if a["size"] > 0 and "cat" not in a:
+            r = next((r for r in labelled if r[0] <= a["t"] <= r[1]), None)
+            if r is not None:
+                a["cat"], a["how"] = r[2], "labelled"
     # What survives a reading range is the recorder's output unless DeepSpeed holds it.
     for a in events:
         if a["size"] > 0 and "moved_to" in a and a.get("how") != "identity":
@@ -320,7 +359,12 @@ def analyse(rec):
         elif "alloc" in a and id(a["alloc"]) not in dropped:
             timeline.append((a["t"], a["size"], a["alloc"]))
     timeline.sort(key=lambda x: x[0])
-    return phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:"))])
+    out = phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:"))])
+    if os.environ.get("ZC_DS_MEMORY_LOG"):  # every counted event, for comparing with the engine's ledger by hand
+        out["log"] = [[delta, a["cat"], site_of(a["ctx"])] for _, delta, a in timeline]
+        out["log_marks"] = [[sum(1 for t, _, _ in timeline if t < mt), n] for mt, n in marks
+                            if not n.startswith(("snap:", "saved:"))]
+    return out
 
 
 def phases(timeline, marks):
@@ -328,12 +372,15 @@ def phases(timeline, marks):
     peak, and the live bytes at the phase's marks."""
     bounds = [t for t, _ in marks]
     names = [n for _, n in marks]
-    live = dict.fromkeys(CATEGORIES, 0)
+    live = dict.fromkeys(CATEGORIES + (CPU_BACKEND,), 0)
+
+    def compared():  # the total the engine's is compared with: the gloo backend's staging apart
+        return sum(v for c, v in live.items() if c != CPU_BACKEND)
     out, cur = {}, None
     mi = 0
 
     def open_phase(name):
-        total = sum(live.values())
+        total = compared()
         return {"name": name, "peak": total, "at_peak": dict(live), "peak_by_category": dict(live),
                 "peak_site": "", "marks": {}}
 
@@ -347,12 +394,12 @@ def phases(timeline, marks):
                     order.append(cur)
                 cur = open_phase(name[len("begin:"):])
             else:
-                cur["marks"][name] = sum(live.values())
+                cur["marks"][name] = compared()
             mi += 1
         if a is None:
             break
         live[a["cat"]] += delta
-        total = sum(live.values())
+        total = compared()
         for c, v in live.items():
             if v > cur["peak_by_category"][c]:
                 cur["peak_by_category"][c] = v
@@ -360,5 +407,5 @@ def phases(timeline, marks):
             cur["peak"], cur["at_peak"] = total, dict(live)
             cur["peak_site"] = f"{a['cat']} {a['size']} B at {site_of(a['ctx'])}"
     order.append(cur)
-    cur["marks"]["end"] = sum(live.values())
+    cur["marks"]["end"] = compared()
     return {"phases": order, "live_at_end": dict(live)}

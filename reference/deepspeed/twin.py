@@ -262,8 +262,11 @@ class _NoMemory:
     def mark(self, name):
         pass
 
-    def snapshot(self, engine):
+    def snapshot(self, engine=None, module=None):
         pass
+
+    def labelled(self, category):
+        return self._nothing()
 
     excluded = reading = forward = _nothing
 
@@ -292,6 +295,7 @@ def run_scenario(directory, counter, measure_memory=True):
     with mem.excluded():  # the twin's own staging of zerocheck's values
         load_init(model, spec, directory)
         batches = load_batches(spec, directory, rank, dtype)
+    mem.snapshot(module=model)
     counter.reset()
     counter.counting = True
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -311,12 +315,15 @@ def run_scenario(directory, counter, measure_memory=True):
                 for c in range(n):
                     if spec["explicit_boundary"] and not spec["coalesce"]:
                         engine.set_gradient_accumulation_boundary(m + 1 == ga and c + 1 == n)
+                    with mem.labelled("activations"):  # the loop's upload of the micro-batch, as the engine's
+                        mine = {k: v.clone() for k, v in batches[(s, m, c)].items()}
                     with mem.forward():
-                        loss = engine(**batches[(s, m, c)])
+                        loss = engine(**mine)
                     mem.snapshot(engine)
                     if m == 0 and c == 0:
                         mem.mark("after_forward")
                     engine.backward(loss)
+                    del mine, loss  # freed after backward, as the engine's loop frees its Batch and Loss
                     mem.snapshot(engine)
             if spec["coalesce"]:
                 with engine.coalesce_grad_reduction():
@@ -349,6 +356,10 @@ def run_scenario(directory, counter, measure_memory=True):
     entries.extend(counter.entries())
     engine.destroy()
     if spec.get("memory"):
+        try:
+            measured = mem.finish()
+        except Exception as e:  # the profiler's failure ends the memory comparison, not the values'
+            measured = {"error": f"memory.py: {type(e).__name__}: {e}"}
         with open(os.path.join(directory, f"rank{rank}.mem.json"), "w") as f:
-            json.dump(mem.finish(), f)
+            json.dump(measured, f)
     return entries
