@@ -355,7 +355,7 @@ void compare_records(const Scenario& s, const RunResult& sim, const std::vector<
 
 }  // namespace
 
-ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools) {
+ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory) {
   ReferenceComparison out;
   std::uint64_t h = 0xcbf29ce484222325ull;
   RunResult sim;
@@ -384,7 +384,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   std::vector<DeepSpeedMemory> ds_memory;
   const Stopwatch watch;
   try {
-    ds = run_on_deepspeed(s, pools, {}, &ds_memory);
+    ds = run_on_deepspeed(s, pools, {}, memory ? &ds_memory : nullptr);
     for (const ReferenceRecord& r : ds) {
       for (const auto& [name, v] : r) h = hash_values(h, name, v);
     }
@@ -396,6 +396,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   out.ds_seconds = watch.seconds();
   out.hash = h;
   if (!out.sim_error.empty() || !out.ds_error.empty()) {
+    out.memory.error = "refused by " + std::string(out.sim_error.empty() ? "DeepSpeed" : out.ds_error.empty() ? "zerocheck" : "both");
     if (out.sim_error.empty() || out.ds_error.empty()) {
       out.diffs.push_back({"refusal", out.sim_error.empty() ? "DeepSpeed refused (" + out.ds_error + "); zerocheck ran it"
                                                              : "zerocheck refused (" + out.sim_error + "); DeepSpeed ran it"});
@@ -403,6 +404,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     return out;
   }
   compare_records(s, sim, ds, out);
+  if (!memory) return out;
   try {
     // The memory from a run without the record's getters (full grads, params, states), whose
     // allocations the engine's ledger would count and DeepSpeed's measurement leaves out

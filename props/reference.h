@@ -110,7 +110,10 @@ struct ReferenceComparison {
 };
 // Runs the scenario on the simulator and on DeepSpeed and compares. RankFailure when a worker
 // crashes or hangs (the pool restarts on the next scenario).
-ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools);
+// With `memory`, DeepSpeed's memory is measured too and compared with the engine's
+// (ReferenceComparison::memory; the campaign and its memory test; it costs the worker a profiled
+// run, about three times the scenario's time).
+ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory = false);
 // DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
 // With `memory`, DeepSpeed's memory rank by rank too (Note [DeepSpeed's memory, measured]).
 std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches = {},

@@ -182,7 +182,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
   inv.check = [&pools, &classes, last, last_memory](const Scenario& s, const CheckContext&) {
     if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
     last->reset();
-    const ReferenceComparison c = compare_with_deepspeed(s, pools);
+    const ReferenceComparison c = compare_with_deepspeed(s, pools, /*memory=*/true);
     *last = std::make_pair(classify(s, c, classes), c.ds_seconds);
     *last_memory = c.memory;
     return (*last)->first.verdict;

@@ -44,7 +44,11 @@ MemBytes read_bytes(const nlohmann::json& j, const std::filesystem::path& file, 
   if (!j.is_object()) throw UsageError(fmt::format("{}: '{}' is not an object", file.string(), what));
   for (const auto& [name, v] : j.items()) {
     if (name == "cpu_backend") continue;  // gloo's staging: a CPU-path difference, read apart (DeepSpeedMemoryPhase)
-    b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
+    try {
+      b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("{}: '{}': {}", file.string(), what, e.what()));
+    }
   }
   return b;
 }
@@ -67,12 +71,12 @@ DeepSpeedMemory read_deepspeed_memory(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in) throw UsageError(fmt::format("DeepSpeed's memory record {} is missing (the worker's profiler wrote none)", file.string()));
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.contains("phases")) throw UsageError(fmt::format("{} is not a memory record", file.string()));
   DeepSpeedMemory out;
-  if (j.contains("error")) {
+  if (j.is_object() && j.contains("error")) {
     out.error = j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump();
     return out;
   }
+  if (j.is_discarded() || !j.contains("phases")) throw UsageError(fmt::format("{} is not a memory record", file.string()));
   try {
     for (const nlohmann::json& p : j.at("phases")) {
       DeepSpeedMemoryPhase phase = read_phase(p, file);

@@ -5,6 +5,7 @@
 #include "engine/errors.h"
 #include "engine/flat_layout.h"
 #include "engine/host_device.h"
+#include "engine/optimizer.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
 #include "sim/sim_cluster.h"
@@ -607,6 +608,36 @@ TEST(NoOptimizer, Stage0Bf16FailsOnlyAtTheBoundarysStep) {
     e.backward(e.forward(upload_batch(ctx.device, hb, DType::bf16)));
     EXPECT_THROW(e.step(), UsageError);
   });
+}
+
+}  // namespace
+}  // namespace zc
+
+namespace zc {
+namespace {
+
+// torch.optim.SGD keeps no momentum_buffer at momentum 0 (the DeepSpeed memory comparison showed
+// the engine allocating one that DeepSpeed never does); with momentum it keeps one f32 per element.
+TEST(SgdState, MomentumZeroAllocatesNoBufferMomentumAllocatesOne) {
+  for (const double momentum : {0.0, 0.9}) {
+    HostDevice dev;
+    OptimizerConfig cfg;
+    cfg.type = OptimizerType::sgd;
+    cfg.lr = 0.5;
+    cfg.momentum = momentum;
+    BaseOptimizer opt(cfg, dev, 6, "opt", 1);
+    Tensor master = dev.alloc(DType::f32, {6}, "master", MemCategory::master);
+    Tensor grad = dev.alloc(DType::f32, {6}, "grad", MemCategory::grads);
+    dev.fill(grad, 1.0);
+    opt.step(master, grad);
+    opt.step(master, grad);
+    const std::int64_t states = dev.memory().peak()[static_cast<std::size_t>(MemCategory::optimizer_states)];
+    EXPECT_EQ(states, momentum == 0.0 ? 0 : 24) << "momentum " << momentum;
+    EXPECT_EQ(opt.state(OptimizerState::exp_avg).defined(), momentum != 0.0);
+    const double w = to_f64(dev, master).at(0);
+    if (momentum == 0.0) EXPECT_EQ(w, -1.0);
+    else EXPECT_NEAR(w, -1.45, 1e-6) << "the second step used the momentum buffer (-0.5 - 0.5 x 1.9)";
+  }
 }
 
 }  // namespace

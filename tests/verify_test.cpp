@@ -8,6 +8,10 @@
 #include "real/deepcompile_loader.h"
 
 #include <gtest/gtest.h>
+#include "props/training_run.h"
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <fstream>
 
 #include <algorithm>
 
@@ -334,6 +338,96 @@ TEST(ReferenceCoverage, MergingCountsSumsThemAndKeepsEachUnlistedClassOnce) {
   EXPECT_EQ(total["unlisted_classes"][0]["cases"], 5);
   EXPECT_TRUE(total["unlisted_classes"][0].contains("counterexample")) << "the later shrunk case is kept";
   EXPECT_EQ(coverage_summary(total)["drawn"], 1);
+}
+
+}  // namespace
+}  // namespace zc::props
+
+namespace zc::props {
+namespace {
+
+// A rank{R}.mem.json as reference/deepspeed/memory.py writes it.
+nlohmann::json mem_phase(const std::string& name, std::int64_t peak, std::int64_t grads, std::int64_t gloo = 0) {
+  nlohmann::json cats = {{"params", 8}, {"grads", grads}, {"temporaries", peak - 8 - grads}};
+  nlohmann::json by = cats;
+  by["cpu_backend"] = gloo;
+  return {{"name", name}, {"peak", peak}, {"at_peak", cats}, {"peak_by_category", by}, {"peak_site", "x"},
+          {"marks", {{"after_forward", 10}, {"after_step", 12}}}};
+}
+
+std::filesystem::path write_mem(const std::string& file, const nlohmann::json& j) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / fmt::format("zc-mem-{}-{}", ::getpid(), file);
+  std::ofstream(p) << j.dump();
+  return p;
+}
+
+TEST(DeepSpeedMemoryRecord, ReadsPhasesKeepsGlooStagingApartAndNamesBadFiles) {
+  const auto p = write_mem("ok.json", {{"phases", {mem_phase("construction", 24, 0), mem_phase("step0", 40, 16, 112),
+                                                   mem_phase("step1", 44, 16)}}});
+  const DeepSpeedMemory m = read_deepspeed_memory(p);
+  EXPECT_EQ(m.construction.peak, 24);
+  ASSERT_EQ(m.steps.size(), 2u);
+  EXPECT_EQ(m.steps[0].peak_by_category[static_cast<std::size_t>(MemCategory::grads)], 16);
+  EXPECT_EQ(m.steps[0].cpu_backend_peak, 112) << "gloo's staging is read apart from the categories";
+  EXPECT_EQ(m.steps[1].marks.at("after_step"), 12);
+  // Bad input: a missing file, a file that is not a record, an unknown category: each names the file.
+  for (const auto& [file, body] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"none.json", nullptr}, {"notrecord.json", {{"x", 1}}},
+           {"badcat.json", {{"phases", {{{"name", "construction"}, {"peak", 1}, {"at_peak", {{"weights", 1}}},
+                                          {"peak_by_category", nlohmann::json::object()}, {"marks", nlohmann::json::object()}}}}}}}) {
+    const auto q = body.is_null() ? std::filesystem::temp_directory_path() / "zc-mem-does-not-exist.json" : write_mem(file, body);
+    try {
+      read_deepspeed_memory(q);
+      ADD_FAILURE() << file << " was read";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(body.is_null() ? "missing" : q.filename().string()), std::string::npos) << e.what();
+    }
+  }
+  // The worker's profiler failed: the record says why, and the comparison is "not measured" with it.
+  const DeepSpeedMemory failed = read_deepspeed_memory(write_mem("err.json", {{"error", "memory.py: RuntimeError: boom"}}));
+  EXPECT_EQ(failed.error, "memory.py: RuntimeError: boom");
+  const DeepSpeedMemoryComparison c = compare_memory(RunResult{}, {failed});
+  EXPECT_FALSE(c.measured);
+  EXPECT_EQ(c.verdict(), "");
+  EXPECT_NE(c.error.find("rank 0's memory was not measured: memory.py: RuntimeError: boom"), std::string::npos) << c.error;
+}
+
+// The engine's ledgers of a run: construction (params 8 B, a 16 B temporary), one step (a 16 B
+// gradient, a 20 B temporary); `late`: a 1 B temporary freed only after the step's peak.
+RunResult ledger_run(bool late) {
+  RunResult sim;
+  sim.ranks = {0};
+  sim.memory.resize(1);
+  DeviceMemory& d = sim.memory[0].device;
+  d.construction.on_alloc(MemCategory::params, 8, "p");
+  d.construction.on_alloc(MemCategory::temporaries, 16, "t");
+  d.construction.on_free(MemCategory::temporaries, 16);
+  d.steps = d.construction;
+  d.steps.reset_peak();
+  d.steps.on_alloc(MemCategory::grads, 16, "g");
+  if (late) d.steps.on_alloc(MemCategory::temporaries, 1, "late");
+  d.steps.on_alloc(MemCategory::temporaries, 20, "t");
+  d.steps.on_free(MemCategory::temporaries, 20);
+  if (late) d.steps.on_free(MemCategory::temporaries, 1);
+  d.per_step = {{44, 10, 12}};
+  return sim;
+}
+
+TEST(DeepSpeedMemoryRecord, ComparesTotalsCategoriesAndStepsRankByRank) {
+  RunResult sim = ledger_run(false);
+  DeepSpeedMemory ds;
+  ds.construction = read_deepspeed_memory(write_mem("c.json", {{"phases", {mem_phase("construction", 24, 0)}}})).construction;
+  ds.steps = read_deepspeed_memory(write_mem("s.json", {{"phases", {mem_phase("step0", 44, 16)}}})).steps;
+  DeepSpeedMemoryComparison c = compare_memory(sim, {ds});
+  ASSERT_TRUE(c.measured);
+  EXPECT_EQ(c.verdict(), "exact") << fmt::format("{}", fmt::join(c.differences(10), "; "));
+  // One buffer freed late on the engine's side: the figures that moved are named, worst first.
+  c = compare_memory(ledger_run(true), {ds});
+  EXPECT_EQ(c.verdict(), "beyond");
+  ASSERT_FALSE(c.differences(1).empty());
+  EXPECT_EQ(c.differences(1)[0], "rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B");
+  EXPECT_TRUE((MemoryFigure{"x", 1010, 1000}.within_1pct()));
+  EXPECT_FALSE((MemoryFigure{"x", 1011, 1000}.within_1pct()));
 }
 
 }  // namespace

@@ -78,6 +78,13 @@ class MemoryRecorder:
         self.error = ""
 
     def start(self):
+        # Python's cyclic collector would free what reference cycles hold at moments that depend
+        # on the process's history (DeepSpeed's ZeRO-2 ipg buffers are such: measured 1, 2 or 3
+        # buffers live for the same scenario). Off while measuring, collected at the start: the
+        # figures are deterministic, and what cycles hold counts until the scenario ends.
+        import gc
+        gc.collect()
+        gc.disable()
         from torch.profiler import ProfilerActivity, profile
         self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True,
                             record_shapes=False, acc_events=True)
@@ -132,7 +139,9 @@ class MemoryRecorder:
             self.mark(f"snap:{len(self.identity) - 1}")
 
     def finish(self):
+        import gc
         self.prof.__exit__(None, None, None)
+        gc.enable()
         if self.error:
             raise RuntimeError(self.error)
         return analyse(self)
