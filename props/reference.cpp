@@ -396,7 +396,8 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
   out.ds_seconds = watch.seconds();
   out.hash = h;
   if (!out.sim_error.empty() || !out.ds_error.empty()) {
-    out.memory.error = "refused by " + std::string(out.sim_error.empty() ? "DeepSpeed" : out.ds_error.empty() ? "zerocheck" : "both");
+    out.memory.error = fmt::format("refused by {}: {}", out.sim_error.empty() ? "DeepSpeed" : out.ds_error.empty() ? "zerocheck" : "both",
+                                   (out.sim_error.empty() ? out.ds_error : out.sim_error).substr(0, 300));
     if (out.sim_error.empty() || out.ds_error.empty()) {
       out.diffs.push_back({"refusal", out.sim_error.empty() ? "DeepSpeed refused (" + out.ds_error + "); zerocheck ran it"
                                                              : "zerocheck refused (" + out.sim_error + "); DeepSpeed ran it"});
