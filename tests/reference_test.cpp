@@ -82,10 +82,10 @@ TEST(DeepSpeedReference, SmokeEveryStageAtWorld2MatchesGradsAndParams) {
 // partitions, the ipg buckets, the params after construction) each category's peak is DeepSpeed's
 // to the byte; and neither side keeps optimizer state (torch's SGD keeps no momentum buffer at
 // momentum 0: the engine allocated one until this comparison showed it, and the figure would
-// appear again). At ZeRO-2 the ipg figure is a bound, not an equality: DeepSpeed's previous ipg
-// buffer is released when gloo's thread drops the reduce's Work, before or after setup_buckets
-// (stage_1_and_2.py:3256) allocates the next, so its peak is one buffer or three from run to run
-// (measured), never fewer than the engine's one.
+// appear again). At ZeRO-2 the ipg figure is a bound, not an equality: in some runs one or two of
+// the ipg buffers DeepSpeed's setup_buckets allocates (stage_1_and_2.py:3256) are not freed before
+// the scenario ends (measured: no free event; why is not established), so its peak is one, two or
+// three buffers from run to run, never fewer than the engine's one.
 TEST(DeepSpeedReference, MemoryIsMeasuredAndModelStatesEqualDeepSpeedsBytes) {
   for (const int stage : {1, 2}) {
     const Scenario s = sgd(stage, 2);

@@ -78,10 +78,10 @@ class MemoryRecorder:
         self.error = ""
 
     def start(self):
-        # Python's cyclic collector would free what reference cycles hold at moments that depend
-        # on the process's history (DeepSpeed's ZeRO-2 ipg buffers are such: measured 1, 2 or 3
-        # buffers live for the same scenario). Off while measuring, collected at the start: the
-        # figures are deterministic, and what cycles hold counts until the scenario ends.
+        # Python's cyclic collector frees what reference cycles hold at moments that depend on the
+        # process's history. Collected at the start and off while measuring, so that its timing is
+        # not one more source of run-to-run movement: what cycles hold counts until the scenario
+        # ends. (Some figures still move between runs: docs/deepspeed-reference.md, "run to run".)
         import gc
         gc.collect()
         gc.disable()
