@@ -5,7 +5,8 @@ torch.profiler with profile_memory and with_stack records every CPU allocation a
 allocator makes (c10's CPU allocator reports each one to the profiler: size, pointer, time) with the
 Python frames and aten ops around it. The profiler's event tree (kineto_results.experimental_event_tree)
 keeps those records; FunctionEvent lists fold most of them into the enclosing op, so the tree is read.
-What torch's allocator does not serve is not seen: gloo's own staging buffers and DeepSpeed's C++
+The record is checked complete and in order (the allocator's running total chains through every
+event; analyse() raises otherwise). What torch's allocator does not serve is not seen: gloo's own staging buffers and DeepSpeed's C++
 ops' internal buffers (none in the twin's configurations: CPU Adam steps in place).
 
 Each allocation gets one category, first match wins:
@@ -244,7 +245,7 @@ def _tree(prof):
         if str(e.tag).endswith("Allocation"):
             ef = e.extra_fields
             if ef.device.type == "cpu":
-                allocs.append({"t": e.start_time_ns, "size": ef.alloc_size, "ptr": ef.ptr,
+                allocs.append({"t": e.start_time_ns, "size": ef.alloc_size, "ptr": ef.ptr, "total": ef.total_allocated,
                                "ctx": _context(e) if ef.alloc_size > 0 else ()})
             continue
         name = _name(e)
@@ -294,6 +295,14 @@ def category_by_site(ctx):
 
 def analyse(rec):
     allocs, marks, excluded, reading, labelled = _tree(rec.prof)
+    # The record is complete and in order: each event's size moves the allocator's own running
+    # total (total_allocated) from the previous event's to its own. A lost or misplaced event
+    # breaks the chain, and then the figures would be wrong: an error instead.
+    for i in range(1, len(allocs)):
+        if allocs[i - 1]["total"] + allocs[i]["size"] != allocs[i]["total"]:
+            raise RuntimeError(f"the profiler's record is incomplete or out of order at event {i} of {len(allocs)}: "
+                               f"the allocator's total goes {allocs[i - 1]['total']} -> {allocs[i]['total']} "
+                               f"on an event of {allocs[i]['size']} B")
 
     def range_of(t, ranges):
         return next((r for r in ranges if r[0] <= t <= r[1]), None)
@@ -369,6 +378,7 @@ def analyse(rec):
             timeline.append((a["t"], a["size"], a["alloc"]))
     timeline.sort(key=lambda x: x[0])
     out = phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:"))])
+    out["events"] = len(allocs)
     if os.environ.get("ZC_DS_MEMORY_LOG"):  # every counted event, for comparing with the engine's ledger by hand
         out["log"] = [[delta, a["cat"], site_of(a["ctx"])] for _, delta, a in timeline]
         out["log_marks"] = [[sum(1 for t, _, _ in timeline if t < mt), n] for mt, n in marks
