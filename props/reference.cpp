@@ -358,13 +358,18 @@ void compare_records(const Scenario& s, const RunResult& sim, const std::vector<
 ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory) {
   ReferenceComparison out;
   std::uint64_t h = 0xcbf29ce484222325ull;
-  RunResult sim;
-  try {
+  // The scenario as the engine runs it beside DeepSpeed here.
+  auto beside_deepspeed = [&] {
     RunSpec spec = to_run_spec(s, {}, {});
     const ReferenceEnv& env = pools.env();
     spec.adam_simd_width = env.adam_simd_width;  // the build DeepSpeed runs here
     spec.torch_sqrt = env.torch_sqrt;            // and the sqrt kernel torch runs on this CPU
     spec.sim.order = sim::ReductionOrder::gloo;  // DeepSpeed's collectives run on gloo here
+    return spec;
+  };
+  RunResult sim;
+  try {
+    RunSpec spec = beside_deepspeed();
     spec.collect_optimizer_state = true;
     sim = run_on_sim(spec);
     for (std::size_t k = 0; k < sim.grads.size(); ++k) {
@@ -410,10 +415,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     // The memory from a run without the record's getters (full grads, params, states), whose
     // allocations the engine's ledger would count and DeepSpeed's measurement leaves out
     // (memory.py's reading ranges): the same training, nothing read back.
-    RunSpec quiet = to_run_spec(s, {}, {});
-    quiet.adam_simd_width = pools.env().adam_simd_width;
-    quiet.torch_sqrt = pools.env().torch_sqrt;
-    quiet.sim.order = sim::ReductionOrder::gloo;
+    RunSpec quiet = beside_deepspeed();
     quiet.collect_grads = false;
     quiet.record_values = false;
     if (std::getenv("ZC_DS_MEMORY_DUMP") != nullptr) {  // the steps' ledger event by event, for the dump below

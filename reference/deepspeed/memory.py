@@ -95,23 +95,18 @@ class MemoryRecorder:
         with torch.profiler.record_function(MARK + name):
             pass
 
-    @contextlib.contextmanager
+    # Ranges analyse() reads back from the event tree by name.
     def excluded(self):
-        with torch.profiler.record_function(EXCLUDED):
-            yield
+        return torch.profiler.record_function(EXCLUDED)
 
-    @contextlib.contextmanager
     def labelled(self, category):
         """Allocations inside are `category` (after identity): the twin's per-micro-batch inputs,
         which zerocheck's engine uploads as activations."""
         assert category in CATEGORIES
-        with torch.profiler.record_function(LABEL + category):
-            yield
+        return torch.profiler.record_function(LABEL + category)
 
-    @contextlib.contextmanager
     def reading(self):
-        with torch.profiler.record_function(READING):
-            yield
+        return torch.profiler.record_function(READING)
 
     @contextlib.contextmanager
     def forward(self):
@@ -196,17 +191,17 @@ def holdings(engine):
     if isinstance(inner, torch.optim.Optimizer):
         for st in inner.state.values():
             put_all(st, "optimizer_states")
-        for g in inner.param_groups:  # stage 0 fp32: the optimizer steps the params themselves
+        # What the base optimizer steps and is neither a module param nor a named master above
+        # (put keeps the first category) is an fp32 master all the same.
+        for g in inner.param_groups:
             for p in g["params"]:
-                put(p, "master" if p.dtype == torch.float32 and from_ds3 is False and getattr(opt, "fp32_groups", None)
-                    else "params")
+                put(p, "master")
     for name in ("averaged_gradients", "averaged_gradients_on_cpu", "grad_partitions_flat_buffer",
                  "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", "grads_in_partition",
                  "single_partition_of_fp32_groups_grads", "accumulated_grads_in_cpu", "fp32_groups_gradients_flat",
                  "grads_in_ipg_bucket"):
         put_all(getattr(opt, name, None), "grads")
-    for name in ("ipg_buffer",):
-        put_all(getattr(opt, name, None), "ipg_buckets")
+    put_all(getattr(opt, "ipg_buffer", None), "ipg_buckets")
     buckets = getattr(opt, "ipg_buckets", None)
     for bucket in buckets.values() if isinstance(buckets, dict) else []:
         put_all(getattr(bucket, "buffer", None), "ipg_buckets")  # a list: one buffer, two with overlap_comm
