@@ -15,6 +15,16 @@ namespace {
 
 std::string ms(double us) { return fmt::format("{:.1f} ms", us / 1e3); }
 
+// "   NCCL Ring/LL128 96 (41.2 ms), Ring/Simple 24 (3.1 ms)": NCCL's choices for these calls.
+std::string nccl_choices_text(const CollectiveFigure& c) {
+  std::string out;
+  for (const sim::NcclCalls& n : c.nccl) {
+    out += fmt::format("{}{}/{} {} ({})", out.empty() ? "   NCCL " : ", ", sim::nccl_algo_name(n.algo),
+                       sim::nccl_proto_name(n.proto), n.calls, ms(n.us));
+  }
+  return out;
+}
+
 std::string with_commas(std::int64_t v) {
   std::string s = std::to_string(v), out;
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -58,7 +68,8 @@ std::string to_text(const PlanResult& r) {
                                              : why);
   out += fmt::format("collectives per step (rank {})\n", r.worst_rank);
   for (const CollectiveFigure& c : r.collectives) {
-    out += fmt::format("  {:<16}{:>8} calls{:>14}\n", collective_name(c.kind), c.calls, format_bytes(c.bytes));
+    out += fmt::format("  {:<16}{:>8} calls{:>14}{}\n", collective_name(c.kind), c.calls, format_bytes(c.bytes),
+                       nccl_choices_text(c));
   }
   out += "\nstep time (predicted, Note [Plan time model])\n";
   out += fmt::format("  compute                 {:>12}\n", ms(r.compute_us));
@@ -78,7 +89,12 @@ std::string to_text(const PlanResult& r) {
 nlohmann::json to_json(const PlanResult& r) {
   nlohmann::json colls = nlohmann::json::array();
   for (const CollectiveFigure& c : r.collectives) {
-    colls.push_back({{"kind", collective_name(c.kind)}, {"calls", c.calls}, {"bytes", c.bytes}});
+    nlohmann::json nccl = nlohmann::json::array();
+    for (const sim::NcclCalls& n : c.nccl) {
+      nccl.push_back({{"algorithm", sim::nccl_algo_name(n.algo)}, {"protocol", sim::nccl_proto_name(n.proto)},
+                      {"calls", n.calls}, {"bytes", n.bytes}, {"time_us", n.us}});
+    }
+    colls.push_back({{"kind", collective_name(c.kind)}, {"calls", c.calls}, {"bytes", c.bytes}, {"nccl", nccl}});
   }
   auto mem = [](const MemoryFigures& m) {
     nlohmann::json timeline = nlohmann::json::array();

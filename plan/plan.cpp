@@ -100,6 +100,28 @@ sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per
   return c;
 }
 
+// NCCL's choices for collectives of `kind` between two clock samples, most calls first.
+std::vector<sim::NcclCalls> nccl_calls_between(const sim::RankTiming& a, const sim::RankTiming& b,
+                                               CollectiveKind kind) {
+  std::vector<sim::NcclCalls> out;
+  for (const sim::NcclCalls& e : b.nccl) {
+    if (e.kind != kind) continue;
+    sim::NcclCalls d = e;
+    for (const sim::NcclCalls& before : a.nccl) {
+      if (before.kind == e.kind && before.algo == e.algo && before.proto == e.proto) {
+        d.calls -= before.calls;
+        d.bytes -= before.bytes;
+        d.us -= before.us;
+      }
+    }
+    if (d.calls > 0) out.push_back(d);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const sim::NcclCalls& x, const sim::NcclCalls& y) {
+    return x.calls > y.calls;
+  });
+  return out;
+}
+
 // One simulated rank's memory, collectives per step and clock split over the last step.
 PlanResult::RankFigures rank_figures(const props::RunResult& run, std::size_t i, int steps) {
   PlanResult::RankFigures f;
@@ -118,13 +140,14 @@ PlanResult::RankFigures rank_figures(const props::RunResult& run, std::size_t i,
     if (calls == 0) continue;
     const std::int64_t bytes = end.by_kind[j].bytes - init.by_kind[j].bytes +
                                gend.by_kind[j].bytes - ginit.by_kind[j].bytes;
-    f.collectives.push_back({static_cast<CollectiveKind>(c), calls / steps, bytes / steps});
+    f.collectives.push_back({static_cast<CollectiveKind>(c), calls / steps, bytes / steps, {}});
   }
   const std::vector<sim::RankTiming>& t = run.timing[i];
   ZC_ASSERT(t.size() == static_cast<std::size_t>(steps) + 1, "{} clock samples for {} steps",
             t.size(), steps);
   const sim::RankTiming& a = t[t.size() - 2];
   const sim::RankTiming& b = t.back();
+  for (CollectiveFigure& c : f.collectives) c.nccl = nccl_calls_between(a, b, c.kind);
   f.compute_us = b.compute_us - a.compute_us;
   f.comm_us = b.comm_us - a.comm_us;
   f.wait_us = b.wait_us - a.wait_us;

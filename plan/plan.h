@@ -96,6 +96,9 @@ struct MemoryFigures {  // one device's step peak
 struct CollectiveFigure {
   CollectiveKind kind;
   std::int64_t calls = 0, bytes = 0;  // per step, this rank
+  // NCCL's choices for these calls in the last step (Note [NCCL tuning model]), most calls
+  // first; empty where the ring formula timed them (all_to_all, or no NCCL model for the node).
+  std::vector<sim::NcclCalls> nccl;
 };
 struct PlanResult {
   PlanOptions options;

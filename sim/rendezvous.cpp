@@ -394,13 +394,15 @@ void ClusterState::schedule(Rendezvous& rv) {
 double ClusterState::schedule_on(const Group& group, const CallSig& sig, double issued_us) {
   double start = issued_us;
   for (int member : group.members) start = std::max(start, rank_state(member).comm_free_us);
-  const double duration = options_.cost.collective_us(
+  const CollectiveCost cost = options_.cost.cost(
       sig.kind, sig.bytes(), group.size, options_.cost.nodes_spanned(group.first_rank, group.last_rank));
+  const double duration = cost.us;
   const double done = start + duration;
   for (int member : group.members) {
     RankState& ms = rank_state(member);
     ms.comm_free_us = done;
     ms.timing.comm_us += duration;
+    if (cost.nccl) ms.timing.count_nccl(sig.kind, *cost.nccl, sig.bytes(), duration);
   }
   return done;
 }

@@ -138,13 +138,25 @@ struct SimOptions {
 // figures (memory, collectives, their clocks' splits) are what a full run gives them
 // (tests/plan_test.cpp checks it where both run); ranks not simulated have no figures.
 
+// The collectives of one kind that NCCL's tuning model timed with one (algorithm, protocol).
+struct NcclCalls {
+  CollectiveKind kind{};
+  NcclAlgo algo{};
+  NcclProto proto{};
+  std::int64_t calls = 0, bytes = 0;
+  double us = 0.0;
+};
+
 // A rank's simulated clock and its split (zerocheck plan): compute charged, time its
-// communication stream was busy, time blocked in wait().
+// communication stream was busy, time blocked in wait(); and, with CostModel::nccl, NCCL's
+// choices so far (a handful of entries, in first-use order).
 struct RankTiming {
   double now_us = 0.0;
   double compute_us = 0.0;
   double comm_us = 0.0;
   double wait_us = 0.0;
+  std::vector<NcclCalls> nccl;
+  void count_nccl(CollectiveKind kind, const NcclChoice& choice, std::int64_t bytes, double us);
 };
 
 // What a rank's function receives: its environment, handed in (TigerBeetle style).
