@@ -96,7 +96,6 @@ float bus_bandwidth(const NcclComm& c, int coll, int a, int p) {
   const NcclGraph& g = graph_of(c, a);
   float bw = c.nodes <= 2 ? g.bw_intra : g.bw_inter;  // CollNet is not modelled
   if (a == kNvlsTree || a == kNvls) {
-    if (g.channels < 2) return 0;
     float intra_bw = g.bw_intra * kNvlsEfficiency[cci] * static_cast<float>(g.channels - 1) /
                      static_cast<float>(g.channels);
     if (coll == kAllReduce) intra_bw *= 2.0f;
@@ -216,6 +215,8 @@ NcclTuning nccl_tune(const NcclComm& c) {
     for (int a = 0; a < kNcclAlgos; ++a) {
       for (int p = 0; p < kNcclProtos; ++p) {
         if (!tuned(c, coll, a, p)) continue;
+        // NVLS and the NVLS tree need two channels; else nothing is set (tuning.cc:286).
+        if ((a == kNvls || a == kNvlsTree) && graph_of(c, a).channels < 2) continue;
         float bus = bus_bandwidth(c, coll, a, p);
         // Bus bandwidth to algorithm bandwidth (tuning.cc:357-362).
         if (!(a != kRing && (coll == kAllGather || coll == kReduceScatter))) {

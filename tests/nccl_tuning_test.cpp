@@ -3,7 +3,11 @@
 #include "sim/cost_model.h"
 #include "sim/nccl_tuning.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace zc::sim {
 namespace {
@@ -98,6 +102,61 @@ TEST(NcclTuning, NvlsOnOneNodeAndItsBandwidth) {
               16 * (40 * .85 * 15 / 16 * 7 / 8), 1e-3);
   EXPECT_EQ(nccl_choose(c, t, NcclFunc::all_reduce, std::int64_t{1} << 30).algo, NcclAlgo::nvls);
   EXPECT_EQ(nccl_choose(c, t, NcclFunc::all_reduce, 1024).algo, NcclAlgo::ring);
+}
+
+// A table NCCL itself printed (NCCL_DEBUG_SUBSYS=TUNING), NCCL 2.29.7 (numerically the same as
+// 2.30.7 outside Blackwell's four-node NVLS tree cap): two ranks on two hosts (NCCL_HOSTID), one
+// RTX 5090 (sm_120), sockets, P2P and SHM off; published in eunomia-bpf/nccl-eBPF,
+// docs/tmp/default-suboptimal-search.md ("exp1-step1-default", 2026-03-10). Ring nChannels x bw
+// = 2.4, tree 4.8 (its pattern TREE: one GPU per node), LL128 off. CollNet columns are left out:
+// not modelled (their bandwidths print 0 there too).
+TEST(NcclTuning, ReproducesATablePrintedByNccl229) {
+  NcclComm c;
+  c.ranks = 2;
+  c.nodes = 2;
+  c.comp_cap = 120;
+  c.ll128 = false;
+  c.tree_pattern_tree = true;
+  c.ring = {2, 1.2f, 1.2f, 0.0f, false, true};
+  c.tree = {2, 2.4f, 2.4f, 0.0f, false, true};
+  const NcclTuning t = nccl_tune(c);
+  auto row = [&](NcclFunc f, std::vector<NcclAlgo> algos) {
+    std::string out;
+    for (NcclAlgo a : algos) {
+      for (int p = 0; p < kNcclProtos; ++p) {
+        out += fmt::format("{:7.1f}/{:6.1f} |", t.latency(f, a, static_cast<NcclProto>(p)),
+                           t.bandwidth(f, a, static_cast<NcclProto>(p)));
+      }
+    }
+    return out;
+  };
+  const std::vector<NcclAlgo> tree_ring = {NcclAlgo::tree, NcclAlgo::ring};
+  // Rows as printed, CollNetDirect's three cells cut.
+  EXPECT_EQ(row(NcclFunc::broadcast, tree_ring),
+            "    0.0/   0.0 |    0.0/   0.0 |    0.0/   0.0 |    9.3/   1.2 |   18.0/   0.0 |   22.4/   2.4 |");
+  EXPECT_EQ(row(NcclFunc::reduce, tree_ring),
+            "    0.0/   0.0 |    0.0/   0.0 |    0.0/   0.0 |    9.3/   1.2 |   18.0/   0.0 |   22.4/   2.4 |");
+  EXPECT_EQ(row(NcclFunc::all_gather, tree_ring),
+            "    0.0/   0.0 |    0.0/   0.0 |    0.0/   0.0 |   11.6/   2.4 |   22.5/   0.0 |   22.4/   4.8 |");
+  EXPECT_EQ(row(NcclFunc::reduce_scatter, tree_ring),
+            "    0.0/   0.0 |    0.0/   0.0 |    0.0/   0.0 |   11.6/   2.4 |   22.5/   0.0 |   22.4/   4.8 |");
+  EXPECT_EQ(row(NcclFunc::all_reduce, tree_ring),
+            "   16.8/   0.5 |   31.0/   0.0 |   36.4/   1.9 |   16.6/   1.2 |   31.0/   0.0 |   36.4/   2.4 |");
+  const std::vector<NcclAlgo> nvls = {NcclAlgo::nvls, NcclAlgo::nvls_tree};
+  std::string zeros;
+  for (int i = 0; i < 6; ++i) zeros += "    0.0/   0.0 |";
+  for (NcclFunc f : {NcclFunc::broadcast, NcclFunc::reduce, NcclFunc::all_gather, NcclFunc::reduce_scatter,
+                     NcclFunc::all_reduce}) {
+    EXPECT_EQ(row(f, nvls), zeros);
+  }
+  EXPECT_EQ(row(NcclFunc::all_gather, {NcclAlgo::pat}), "    0.0/   0.0 |    0.0/   0.0 |   17.6/   3.6 |");
+  EXPECT_EQ(row(NcclFunc::reduce_scatter, {NcclAlgo::pat}), "    0.0/   0.0 |    0.0/   0.0 |   17.6/   3.6 |");
+  EXPECT_EQ(row(NcclFunc::all_reduce, {NcclAlgo::pat}), "    0.0/   0.0 |    0.0/   0.0 |    0.0/   0.0 |");
+  // And NCCL's own choices in that run: broadcast on ring LL up to 16 KiB, Simple from 32 KiB.
+  EXPECT_EQ(nccl_choose(c, t, NcclFunc::broadcast, 16384).str(), "Ring/LL");
+  EXPECT_EQ(nccl_choose(c, t, NcclFunc::broadcast, 32768).str(), "Ring/Simple");
+  EXPECT_EQ(nccl_choose(c, t, NcclFunc::broadcast, 1024).str(), "Ring/LL");
+  EXPECT_EQ(nccl_choose(c, t, NcclFunc::broadcast, 134217728).str(), "Ring/Simple");
 }
 
 TEST(NcclTuning, CostModelUsesNcclWhereGivenAndTheRingElsewhere) {
