@@ -30,6 +30,50 @@ double number(const nlohmann::json& j, const char* key, const std::string& where
   return j.at(key).get<double>();
 }
 
+sim::NcclGraph nccl_graph(const nlohmann::json& j, const char* key, const std::string& where) {
+  const std::string at = fmt::format("{}.{}", where, key);
+  if (!j.contains(key) || !j.at(key).is_object()) throw ConfigError(fmt::format("{}: '{}' must be an object", where, key));
+  const nlohmann::json& g = j.at(key);
+  sim::NcclGraph out;
+  const double channels = number(g, "channels", at);
+  if (channels < 0 || channels > 64 || channels != static_cast<int>(channels)) {
+    throw ConfigError(fmt::format("{}: 'channels' must be a whole number from 0 to 64 (NCCL's MAXCHANNELS)", at));
+  }
+  out.channels = static_cast<int>(channels);
+  out.bw_intra = static_cast<float>(number(g, "bw_intra", at));
+  out.bw_inter = static_cast<float>(number(g, "bw_inter", at));
+  if (out.channels > 0 && (out.bw_intra <= 0 || out.bw_inter <= 0)) {
+    throw ConfigError(fmt::format("{}: a graph with channels needs positive bw_intra and bw_inter (GB/s per channel)", at));
+  }
+  return out;
+}
+
+NcclNodeSpec nccl_node_spec(const std::string& key, const nlohmann::json& n, const std::string& where) {
+  NcclNodeSpec s;
+  s.key = key;
+  s.name = n.value("name", key);
+  sim::NcclNode& node = s.node;
+  node.comp_cap = static_cast<int>(number(n, "compute_capability", where) * 10 + 0.5);
+  const std::string cpu = n.value("cpu", "");
+  if (cpu != "intel" && cpu != "amd") throw ConfigError(fmt::format("{}: 'cpu' must be \"intel\" or \"amd\"", where));
+  node.amd_cpu = cpu == "amd";
+  node.nvls = n.at("nvls").get<bool>();
+  node.ll128 = n.at("ll128").get<bool>();
+  const nlohmann::json& one = n.at("one_node");
+  const nlohmann::json& many = n.at("nodes");
+  node.ring_one_node = nccl_graph(one, "ring", where + ".one_node");
+  node.tree_one_node = nccl_graph(one, "tree", where + ".one_node");
+  node.nvls_one_node = nccl_graph(one, "nvls", where + ".one_node");
+  node.ring_nodes = nccl_graph(many, "ring", where + ".nodes");
+  node.tree_nodes = nccl_graph(many, "tree", where + ".nodes");
+  node.nvls_nodes = nccl_graph(many, "nvls", where + ".nodes");
+  if (node.ring_one_node.channels == 0 || node.ring_nodes.channels == 0 || node.tree_one_node.channels == 0 ||
+      node.tree_nodes.channels == 0) {
+    throw ConfigError(fmt::format("{}: the ring and tree graphs need at least one channel", where));
+  }
+  return s;
+}
+
 }  // namespace
 
 const GpuSpec& Hardware::gpu(const std::string& key) const {
@@ -40,6 +84,9 @@ const NetworkSpec& Hardware::network(const std::string& key) const {
 }
 const HostSpec& Hardware::host(const std::string& key) const {
   return find_key(hosts, key, "host", path);
+}
+const NcclNodeSpec& Hardware::nccl_node(const std::string& key) const {
+  return find_key(nccl_nodes, key, "nccl node", path);
 }
 
 std::string default_hardware_path() { return data_file("plan/hardware.json", ZC_SOURCE_DIR).string(); }
@@ -75,6 +122,7 @@ Hardware load_hardware(const std::string& path) {
     s.gpus_per_node = nd.at("gpus_per_node").get<int>();
     s.inter_node = nd.at("inter_node").get<std::string>();
     s.host = nd.at("host").get<std::string>();
+    s.nccl_node = nd.value("nccl", "");
     hw.gpus.push_back(s);
   }
   for (const auto& [key, n] : j.at("networks").items()) {
@@ -91,11 +139,17 @@ Hardware load_hardware(const std::string& path) {
     hw.hosts.push_back({key, h.value("name", key), number(h, "cpu_gb_per_s_per_gpu", where),
                         number(h, "cpu_tflops_per_gpu", where), number(h, "pcie_gb_per_s", where)});
   }
+  if (j.contains("nccl_nodes")) {
+    for (const auto& [key, n] : j.at("nccl_nodes").items()) {
+      hw.nccl_nodes.push_back(nccl_node_spec(key, n, fmt::format("{}: nccl_nodes.{}", path, key)));
+    }
+  }
   hw.compute_efficiency = number(j.at("efficiency"), "compute", path + ": efficiency");
   hw.bus_efficiency = number(j.at("efficiency"), "bus", path + ": efficiency");
   for (const GpuSpec& g : hw.gpus) {  // every default names something the file defines
     hw.network(g.inter_node);
     hw.host(g.host);
+    if (!g.nccl_node.empty()) hw.nccl_node(g.nccl_node);
   }
   return hw;
 }

@@ -66,7 +66,7 @@ std::string to_text(const PlanResult& r) {
                                                            format_bytes(r.memory_budget),
                                                            format_bytes(std::max(r.device.peak, r.device.construction_peak)))
                                              : why);
-  out += fmt::format("collectives per step (rank {})\n", r.worst_rank);
+  out += fmt::format("collectives per step (rank {}; timed by {})\n", r.worst_rank, r.collective_model);
   for (const CollectiveFigure& c : r.collectives) {
     out += fmt::format("  {:<16}{:>8} calls{:>14}{}\n", collective_name(c.kind), c.calls, format_bytes(c.bytes),
                        nccl_choices_text(c));
@@ -133,6 +133,7 @@ nlohmann::json to_json(const PlanResult& r) {
                       {"budget_bytes", r.memory_budget},
                       {"fits", r.fits}, {"message", fit_message(r)}}},
           {"collectives_per_step", colls},
+          {"collective_model", r.collective_model},
           {"time_us", {{"step", r.step_us}, {"compute", r.compute_us}, {"communication", r.comm_us},
                        {"exposed_communication", r.exposed_comm_us}, {"overlapped", r.overlap_us},
                        {"offload", r.offload_us}}},

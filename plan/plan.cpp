@@ -3,9 +3,12 @@
 // Note [Plan time model]
 // A step's time is the simulated clock of the worst rank over the last simulated step: every
 // device op is charged max(FLOPs / (peak x efficiency.compute), bytes / (HBM x efficiency.bus))
-// (a roofline per op; no launch overhead); every collective takes alpha x ring steps + bytes x
-// nccl-tests' bus factor / (link x efficiency.bus), over NVLink inside a node and the NIC
-// between nodes, and starts once every member issued it and every member's communication stream
+// (a roofline per op; no launch overhead); every collective takes the time NCCL's own tuning
+// model gives the algorithm and protocol NCCL would choose for its size and group (Note [NCCL
+// tuning model] in sim/nccl_tuning.h), from the node type's search graphs in hardware.json; where
+// the file has none for the node (or --network / --gpus-per-node leave the node type), alpha x
+// ring steps + bytes x nccl-tests' bus factor / (link x efficiency.bus), over NVLink inside a node
+// and the NIC between nodes. A collective starts once every member issued it and every member's communication stream
 // is free (collectives of a rank run one after another, as on one NCCL stream). Time a rank
 // spends blocked in wait() is exposed communication; the rest of the collective time overlapped
 // compute (overlap_comm's async reductions, ZeRO-3's prefetch). Under offload the CPU side (the
@@ -87,9 +90,29 @@ MemoryFigures figures(const props::DeviceMemory& m) {
   return f;
 }
 
+// NCCL's graphs describe the node type as hardware.json gives it: its own network and size.
+const NcclNodeSpec* nccl_node(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node, const Hardware& hw) {
+  if (g.nccl_node.empty() || net.key != g.inter_node || gpus_per_node != g.gpus_per_node) return nullptr;
+  return &hw.nccl_node(g.nccl_node);
+}
+
+std::string collective_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node, const Hardware& hw) {
+  if (const NcclNodeSpec* n = nccl_node(g, net, gpus_per_node, hw)) {
+    return fmt::format("NCCL 2.30.7's tuning model on {} (nccl_nodes.{})", n->name, n->key);
+  }
+  if (g.nccl_node.empty()) {
+    return fmt::format("ring formula: {} has no NCCL graphs in {}", g.key, hw.path);
+  }
+  return fmt::format("ring formula: NCCL's graphs in {} are for {} GPUs per node on {}, not {} on {}", hw.path,
+                     g.gpus_per_node, g.inter_node, gpus_per_node, net.key);
+}
+
 sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node,
                           DType dt, const Hardware& hw) {
   sim::CostModel c;
+  if (const NcclNodeSpec* n = nccl_node(g, net, gpus_per_node, hw)) {
+    c.nccl = std::make_shared<const sim::NcclNode>(n->node);
+  }
   c.device_tflops = peak_tflops(g, dt) * hw.compute_efficiency;
   c.device_gb_per_s = g.hbm_gb_per_s * hw.bus_efficiency;
   c.alpha_us = hw.nvlink_alpha_us;
@@ -100,14 +123,14 @@ sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per
   return c;
 }
 
-// NCCL's choices for collectives of `kind` between two clock samples, most calls first.
-std::vector<sim::NcclCalls> nccl_calls_between(const sim::RankTiming& a, const sim::RankTiming& b,
-                                               CollectiveKind kind) {
+// NCCL's choices for collectives of `kind` between two samples, most calls first.
+std::vector<sim::NcclCalls> nccl_calls_between(const std::vector<sim::NcclCalls>& a,
+                                               const std::vector<sim::NcclCalls>& b, CollectiveKind kind) {
   std::vector<sim::NcclCalls> out;
-  for (const sim::NcclCalls& e : b.nccl) {
+  for (const sim::NcclCalls& e : b) {
     if (e.kind != kind) continue;
     sim::NcclCalls d = e;
-    for (const sim::NcclCalls& before : a.nccl) {
+    for (const sim::NcclCalls& before : a) {
       if (before.kind == e.kind && before.algo == e.algo && before.proto == e.proto) {
         d.calls -= before.calls;
         d.bytes -= before.bytes;
@@ -147,7 +170,19 @@ PlanResult::RankFigures rank_figures(const props::RunResult& run, std::size_t i,
             t.size(), steps);
   const sim::RankTiming& a = t[t.size() - 2];
   const sim::RankTiming& b = t.back();
-  for (CollectiveFigure& c : f.collectives) c.nccl = nccl_calls_between(a, b, c.kind);
+  if (!run.nccl.empty() && !run.nccl[i].empty()) {
+    const std::vector<std::vector<sim::NcclCalls>>& n = run.nccl[i];
+    ZC_ASSERT(n.size() == t.size(), "{} NCCL samples for {} clock samples", n.size(), t.size());
+    // Over the steps, per step, as the calls column (the first sample is after construction).
+    for (CollectiveFigure& c : f.collectives) {
+      c.nccl = nccl_calls_between(n.front(), n.back(), c.kind);
+      for (sim::NcclCalls& e : c.nccl) {
+        e.calls /= steps;
+        e.bytes /= steps;
+        e.us /= steps;
+      }
+    }
+  }
   f.compute_us = b.compute_us - a.compute_us;
   f.comm_us = b.comm_us - a.comm_us;
   f.wait_us = b.wait_us - a.wait_us;
@@ -229,6 +264,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.model_name = model.preset;
   r.gpu_name = gpu.name;
   r.network_name = net.name;
+  r.collective_model = collective_model(gpu, net, r.gpus_per_node, hw);
   r.device_capacity = gpu.memory_bytes;
   r.memory_budget = std::min(o.memory_budget.value_or(gpu.memory_bytes), gpu.memory_bytes);
   if (peak_tflops(gpu, cfg.model_dtype()) <= 0) {

@@ -28,6 +28,12 @@ struct GpuSpec {
   double hbm_gb_per_s = 0, nvlink_gb_per_s = 0;
   int gpus_per_node = 8;
   std::string inter_node, host;  // keys of networks and hosts
+  std::string nccl_node;         // key of nccl_nodes; "": collectives on the ring formula
+};
+// What NCCL's topology search finds on a node type (Note [NCCL tuning model]).
+struct NcclNodeSpec {
+  std::string key, name;
+  sim::NcclNode node;
 };
 struct NetworkSpec {
   std::string key, name;
@@ -41,12 +47,14 @@ struct Hardware {
   std::vector<GpuSpec> gpus;
   std::vector<NetworkSpec> networks;
   std::vector<HostSpec> hosts;
+  std::vector<NcclNodeSpec> nccl_nodes;
   double nvlink_alpha_us = 0;
   double compute_efficiency = 0, bus_efficiency = 0;
   std::string path;
   const GpuSpec& gpu(const std::string& key) const;  // ConfigError naming the known keys
   const NetworkSpec& network(const std::string& key) const;
   const HostSpec& host(const std::string& key) const;
+  const NcclNodeSpec& nccl_node(const std::string& key) const;
 };
 // The file's default location (the source tree's plan/hardware.json), overridable.
 std::string default_hardware_path();
@@ -96,7 +104,7 @@ struct MemoryFigures {  // one device's step peak
 struct CollectiveFigure {
   CollectiveKind kind;
   std::int64_t calls = 0, bytes = 0;  // per step, this rank
-  // NCCL's choices for these calls in the last step (Note [NCCL tuning model]), most calls
+  // NCCL's choices for these calls, per step as calls (Note [NCCL tuning model]), most calls
   // first; empty where the ring formula timed them (all_to_all, or no NCCL model for the node).
   std::vector<sim::NcclCalls> nccl;
 };
@@ -138,6 +146,7 @@ struct PlanResult {
   std::int64_t global_batch() const { return micro_batch * ga * options.world; }
   double mfu = 0;           // model FLOPs (no recomputation) / (step time * peak), the plan's own figure
   std::string notes;        // how the figures were made
+  std::string collective_model;  // how collectives were timed (NCCL's model, or the ring formula and why)
   std::vector<std::string> warnings;  // the config's (Config::warnings), as `zerocheck run` prints them
 };
 

@@ -363,6 +363,7 @@ RunResult run_on_sim(const RunSpec& spec) {
     recs[r] = train(mine, ctx.rank, ctx.device, ctx.world, &ctx.trace, cache, &ctx.cpu);
   });
   result.timing = result.sim.clock_samples;  // Note [Decoupled schedule]: known after the run
+  result.nccl = result.sim.nccl_samples;
   const RankRecord& r0 = recs[0];
   result.params = r0.params;
   result.grads = r0.grads;

@@ -105,6 +105,7 @@ struct RunResult {
   std::vector<RankMemory> memory;           // per rank
   // Per rank: the clock after construction, then after each step (timing[r][s + 1]).
   std::vector<std::vector<sim::RankTiming>> timing;
+  std::vector<std::vector<std::vector<sim::NcclCalls>>> nccl;  // per rank, NCCL's choices at each sample
   std::vector<CommStats> comm_after_init;   // per rank: the collectives of construction
   // Per rank, MoE: the expert-parallel and expert-data-parallel groups' collectives (not in comm,
   // which is the world's), at the end and after construction.

@@ -238,6 +238,7 @@ RankContext ClusterState::context(RankState& rs) {
 
 void ClusterState::sample_clock(int rank) {
   RankState& rs = rank_state(rank);
+  if (options_.cost.nccl != nullptr) rs.nccl_samples.push_back(rs.nccl_calls);
   if (!decoupled_) {
     rs.samples.push_back(rs.timing);
     return;
@@ -317,6 +318,7 @@ SimResult ClusterState::result() {
     result.rank_wait_us.push_back(rs->timing.wait_us);
     result.traces.push_back(std::move(rs->trace));
     result.clock_samples.push_back(std::move(rs->samples));
+    result.nccl_samples.push_back(std::move(rs->nccl_samples));
   }
   return result;
 }

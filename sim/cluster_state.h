@@ -186,6 +186,8 @@ struct alignas(64) RankState {
   std::unique_ptr<SimComm> world;
   std::map<const Group*, std::int64_t> swapped_seq;  // FaultKind::reorder: the seq the next call takes
   std::vector<RankTiming> samples;  // RankContext::sample_clock()
+  std::vector<NcclCalls> nccl_calls;  // CostModel::nccl: NCCL's choices, counted at issue
+  std::vector<std::vector<NcclCalls>> nccl_samples;  // nccl_calls at each sample_clock()
   // Schedule::decoupled: the rank's record, the compute charged since its last entry, and the
   // exact compute_us at each sample (the replay gives the rest of each sample).
   std::vector<ClockEvent> clock_log;
@@ -219,6 +221,7 @@ class ClusterState {
   }
   std::shared_ptr<Group> make_group(std::string name, std::vector<int> members);
   void sample_clock(int rank);
+  void count_issued_nccl(RankState& rs, const Group& group, const CallSig& sig);
 
  private:
   RankContext context(RankState& rs);

@@ -27,8 +27,9 @@ CollectiveCost CostModel::cost(CollectiveKind k, std::int64_t bytes, int n, int 
   return {static_cast<double>(choice.time_us), choice};
 }
 
-void RankTiming::count_nccl(CollectiveKind kind, const NcclChoice& choice, std::int64_t bytes, double us) {
-  for (NcclCalls& c : nccl) {
+void count_nccl(std::vector<NcclCalls>& calls, CollectiveKind kind, const NcclChoice& choice,
+                std::int64_t bytes, double us) {
+  for (NcclCalls& c : calls) {
     if (c.kind == kind && c.algo == choice.algo && c.proto == choice.proto) {
       ++c.calls;
       c.bytes += bytes;
@@ -36,7 +37,7 @@ void RankTiming::count_nccl(CollectiveKind kind, const NcclChoice& choice, std::
       return;
     }
   }
-  nccl.push_back({kind, choice.algo, choice.proto, 1, bytes, us});
+  calls.push_back({kind, choice.algo, choice.proto, 1, bytes, us});
 }
 
 }  // namespace zc::sim

@@ -191,6 +191,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   if (in.defined()) check_read(r, op, in);
   if (out.defined()) check_write(r, op, out);
 
+  if (options_.cost.nccl != nullptr) count_issued_nccl(rs, *comm.group(), sig);
   if (decoupled_) return issue_decoupled(comm, sig, in, out, async_op);  // Note [Decoupled schedule]
   const std::int64_t index = rs.collectives++;
   std::int64_t seq = 0;
@@ -391,18 +392,24 @@ void ClusterState::schedule(Rendezvous& rv) {
   rv.done_us = schedule_on(*rv.group, rv.first_sig, issued);
 }
 
+// NCCL's choice for this rank's call, counted at issue (so that it lands between the rank's own
+// clock samples under either schedule); the time is the cost model's, as schedule_on charges it.
+void ClusterState::count_issued_nccl(RankState& rs, const Group& group, const CallSig& sig) {
+  const CollectiveCost cost = options_.cost.cost(
+      sig.kind, sig.bytes(), group.size, options_.cost.nodes_spanned(group.first_rank, group.last_rank));
+  if (cost.nccl) count_nccl(rs.nccl_calls, sig.kind, *cost.nccl, sig.bytes(), cost.us);
+}
+
 double ClusterState::schedule_on(const Group& group, const CallSig& sig, double issued_us) {
   double start = issued_us;
   for (int member : group.members) start = std::max(start, rank_state(member).comm_free_us);
-  const CollectiveCost cost = options_.cost.cost(
+  const double duration = options_.cost.collective_us(
       sig.kind, sig.bytes(), group.size, options_.cost.nodes_spanned(group.first_rank, group.last_rank));
-  const double duration = cost.us;
   const double done = start + duration;
   for (int member : group.members) {
     RankState& ms = rank_state(member);
     ms.comm_free_us = done;
     ms.timing.comm_us += duration;
-    if (cost.nccl) ms.timing.count_nccl(sig.kind, *cost.nccl, sig.bytes(), duration);
   }
   return done;
 }

@@ -147,16 +147,18 @@ struct NcclCalls {
   double us = 0.0;
 };
 
+// With CostModel::nccl, a rank's collectives so far by NCCL's choice, counted as the rank issues
+// them (a handful of entries, in first-use order).
+void count_nccl(std::vector<NcclCalls>& calls, CollectiveKind kind, const NcclChoice& choice,
+                std::int64_t bytes, double us);
+
 // A rank's simulated clock and its split (zerocheck plan): compute charged, time its
-// communication stream was busy, time blocked in wait(); and, with CostModel::nccl, NCCL's
-// choices so far (a handful of entries, in first-use order).
+// communication stream was busy, time blocked in wait().
 struct RankTiming {
   double now_us = 0.0;
   double compute_us = 0.0;
   double comm_us = 0.0;
   double wait_us = 0.0;
-  std::vector<NcclCalls> nccl;
-  void count_nccl(CollectiveKind kind, const NcclChoice& choice, std::int64_t bytes, double us);
 };
 
 // What a rank's function receives: its environment, handed in (TigerBeetle style).
@@ -186,6 +188,8 @@ struct SimResult {
   std::vector<double> rank_compute_us, rank_comm_us, rank_wait_us;
   // Per simulated rank, the clock at each RankContext::sample_clock() call, in call order.
   std::vector<std::vector<RankTiming>> clock_samples;
+  // Per simulated rank, its NCCL choices so far at each sample_clock() call (CostModel::nccl).
+  std::vector<std::vector<std::vector<NcclCalls>>> nccl_samples;
 };
 
 class SimCluster {
