@@ -2,6 +2,7 @@
 // replay, prove, run, plan, demo, verify-real.
 #include "cli/demo.h"
 #include "cli/hf_options.h"
+#include "cli/nccl.h"
 #include "cli/plan.h"
 #include "cli/prove.h"
 #include "cli/run.h"
@@ -145,6 +146,21 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--schedule", plan.schedule,
                        "auto (decoupled, interleaved for MoE) | decoupled | interleaved (Note [Decoupled schedule])")
       ->check(CLI::IsMember({"auto", "decoupled", "interleaved"}));
+  plan_cmd->add_option("--collectives", plan.collectives,
+                       "auto (NCCL's own tuning model where the GPU's node has NCCL graphs in hardware.json, else the "
+                       "ring formula) | ring (the ring formula everywhere)")
+      ->check(CLI::IsMember({"auto", "ring"}));
+
+  zc::cli::NcclCliOptions nccl;
+  CLI::App* nccl_cmd = app.add_subcommand("nccl", "NCCL's algorithm, protocol and time for a collective by size on a node type, from NCCL's own tuning model; --published sets it beside measured nccl-tests figures");
+  nccl_cmd->add_option("--gpu", nccl.gpu, "A GPU of plan/hardware.json whose node has NCCL graphs (h100, h200, a100, a100-40gb)");
+  nccl_cmd->add_option("--world-size", nccl.world_size, "Ranks in the communicator")->check(CLI::Range(2, 1 << 20));
+  nccl_cmd->add_option("--gpus-per-node", nccl.gpus_per_node, "GPUs per node (default: the GPU's node)")->check(CLI::Range(1, 1024));
+  nccl_cmd->add_option("--function", nccl.function, "broadcast | reduce | all_gather | reduce_scatter | all_reduce");
+  nccl_cmd->add_option("--bytes", nccl.sizes, "Message sizes (nccl-tests' size: 8, 64K, 2M, 8G; default 8 B to 8 GiB by 8x)");
+  nccl_cmd->add_option("--hardware", nccl.hardware, "Device, network and NCCL graph figures (default: plan/hardware.json)");
+  nccl_cmd->add_flag("--published", nccl.published, "Published nccl-tests figures beside the model's (plan/nccl_published.json)");
+  nccl_cmd->add_flag("--json", nccl.json, "Print JSON instead of the table");
 
   zc::cli::BisectOptions bisect;
   CLI::App* bisect_cmd = app.add_subcommand("bisect", "Find the last DeepSpeed release where a seed invariant fails and the first where it holds, by running them");
@@ -181,6 +197,7 @@ int main(int argc, char** argv) {
     }
     if (replay_cmd->parsed()) return zc::cli::run_replay(replay);
     if (bisect_cmd->parsed()) return zc::cli::run_bisect(bisect);
+    if (nccl_cmd->parsed()) return zc::cli::run_nccl_cli(nccl);
   } catch (const zc::ZcError& e) {
     fmt::print(stderr, "zerocheck: {}\n", e.what());
     return 2;

@@ -56,6 +56,7 @@ plan::PlanOptions options_of(const PlanCliOptions& o) {
                                           : plan::PlanOptions::Ranks::automatic;
   if (o.schedule == "decoupled") p.schedule = sim::Schedule::decoupled;
   if (o.schedule == "interleaved") p.schedule = sim::Schedule::interleaved;
+  p.ring_collectives = o.collectives == "ring";
   return p;
 }
 

@@ -31,6 +31,7 @@ struct PlanCliOptions {
   bool no_deepspeed = false;
   std::string ranks = "auto";  // auto | all | representative
   std::string schedule = "auto";  // auto | decoupled | interleaved (Note [Decoupled schedule])
+  std::string collectives = "auto";  // auto (NCCL's model where the node has graphs) | ring
   HfCliArgs hf;  // fill the config's "auto" values (the batch from --micro-batch, the buckets from the model)
 };
 

@@ -91,15 +91,20 @@ MemoryFigures figures(const props::DeviceMemory& m) {
 }
 
 // NCCL's graphs describe the node type as hardware.json gives it: its own network and size.
-const NcclNodeSpec* nccl_node(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node, const Hardware& hw) {
-  if (g.nccl_node.empty() || net.key != g.inter_node || gpus_per_node != g.gpus_per_node) return nullptr;
+const NcclNodeSpec* nccl_node(const PlanOptions& o, const GpuSpec& g, const NetworkSpec& net, int gpus_per_node,
+                              const Hardware& hw) {
+  if (o.ring_collectives || g.nccl_node.empty() || net.key != g.inter_node || gpus_per_node != g.gpus_per_node) {
+    return nullptr;
+  }
   return &hw.nccl_node(g.nccl_node);
 }
 
-std::string collective_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node, const Hardware& hw) {
-  if (const NcclNodeSpec* n = nccl_node(g, net, gpus_per_node, hw)) {
+std::string collective_model(const PlanOptions& o, const GpuSpec& g, const NetworkSpec& net, int gpus_per_node,
+                             const Hardware& hw) {
+  if (const NcclNodeSpec* n = nccl_node(o, g, net, gpus_per_node, hw)) {
     return fmt::format("NCCL 2.30.7's tuning model on {} (nccl_nodes.{})", n->name, n->key);
   }
+  if (o.ring_collectives) return "ring formula (--collectives ring)";
   if (g.nccl_node.empty()) {
     return fmt::format("ring formula: {} has no NCCL graphs in {}", g.key, hw.path);
   }
@@ -107,10 +112,10 @@ std::string collective_model(const GpuSpec& g, const NetworkSpec& net, int gpus_
                      g.gpus_per_node, g.inter_node, gpus_per_node, net.key);
 }
 
-sim::CostModel cost_model(const GpuSpec& g, const NetworkSpec& net, int gpus_per_node,
+sim::CostModel cost_model(const PlanOptions& o, const GpuSpec& g, const NetworkSpec& net, int gpus_per_node,
                           DType dt, const Hardware& hw) {
   sim::CostModel c;
-  if (const NcclNodeSpec* n = nccl_node(g, net, gpus_per_node, hw)) {
+  if (const NcclNodeSpec* n = nccl_node(o, g, net, gpus_per_node, hw)) {
     c.nccl = std::make_shared<const sim::NcclNode>(n->node);
   }
   c.device_tflops = peak_tflops(g, dt) * hw.compute_efficiency;
@@ -264,7 +269,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   r.model_name = model.preset;
   r.gpu_name = gpu.name;
   r.network_name = net.name;
-  r.collective_model = collective_model(gpu, net, r.gpus_per_node, hw);
+  r.collective_model = collective_model(o, gpu, net, r.gpus_per_node, hw);
   r.device_capacity = gpu.memory_bytes;
   r.memory_budget = std::min(o.memory_budget.value_or(gpu.memory_bytes), gpu.memory_bytes);
   if (peak_tflops(gpu, cfg.model_dtype()) <= 0) {
@@ -292,7 +297,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
   spec.sim.fiber_stack_bytes = 128 * 1024;
   spec.sim.limits.max_trace_events_kept = 0;
   spec.sim.limits.max_scheduler_steps = 2'000'000'000;
-  spec.sim.cost = cost_model(gpu, net, r.gpus_per_node, cfg.model_dtype(), hw);
+  spec.sim.cost = cost_model(o, gpu, net, r.gpus_per_node, cfg.model_dtype(), hw);
   spec.after_init = [](int, Engine& e) { e.device().memory().enable_timeline(kTimelineSamples); };
   // Expert-parallel groups need Comm::split, which representative ranks do not model: an MoE
   // model simulates every rank (up to the simulator's 8,192).

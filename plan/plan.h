@@ -77,6 +77,9 @@ struct PlanOptions {
   // How the simulated ranks take turns (Note [Decoupled schedule] in sim/sim_cluster.h); unset:
   // decoupled, or interleaved for an MoE model (its expert-parallel groups need split()).
   std::optional<sim::Schedule> schedule;
+  // Time collectives by the ring formula even where the node type has NCCL graphs (--collectives
+  // ring: the model before NCCL's, for comparison).
+  bool ring_collectives = false;
   // The memory a rank may use (--fit GiB); unset: the GPU's capacity. Never above the capacity
   // (a larger budget is the caller's to refuse or cap: cli/plan.cpp warns and caps).
   std::optional<std::int64_t> memory_budget;
