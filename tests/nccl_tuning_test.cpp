@@ -1,5 +1,7 @@
 // Note [NCCL tuning model]: the tuning table and the choice, against figures worked by hand from
 // NCCL 2.30.7's src/graph/tuning.cc (each expectation's arithmetic is written beside it).
+#include "engine/errors.h"
+#include "plan/nccl.h"
 #include "sim/cost_model.h"
 #include "sim/nccl_tuning.h"
 
@@ -177,3 +179,40 @@ TEST(NcclTuning, CostModelUsesNcclWhereGivenAndTheRingElsewhere) {
 
 }  // namespace
 }  // namespace zc::sim
+
+namespace zc::plan {
+namespace {
+
+// hardware.json's DGX H100 graphs through the model: one node's NVLS all_reduce of 2 GiB is
+// NVLS/Simple at 8 x min(40 x .85 x 7/8 x 2, 60) = 476 GB/s busBw, x 8/14 = 272 GB/s algBw,
+// latency 25 us: 25 + 2147483648 / 272000 = 7,920.2 us.
+TEST(NcclPlan, DgxH100GraphsGiveNcclsNvlsAllReduce) {
+  const Hardware hw = load_hardware(default_hardware_path());
+  const NcclSweep s = nccl_sweep(hw, "h100", 8, 0, sim::NcclFunc::all_reduce, {2147483648});
+  ASSERT_EQ(s.rows.size(), 1u);
+  EXPECT_EQ(s.rows[0].choice.str(), "NVLS/Simple");
+  EXPECT_NEAR(s.rows[0].choice.time_us, 25 + 2147483648.0 / 272000, 0.5);
+  EXPECT_NEAR(s.rows[0].busbw_gb_per_s, 2147483648.0 / (s.rows[0].choice.time_us * 1e3) * 14 / 8, 1e-9);
+  EXPECT_THROW(nccl_sweep(hw, "v100", 16, 0, sim::NcclFunc::all_reduce, {8}), ConfigError);
+  EXPECT_THROW(nccl_sweep(hw, "h100", 12, 0, sim::NcclFunc::all_reduce, {8}), UsageError);
+}
+
+// Every published nccl-tests figure of plan/nccl_published.json beside the model: the bus
+// bandwidths agree within 5 % (0.977-1.044 today; docs/plan.md lists them). A model change
+// that moves any of them further fails here and must be looked at.
+TEST(NcclPlan, PublishedNcclTestsFiguresAgreeWithTheModelWithinFivePercent) {
+  const Hardware hw = load_hardware(default_hardware_path());
+  const std::vector<NcclPublished> rows = nccl_published(hw, default_nccl_published_path());
+  ASSERT_GE(rows.size(), 4u);
+  for (const NcclPublished& p : rows) {
+    const double ratio = p.model_busbw_gb_per_s / p.busbw_gb_per_s;
+    EXPECT_GT(ratio, 0.95) << p.system;
+    EXPECT_LT(ratio, 1.05) << p.system;
+    if (p.time_us) {
+      EXPECT_NEAR(p.model.time_us / *p.time_us, 1.0, 0.05) << p.system;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zc::plan

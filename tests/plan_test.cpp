@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 namespace zc::plan {
 namespace {
@@ -145,6 +146,72 @@ TEST(Plan, TwoLevelTopologyChargesTheNetworkForRingsThatLeaveANode) {
                    alpha * 30 + static_cast<double>(bytes) * 2 * 15 / 16 / (40 * 1e3));
 }
 
+// Note [NCCL tuning model]: on a node type with NCCL graphs every collective NCCL tunes is named
+// with NCCL's choice, the choices account for every call and byte, and the time is NCCL's; the
+// ring formula where asked (--collectives ring) or where the node type no longer applies.
+TEST(PlanNccl, NamesNcclsChoiceForEveryCollectiveItTunes) {
+  PlanOptions o = tiny(3, 16);  // two nodes of eight H100s
+  const PlanResult r = run_plan(o, hardware());
+  EXPECT_EQ(r.collective_model.rfind("NCCL 2.30.7's tuning model on DGX H100/H200", 0), 0u) << r.collective_model;
+  ASSERT_FALSE(r.collectives.empty());
+  for (const CollectiveFigure& c : r.collectives) {
+    ASSERT_FALSE(c.nccl.empty()) << collective_name(c.kind);
+    std::int64_t calls = 0, bytes = 0;
+    for (const sim::NcclCalls& n : c.nccl) {
+      EXPECT_EQ(n.kind, c.kind);
+      calls += n.calls;
+      bytes += n.bytes;
+    }
+    // Per step (over 2 steps), each entry rounded down on its own.
+    EXPECT_LE(calls, c.calls) << collective_name(c.kind);
+    EXPECT_GE(calls, c.calls - static_cast<std::int64_t>(c.nccl.size())) << collective_name(c.kind);
+    EXPECT_LE(bytes, c.bytes) << collective_name(c.kind);
+    EXPECT_GE(bytes, c.bytes - static_cast<std::int64_t>(c.nccl.size()) * c.bytes / std::max<std::int64_t>(1, c.calls))
+        << collective_name(c.kind);
+  }
+  const nlohmann::json j = to_json(r);
+  EXPECT_EQ(j.at("collective_model"), r.collective_model);
+  EXPECT_FALSE(j.at("collectives_per_step")[0].at("nccl").empty());
+
+  o.ring_collectives = true;
+  const PlanResult ring = run_plan(o, hardware());
+  EXPECT_EQ(ring.collective_model, "ring formula (--collectives ring)");
+  for (const CollectiveFigure& c : ring.collectives) EXPECT_TRUE(c.nccl.empty()) << collective_name(c.kind);
+  EXPECT_NE(ring.comm_us, r.comm_us);
+  // Memory does not depend on how collectives are timed.
+  EXPECT_EQ(ring.device.peak, r.device.peak);
+
+  o.ring_collectives = false;
+  o.network = "ib-hdr";  // not the DGX H100's own network: its graphs no longer describe the node
+  const PlanResult hdr = run_plan(o, hardware());
+  EXPECT_NE(hdr.collective_model.find("are for 8 GPUs per node on ib-ndr, not 8 on ib-hdr"), std::string::npos)
+      << hdr.collective_model;
+  for (const CollectiveFigure& c : hdr.collectives) EXPECT_TRUE(c.nccl.empty());
+}
+
+TEST(PlanBadInput, AnNcclGraphThatIsNotOneNamesWhere) {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(default_hardware_path()));
+  j["nccl_nodes"]["dgx-h100"]["one_node"]["ring"]["channels"] = 1.5;
+  const std::string path = ::testing::TempDir() + "/hardware_bad_nccl.json";
+  std::ofstream(path) << j.dump();
+  try {
+    load_hardware(path);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("nccl_nodes.dgx-h100.one_node.ring: 'channels' must be a whole number"),
+              std::string::npos) << e.what();
+  }
+  j = nlohmann::json::parse(std::ifstream(default_hardware_path()));
+  j["node_defaults"]["h100"]["nccl"] = "dgx-h900";
+  std::ofstream(path) << j.dump();
+  try {
+    load_hardware(path);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown nccl node 'dgx-h900'"), std::string::npos) << e.what();
+  }
+}
+
 // The figures a rank's plan must share with another simulation of the same rank: memory (peak,
 // composition, every category, construction, the CPU side), collectives, compute and comm time.
 void expect_same_rank_figures(const PlanResult::RankFigures& ra, const PlanResult::RankFigures& rb,
@@ -159,6 +226,16 @@ void expect_same_rank_figures(const PlanResult::RankFigures& ra, const PlanResul
   for (std::size_t i = 0; i < ra.collectives.size(); ++i) {
     EXPECT_EQ(ra.collectives[i].calls, rb.collectives[i].calls) << what;
     EXPECT_EQ(ra.collectives[i].bytes, rb.collectives[i].bytes) << what;
+    const std::vector<sim::NcclCalls>& na = ra.collectives[i].nccl;
+    const std::vector<sim::NcclCalls>& nb = rb.collectives[i].nccl;
+    ASSERT_EQ(na.size(), nb.size()) << what << ": NCCL's choices";
+    for (std::size_t j = 0; j < na.size(); ++j) {
+      EXPECT_EQ(na[j].algo, nb[j].algo) << what;
+      EXPECT_EQ(na[j].proto, nb[j].proto) << what;
+      EXPECT_EQ(na[j].calls, nb[j].calls) << what;
+      EXPECT_EQ(na[j].bytes, nb[j].bytes) << what;
+      EXPECT_EQ(na[j].us, nb[j].us) << what;
+    }
   }
   EXPECT_EQ(ra.compute_us, rb.compute_us) << what;
   EXPECT_EQ(ra.comm_us, rb.comm_us) << what;
