@@ -21,9 +21,24 @@ std::optional<NcclFunc> nccl_func(CollectiveKind k) {
 CollectiveCost CostModel::cost(CollectiveKind k, std::int64_t bytes, int n, int nodes) const {
   const std::optional<NcclFunc> f = nccl_func(k);
   if (nccl == nullptr || !f || n <= 1) return {ring_us(k, bytes, n, nodes), std::nullopt};
-  // One tuning per call: about a hundred table entries, cheaper than caching across threads.
-  const NcclComm comm = nccl->comm(n, std::min(nodes, n));
-  const NcclChoice choice = nccl_choose(comm, nccl_tune(comm), *f, bytes);
+  // NCCL tunes once per communicator; a plan's collectives come in runs on one group, so each
+  // thread keeps the last communicator's tuning (a pure function of its key: no effect on results).
+  struct Last {
+    std::optional<NcclNode> node;  // by value: another plan's node may reuse an address
+    int n = 0, nodes = 0;
+    NcclComm comm;
+    NcclTuning tuning;
+  };
+  thread_local Last last;
+  const int spanned = std::min(nodes, n);
+  if (!last.node || !(*last.node == *nccl) || last.n != n || last.nodes != spanned) {
+    last.comm = nccl->comm(n, spanned);
+    last.tuning = nccl_tune(last.comm);
+    last.node = *nccl;
+    last.n = n;
+    last.nodes = spanned;
+  }
+  const NcclChoice choice = nccl_choose(last.comm, last.tuning, *f, bytes);
   return {static_cast<double>(choice.time_us), choice};
 }
 

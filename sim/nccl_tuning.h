@@ -41,6 +41,7 @@ struct NcclGraph {
   float latency_inter = 0;    // us, the NIC's (net.latency; 0 for InfiniBand verbs)
   bool nvlink = true;         // typeIntra == LINK_NVL: intra-node latencies are NVLink's, else PCI's
   bool same_channels = true;  // sameChannels (broadcast and reduce latency)
+  bool operator==(const NcclGraph&) const = default;
 };
 
 // What one communicator's tuning depends on.
@@ -84,6 +85,7 @@ struct NcclNode {
   NcclGraph ring_nodes, tree_nodes, nvls_nodes;
   // The communicator of `ranks` ranks over `nodes` nodes (ranks per node: NCCL's ranks / nodes).
   NcclComm comm(int ranks, int nodes) const;
+  bool operator==(const NcclNode&) const = default;
 };
 
 }  // namespace zc::sim
