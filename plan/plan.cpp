@@ -310,7 +310,7 @@ PlanResult run_plan(const PlanOptions& o, const Hardware& hw) {
                                   model.preset));
   }
   if (r.representative) spec.sim.simulated_ranks = representative_ranks(o.world);
-  r.schedule = o.schedule.value_or(model.experts > 0 ? sim::Schedule::interleaved : sim::Schedule::decoupled);
+  r.schedule = o.schedule.value_or(sim::Schedule::decoupled);  // MoE's splits declared (props::moe_split)
   spec.sim.schedule = r.schedule;
   spec.sim.threads = kPlanThreads;
   const props::RunResult run = props::run_on_sim(spec);

@@ -216,6 +216,18 @@ void record_state(const Config& cfg, Engine& engine, Comm& world, RankRecord& re
 }
 
 RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
+                 BatchCache& cache, Device* cpu);
+
+}  // namespace
+
+sim::SplitArgs moe_split(int nth, int rank, int ep_size) {
+  ZC_ASSERT(ep_size > 0 && (nth == 0 || nth == 1), "MoE split {} with ep_size {}", nth, ep_size);
+  return nth == 0 ? sim::SplitArgs{rank / ep_size, rank} : sim::SplitArgs{rank % ep_size, rank};
+}
+
+namespace {
+
+RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
                  BatchCache& cache, Device* cpu) {
   const int W = world.size();
   const bool meta = dev.placement() == Placement::meta;
@@ -226,8 +238,9 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   Options opts;
   if (spec.ep_size > 0) {
     if (W % spec.ep_size != 0) throw UsageError(fmt::format("world {} is not a multiple of ep_size {}", W, spec.ep_size));
-    ep = world.split(rank / spec.ep_size, rank);
-    edp = world.split(rank % spec.ep_size, rank);
+    const sim::SplitArgs e = moe_split(0, rank, spec.ep_size), d = moe_split(1, rank, spec.ep_size);
+    ep = world.split(e.color, e.key);
+    edp = world.split(d.color, d.key);
     opts.expert_parallel = ep.get();
     opts.expert_data_parallel = edp.get();
   }
@@ -346,7 +359,17 @@ RunResult run_on_sim(const RunSpec& spec) {
   const std::size_t n = result.ranks.size();
   std::vector<RankRecord> recs(n);
   BatchCache cache(spec, static_cast<int>(n));
-  sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, spec.sim);
+  sim::SimOptions options = spec.sim;
+  if (spec.ep_size > 0 && !options.declared_split) {  // the world's two splits (moe_split)
+    options.declared_split = [ep = spec.ep_size](const std::string& parent, int nth, int parent_rank) {
+      if (parent != "world" || nth > 1) {
+        throw UsageError(fmt::format("an MoE run splits the world twice; split {} of group {} is not one of "
+                                     "them", nth, parent));
+      }
+      return moe_split(nth, parent_rank, ep);
+    };
+  }
+  sim::SimCluster cluster(W, spec.sched_seed != 0 ? spec.sched_seed : spec.seed, options);
   result.comm_after_init.assign(n, CommStats{});
   result.sim = cluster.run([&](sim::RankContext& ctx) {
     const auto r = static_cast<std::size_t>(slot[static_cast<std::size_t>(ctx.rank)]);

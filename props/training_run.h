@@ -134,6 +134,12 @@ struct RankRecord {
 };
 
 RunResult run_on_sim(const RunSpec& spec);
+
+// The expert groups of an MoE run (spec.ep_size > 0), DeepSpeed's layout: the world's split 0
+// gives the expert-parallel groups (blocks of ep_size consecutive ranks), its split 1 the
+// expert-data-parallel groups (the ranks at one index of their blocks). train() makes them with
+// these arguments, and run_on_sim declares them to the decoupled schedule.
+sim::SplitArgs moe_split(int nth, int rank, int ep_size);
 // The same training on one rank of any backend (MPI processes, GPUs): every rank calls it with
 // its own Device and its world Comm; data and init are drawn from the seed exactly as on the
 // simulator, so the records compare bit for bit.

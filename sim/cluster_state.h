@@ -11,6 +11,7 @@
 
 #include <boost/context/fiber.hpp>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,8 +96,12 @@ struct Rendezvous {
   int arrived = 0;
   CallSig first_sig;  // the first arrival's call: every later one must equal it
   bool computed = false;
+  // Note [Stream order] (sim/rendezvous.cpp): timed once every member issued it and is at the
+  // front of its stream; members whose stream's front it is.
+  bool scheduled = false;
+  int stream_fronts = 0;
   double done_us = 0.0;
-  std::vector<int> waiting;  // global ranks blocked in wait() on it
+  std::vector<int> waiting;  // global ranks blocked in wait() on it (until scheduled)
   std::string where() const;  // "group world seq 3"
   // The trace lines of its issue and completion, formatted once for every member: each member's
   // call equals first_sig, so the lines are the same (Note [One trace line per rendezvous]).
@@ -112,9 +117,15 @@ struct DecoupledCall {
   // The replay: members issued so far, their latest issue time, and when it completes.
   std::int64_t replay_issued = 0;
   double replay_issue_us = 0.0;
-  bool replay_computed = false;
+  bool replay_computed = false;  // timed (Note [Stream order])
+  int replay_fronts = 0;         // members whose stream's front it is
   double replay_done_us = 0.0;
   std::vector<int> replay_waiting;  // rank slots blocked on it
+  // split(): the nth on its group, and each member slot's declared arguments, subgroup and rank.
+  int split_nth = -1;
+  std::vector<SplitArgs> split_args;
+  std::vector<Group*> split_groups;
+  std::vector<int> split_ranks;
 };
 
 // One entry of a rank's record under Schedule::decoupled: what happened, on which collective, and
@@ -136,6 +147,8 @@ struct Group {
   int first_rank = 0, last_rank = 0;  // the lowest and highest global rank of the whole group
   std::map<std::int64_t, std::shared_ptr<Rendezvous>> open;  // by seq, until computed
   std::vector<DecoupledCall> calls;  // by seq, Schedule::decoupled only
+  int decoupled_splits = 0;          // split() calls among them
+  int decoupled_creator = -1;        // the member whose run fixed the calls (its first to run)
 };
 
 // The most stack the scheduler prefetches as it resumes a rank (Note [Prefetch on resume] in
@@ -172,6 +185,8 @@ struct alignas(64) RankState {
   // and time spent blocked in wait() past the rank's own clock (exposed communication).
   RankTiming timing;
   double comm_free_us = 0.0;  // when the rank's communication stream is next free
+  // Note [Stream order]: issued, not yet timed, in issue order (interleaved schedule).
+  std::deque<std::shared_ptr<Rendezvous>> stream;
   // ---- line 2
   Trace trace;
   std::int64_t collectives = 0;  // issued so far, every group: Fault::at counts these
@@ -230,7 +245,9 @@ class ClusterState {
   void run_one(const std::function<void(RankContext&)>& fn, RankState& rs);
   int running_rank() const;  // whose code runs on this thread
   WorkPtr issue_decoupled(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
-                          bool async_op);
+                          bool async_op, SplitArgs split);
+  void declare_split(Group& group, DecoupledCall& call);
+  std::size_t next_group_leader(const std::vector<bool>& ran) const;
   void wait_decoupled(SimWork& work);
   void log_event(RankState& rs, ClockEvent::Kind kind, const Group& group, std::int64_t seq);
   void check_decoupled_counts() const;
@@ -238,6 +255,8 @@ class ClusterState {
   // The interleaved timing rules, shared with the replay: a collective of `group` whose last
   // issue was at `issued_us` starts when every member's stream is free; a wait moves the clock.
   double schedule_on(const Group& group, const CallSig& sig, double issued_us);
+  void try_schedule(Rendezvous& rv);  // Note [Stream order]
+  void enqueue_stream(RankState& rs, const std::shared_ptr<Rendezvous>& rv);
   static void advance_to(RankState& rs, double done_us);
   SimResult result();
 

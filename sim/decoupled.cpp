@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <limits>
 #include <thread>
 
@@ -33,17 +34,29 @@ void ClusterState::run_one(const std::function<void(RankContext&)>& fn, RankStat
   rs.finished = true;
 }
 
-// The first rank runs alone and fixes every group's calls; the others then only read them, on
-// SimOptions::threads threads. A failure is the lowest failing rank's, whatever the threads did:
-// every rank below it runs, and ranks above it are skipped once it is known.
+// The first rank runs alone and fixes its groups' calls; so does, one at a time in rank order,
+// the lowest rank of every group it is not in (split()'s subgroups); the others then only read
+// the calls, on SimOptions::threads threads. A failure in that first part ends the run at once
+// (the lowest failing rank among those run); after it, the lowest failing rank's, whatever the
+// threads did: every rank below it runs, and ranks above it are skipped once it is known.
 SimResult ClusterState::run_decoupled(const std::function<void(RankContext&)>& fn) {
   const std::size_t n = ranks_.size();
-  run_one(fn, *ranks_[0]);
-  if (ranks_[0]->error) abort_with(ranks_[0]->rank);
+  std::vector<bool> ran(n, false);
+  for (std::size_t i = 0; i < n;) {
+    run_one(fn, *ranks_[i]);
+    ran[i] = true;
+    if (ranks_[i]->error) abort_with(ranks_[i]->rank);
+    i = next_group_leader(ran);
+  }
   calls_fixed_ = true;
-  std::atomic<std::size_t> next{1}, first_error{n};
+  std::vector<std::size_t> rest;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!ran[i]) rest.push_back(i);
+  }
+  std::atomic<std::size_t> next{0}, first_error{n};
   auto worker = [&] {
-    for (std::size_t i = next++; i < n; i = next++) {
+    for (std::size_t k = next++; k < rest.size(); k = next++) {
+      const std::size_t i = rest[k];
       if (i > first_error.load()) continue;
       run_one(fn, *ranks_[i]);
       if (ranks_[i]->error) {
@@ -54,7 +67,7 @@ SimResult ClusterState::run_decoupled(const std::function<void(RankContext&)>& f
   };
   {
     std::vector<std::jthread> pool;
-    for (int t = 1; t < std::min<int>(options_.threads, static_cast<int>(n) - 1); ++t) pool.emplace_back(worker);
+    for (int t = 1; t < std::min<int>(options_.threads, static_cast<int>(rest.size())); ++t) pool.emplace_back(worker);
     worker();
   }
   for (auto& rs : ranks_) {
@@ -64,6 +77,22 @@ SimResult ClusterState::run_decoupled(const std::function<void(RankContext&)>& f
   check_decoupled_counts();
   replay_clocks();
   return result();
+}
+
+// The slot of the lowest simulated rank not yet run that is the lowest rank of some group, or the
+// slot count: such a rank runs alone, before the other members of its groups, and fixes their calls.
+std::size_t ClusterState::next_group_leader(const std::vector<bool>& ran) const {
+  std::size_t best = ran.size();
+  for (const auto& g : groups_) {
+    if (g->members.empty()) continue;
+    const auto slot = static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(g->members.front())]);
+    std::size_t lowest = slot;
+    for (int m : g->members) {
+      lowest = std::min(lowest, static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(m)]));
+    }
+    if (!ran[lowest]) best = std::min(best, lowest);
+  }
+  return best;
 }
 
 void ClusterState::log_event(RankState& rs, ClockEvent::Kind kind, const Group& group,
@@ -78,16 +107,37 @@ void ClusterState::log_event(RankState& rs, ClockEvent::Kind kind, const Group& 
   rs.since_event_us = 0.0;
 }
 
+// The subgroups of a declared split, built as the interleaved run's compute_split builds them
+// from the members' arguments (the same order of groups, ids and names).
+void ClusterState::declare_split(Group& group, DecoupledCall& call) {
+  call.split_nth = group.decoupled_splits++;
+  Rendezvous rv;
+  rv.group = &group;
+  rv.members.resize(group.members.size());
+  call.split_args.resize(group.members.size());
+  for (std::size_t g = 0; g < group.members.size(); ++g) {
+    call.split_args[g] = options_.declared_split(group.name, call.split_nth, static_cast<int>(g));
+    rv.members[g].split_color = call.split_args[g].color;
+    rv.members[g].split_key = call.split_args[g].key;
+  }
+  compute_split(rv);
+  for (const Member& m : rv.members) {
+    call.split_groups.push_back(m.split_group);
+    call.split_ranks.push_back(m.split_rank);
+  }
+}
+
 WorkPtr ClusterState::issue_decoupled(SimComm& comm, const CallSig& sig, const Tensor& in,
-                                      const Tensor& out, bool async_op) {
+                                      const Tensor& out, bool async_op, SplitArgs split) {
   const int r = comm.global_rank();
   RankState& rs = rank_state(r);
   Group& group = *comm.group();
-  if (sig.kind == CollectiveKind::split) {
+  if (sig.kind == CollectiveKind::split && !options_.declared_split) {
     throw UsageError(fmt::format(
         "rank {}: split() on {} under SimOptions::schedule = decoupled: a rank would need its "
-        "subgroup before the ranks after it have named their colors; use the interleaved "
-        "schedule (Note [Decoupled schedule])", r, group.name));
+        "subgroup before the ranks after it have named their colors; declare the run's splits "
+        "(SimOptions::declared_split) or use the interleaved schedule (Note [Decoupled schedule])",
+        r, group.name));
   }
   if (!sig.meta && ((in.defined() && in.nbytes() > 0) || (out.defined() && out.nbytes() > 0))) {
     throw UsageError(fmt::format("rank {}: {} on {} has data, and the decoupled schedule moves none; "
@@ -96,18 +146,23 @@ WorkPtr ClusterState::issue_decoupled(SimComm& comm, const CallSig& sig, const T
   }
   const std::int64_t seq = comm.next_seq();
   if (seq == static_cast<std::int64_t>(group.calls.size())) {
-    if (calls_fixed_) {  // the calls are read by several threads now: the first rank's are all
+    // The group's first member to run fixes its calls; once the others run (on several threads)
+    // they only read them.
+    if (calls_fixed_ || (group.decoupled_creator != -1 && group.decoupled_creator != r)) {
       throw Deadlock(fmt::format(
           "deadlock: rank {} issued {} on group {} seq {}, which rank {} never issued (it issued {} "
           "collectives on the group). A rank skipped a collective or called collectives in a "
-          "different order.", r, sig.str(), group.name, seq, ranks_[0]->rank, group.calls.size()));
+          "different order.", r, sig.str(), group.name, seq,
+          group.decoupled_creator != -1 ? group.decoupled_creator : group.first_rank, group.calls.size()));
     }
+    group.decoupled_creator = r;
     DecoupledCall c;
     c.sig = sig;
     c.first_rank = r;
     const std::string where = fmt::format("on group {} seq {}", group.name, seq);
     c.issue_line = std::make_shared<const TraceLine>("comm", fmt::format("issue {} {}", sig.str(), where));
     c.done_line = std::make_shared<const TraceLine>("comm", fmt::format("done {} {}", sig.str(), where));
+    if (sig.kind == CollectiveKind::split) declare_split(group, c);
     group.calls.push_back(std::move(c));
   }
   DecoupledCall& call = group.calls[static_cast<std::size_t>(seq)];
@@ -116,6 +171,13 @@ WorkPtr ClusterState::issue_decoupled(SimComm& comm, const CallSig& sig, const T
         "collective mismatch on group {} seq {}:\n  rank {} called {}\n  rank {} called {}\n"
         "Every rank of a group must issue the same collectives, with the same count, dtype, op "
         "and root, in the same order.", group.name, seq, call.first_rank, call.sig.str(), r, sig.str()));
+  }
+  const auto slot = static_cast<std::size_t>(comm.slot());
+  if (sig.kind == CollectiveKind::split && !(call.split_args[slot] == split)) {
+    throw CollectiveMismatch(fmt::format(
+        "split mismatch on group {} seq {}: rank {} called split(color {}, key {}), the run's declared "
+        "split gives it color {}, key {} (SimOptions::declared_split, Note [Decoupled schedule])",
+        group.name, seq, r, split.color, split.key, call.split_args[slot].color, call.split_args[slot].key));
   }
   comm.count_op(sig.kind, sig.bytes());
   rs.trace.record(call.issue_line);
@@ -127,6 +189,10 @@ WorkPtr ClusterState::issue_decoupled(SimComm& comm, const CallSig& sig, const T
   rv->seq = seq;
   rv->members.resize(1);
   rv->first_sig = sig;
+  if (sig.kind == CollectiveKind::split) {
+    rv->members[0].split_group = call.split_groups[slot];
+    rv->members[0].split_rank = call.split_ranks[slot];
+  }
   auto work = std::make_shared<SimWork>(*this, r, 0, rv, in, out, rs.trace.size() - 1);
   rs.inflight.push_back(work);
   if (!async_op) work->wait();
@@ -174,6 +240,34 @@ void ClusterState::check_decoupled_counts() const {
 // (schedule_on, as ClusterState::compute does) and wakes its waiters.
 void ClusterState::replay_clocks() {
   const std::size_t n = ranks_.size();
+  // Note [Stream order]: each rank's untimed collectives in issue order; a collective is timed
+  // once every member issued it and it is at the front of every member's stream.
+  using Entry = std::pair<Group*, DecoupledCall*>;
+  std::vector<std::deque<Entry>> stream(n);
+  std::vector<std::size_t> runnable(n);
+  auto try_time = [&](Entry first) {
+    std::vector<Entry> ready{first};
+    while (!ready.empty()) {
+      const auto [group, call] = ready.back();
+      ready.pop_back();
+      const auto members = static_cast<std::int64_t>(group->members.size());
+      if (call->replay_computed || call->replay_issued != members || call->replay_fronts != members) continue;
+      call->replay_done_us = schedule_on(*group, call->sig, call->replay_issue_us);
+      call->replay_computed = true;
+      for (int w : call->replay_waiting) runnable.push_back(static_cast<std::size_t>(w));
+      call->replay_waiting.clear();
+      for (int member : group->members) {
+        std::deque<Entry>& s = stream[static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(member)])];
+        ZC_ASSERT(!s.empty() && s.front().second == call, "rank {}'s stream front is not group {}'s call",
+                  member, group->name);
+        s.pop_front();
+        if (!s.empty()) {
+          ++s.front().second->replay_fronts;
+          ready.push_back(s.front());
+        }
+      }
+    }
+  };
   std::vector<std::size_t> cursor(n, 0);
   std::vector<bool> resumed(n, false);  // blocked at a wait whose compute is already charged
   std::vector<std::size_t> samples(n, 0);  // samples replayed so far
@@ -184,7 +278,6 @@ void ClusterState::replay_clocks() {
     rs->comm_free_us = 0.0;
     rs->samples.clear();
   }
-  std::vector<std::size_t> runnable(n);
   for (std::size_t i = 0; i < n; ++i) runnable[i] = n - 1 - i;  // rank order, popped from the back
   std::size_t finished = 0;
   while (!runnable.empty()) {
@@ -205,12 +298,10 @@ void ClusterState::replay_clocks() {
       DecoupledCall& call = group.calls[e.seq];
       if (e.kind == ClockEvent::issue) {
         call.replay_issue_us = std::max(call.replay_issue_us, rs.timing.now_us);
-        if (++call.replay_issued == static_cast<std::int64_t>(group.members.size())) {
-          call.replay_done_us = schedule_on(group, call.sig, call.replay_issue_us);
-          call.replay_computed = true;
-          for (int w : call.replay_waiting) runnable.push_back(static_cast<std::size_t>(w));
-          call.replay_waiting.clear();
-        }
+        stream[i].emplace_back(&group, &call);
+        if (stream[i].size() == 1) ++call.replay_fronts;
+        ++call.replay_issued;
+        try_time({&group, &call});
         continue;
       }
       if (!call.replay_computed) {  // blocked: resume here once the last member issues it

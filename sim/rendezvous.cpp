@@ -192,7 +192,9 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
   if (out.defined()) check_write(r, op, out);
 
   if (options_.cost.nccl != nullptr) count_issued_nccl(rs, *comm.group(), sig);
-  if (decoupled_) return issue_decoupled(comm, sig, in, out, async_op);  // Note [Decoupled schedule]
+  if (decoupled_) {  // Note [Decoupled schedule]
+    return issue_decoupled(comm, sig, in, out, async_op, SplitArgs{split_color, split_key});
+  }
   const std::int64_t index = rs.collectives++;
   std::int64_t seq = 0;
   const Fault* corrupting = nullptr;
@@ -232,6 +234,7 @@ WorkPtr ClusterState::issue(SimComm& comm, const CallSig& call, const Tensor& in
                                         rs.trace.size() - 1);
   m.work = work.get();
   rs.inflight.push_back(work);
+  enqueue_stream(rs, slot);
   if (rv->arrived == static_cast<int>(rv->members.size())) compute(*rv);
   // Every collective is a scheduling point: a blocking call that is not computed yet yields in
   // wait(), where it blocks until the last member arrives; any other call yields here.
@@ -270,7 +273,7 @@ void ClusterState::wait_issued(SimWork& work) {
   RankState& rs = rank_state(work.rank_);
   Rendezvous& rv = *work.rv_;
   const Member& m = rv.members[static_cast<std::size_t>(work.member_)];
-  if (!rv.computed) {
+  if (!rv.scheduled) {  // computed, and timed on every member's stream (Note [Stream order])
     rv.waiting.push_back(work.rank_);
     rs.blocked_work = &work;
     rs.blocked_slot = &m;
@@ -278,7 +281,8 @@ void ClusterState::wait_issued(SimWork& work) {
     rs.blocked_work = nullptr;
     rs.blocked_slot = nullptr;
   }
-  ZC_ASSERT(rv.computed, "rank {} woke before {} was computed", work.rank_, rv.where());
+  ZC_ASSERT(rv.computed && rv.scheduled, "rank {} woke before {} was computed and timed", work.rank_,
+            rv.where());
   complete(work);
   work.waited_ = true;
   auto it = std::find_if(rs.inflight.begin(), rs.inflight.end(),
@@ -301,7 +305,6 @@ void ClusterState::compute(Rendezvous& rv) {
   rv.computed = true;
   rv.group->open.erase(rv.seq);
   const CallSig& sig = rv.first_sig;
-  schedule(rv);
   const int n = static_cast<int>(rv.members.size());
   std::vector<const std::byte*> ins;
   for (const Member& m : rv.members) ins.push_back(m.live_input != nullptr ? m.live_input : m.input.data());
@@ -380,8 +383,56 @@ void ClusterState::compute(Rendezvous& rv) {
     m.work->ready_pos_ = static_cast<int>(ready_.size());
     ready_.push_back(m.work);
   }
-  for (int waiter : rv.waiting) make_runnable(waiter);
-  rv.waiting.clear();
+  try_schedule(rv);
+}
+
+// A rank's stream holds its collectives in issue order, which is seq order on each group; a
+// reordered pair (FaultKind::reorder: the rank issued them the other way round) goes in by seq.
+void ClusterState::enqueue_stream(RankState& rs, const std::shared_ptr<Rendezvous>& rv) {
+  auto pos = rs.stream.end();
+  while (pos != rs.stream.begin() && (*std::prev(pos))->group == rv->group && (*std::prev(pos))->seq > rv->seq) {
+    --pos;
+  }
+  if (pos == rs.stream.begin()) {
+    if (!rs.stream.empty()) --rs.stream.front()->stream_fronts;
+    ++rv->stream_fronts;
+  }
+  rs.stream.insert(pos, rv);
+}
+
+// Note [Stream order]
+// A rank's collectives run on its communication stream one after another in the order it issued
+// them, as on one NCCL stream: a collective starts once every member has issued it and each
+// member's stream has finished what that member issued before it (schedule_on: the members'
+// comm_free_us). So a collective is timed only when every member issued it and it is at the
+// front of every member's stream of untimed collectives, and a wait() on it blocks until then.
+// With one group (or groups every rank issues in one order) seq order is every rank's issue
+// order and nothing waits for that; with overlapping groups (MoE's expert-parallel and
+// expert-data-parallel groups) the times no longer depend on the order in which the scheduler,
+// or the decoupled replay (sim/decoupled.cpp), reaches the ranks. Timing only: data is computed
+// when the last member issues, as before.
+void ClusterState::try_schedule(Rendezvous& first) {
+  std::vector<Rendezvous*> ready{&first};
+  while (!ready.empty()) {
+    Rendezvous& rv = *ready.back();
+    ready.pop_back();
+    if (rv.scheduled || !rv.computed || rv.stream_fronts != static_cast<int>(rv.members.size())) continue;
+    schedule(rv);
+    rv.scheduled = true;
+    for (int waiter : rv.waiting) make_runnable(waiter);
+    rv.waiting.clear();
+    const std::shared_ptr<Rendezvous> keep = rank_state(rv.group->members.front()).stream.front();
+    for (int member : rv.group->members) {
+      std::deque<std::shared_ptr<Rendezvous>>& stream = rank_state(member).stream;
+      ZC_ASSERT(!stream.empty() && stream.front().get() == &rv, "rank {}'s stream front is not {}", member,
+                rv.where());
+      stream.pop_front();
+      if (!stream.empty()) {
+        ++stream.front()->stream_fronts;
+        ready.push_back(stream.front().get());
+      }
+    }
+  }
 }
 
 // The collective starts when every member has issued it and every member's communication stream
@@ -546,6 +597,17 @@ void ClusterState::throw_deadlock() const {
     for (std::size_t g = 0; g < rv.members.size(); ++g) {
       if (rv.members[g].arrived) continue;
       missing += (missing.empty() ? "" : ", ") + describe_rank(rv.group->members[g]);
+    }
+    if (missing.empty()) {  // every member issued it: a member's stream is behind (Note [Stream order])
+      for (int member : rv.group->members) {
+        const RankState& ms = *ranks_[static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(member)])];
+        if (ms.stream.empty() || ms.stream.front().get() == &rv) continue;
+        missing += fmt::format("{}rank {}'s stream first runs {}", missing.empty() ? "" : ", ", member,
+                               ms.stream.front()->where());
+      }
+      lines += fmt::format("\n  rank {} waits in {} on {}; every member issued it, but {}", rs->rank,
+                           blocked_call(*rs), rv.where(), missing);
+      continue;
     }
     lines += fmt::format("\n  rank {} waits in {} on {}; not arrived: {}", rs->rank,
                          blocked_call(*rs), rv.where(), missing);

@@ -73,6 +73,17 @@ class InjectedCrash : public ZcError {
 enum class Schedule : std::uint8_t { interleaved, decoupled };
 std::string_view schedule_name(Schedule s);
 
+// What a member gives split(): Comm::split(color, key).
+struct SplitArgs {
+  int color = kNoColor;
+  int key = 0;
+  bool operator==(const SplitArgs&) const = default;
+};
+// The split() calls of a run, declared up front for the decoupled schedule (Note [Decoupled
+// schedule]): the arguments the member at `parent_rank` of group `parent` gives to its `nth`
+// split() on that group (0 for the first).
+using DeclaredSplit = std::function<SplitArgs(const std::string& parent, int nth, int parent_rank)>;
+
 struct SimOptions {
   // Meta mode (Note [Meta mode] in engine/model.h): every rank's device is a MetaDevice and its CPU
   // side too; collectives meet, check, count and take simulated time, and move no data.
@@ -89,6 +100,9 @@ struct SimOptions {
   // every rank). Needs meta mode.
   std::vector<int> simulated_ranks;
   Schedule schedule = Schedule::interleaved;  // Note [Decoupled schedule]
+  // Schedule::decoupled: split() takes its subgroups from this declaration, and each rank's own
+  // call is checked against it; unset, split() is refused under the decoupled schedule.
+  DeclaredSplit declared_split;
   // Schedule::decoupled: threads the ranks after the first run on (the rank function must then be
   // safe to run for different ranks at once); the results do not depend on it.
   int threads = 1;
@@ -123,9 +137,13 @@ struct SimOptions {
 // Exact: memory, collectives, the trace hash, compute_us and comm_us (the same sums in the same
 // order). now_us and wait_us add each segment's compute as one sum instead of op by op, so they
 // may differ from the interleaved clock in the last bits (a relative 1e-12 for a 20,000-op step;
-// tests/sim_decoupled_test.cpp bounds it at 1e-9). Refused, with the reason: data (meta mode only),
-// faults (they need the interleaving), and split() (a rank would need its subgroup before the
-// ranks after it have named their colors). Kept event times (TraceEvent::time_us) are the
+// tests/sim_decoupled_test.cpp bounds it at 1e-9). split(): a rank needs its subgroup before the
+// ranks after it have named their colors, so the run declares its splits up front
+// (SimOptions::declared_split); the first rank to reach a split builds every subgroup from the
+// declaration, in the interleaved run's order (so group ids, names and trace hashes equal its),
+// and every rank's own (color, key) must equal its declared one, else a CollectiveMismatch naming
+// both. Refused, with the reason: data (meta mode only), faults (they need the interleaving), and
+// an undeclared split(). Kept event times (TraceEvent::time_us) are the
 // compute-only clock of the run, not the replayed one.
 
 // Note [Representative ranks]

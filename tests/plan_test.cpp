@@ -293,19 +293,30 @@ TEST(Plan, TheDecoupledScheduleGivesTheInterleavedSchedulesFigures) {
   }
 }
 
-TEST(Plan, AnMoePlanKeepsTheInterleavedScheduleItsGroupsNeed) {
-  PlanOptions o = tiny(2, 4);
-  o.model = transformer_preset("mixtral-tiny");
-  o.ds_config["moe"] = {{"ep_size", 2}};
-  o.ranks = PlanOptions::Ranks::all;
-  EXPECT_EQ(run_plan(o, hardware()).schedule, sim::Schedule::interleaved);
-  o.schedule = sim::Schedule::decoupled;
-  try {
-    run_plan(o, hardware());
-    ADD_FAILURE() << "a decoupled MoE plan ran";
-  } catch (const RankFailure& e) {
-    EXPECT_NE(std::string(e.what()).find("split() on world under SimOptions::schedule = decoupled"),
-              std::string::npos) << e.what();
+// An MoE plan runs decoupled, its expert groups declared (props::moe_split), and gives the
+// interleaved run's figures: memory, collectives and NCCL's choices exactly, the clock to 1e-9.
+TEST(Plan, AnMoePlanRunsDecoupledWithTheInterleavedFigures) {
+  auto close = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({std::abs(a), std::abs(b), 1.0}); };
+  for (int stage : {1, 2}) {
+    for (const auto& [world, ep] : {std::pair{4, 2}, std::pair{16, 4}, std::pair{16, 2}}) {
+      PlanOptions o = tiny(stage, world, {{"overlap_comm", true}});
+      o.model = transformer_preset("mixtral-tiny");
+      o.ds_config["moe"] = {{"ep_size", ep}};
+      o.ranks = PlanOptions::Ranks::all;
+      const PlanResult dec = run_plan(o, hardware());
+      EXPECT_EQ(dec.schedule, sim::Schedule::decoupled);
+      o.schedule = sim::Schedule::interleaved;
+      const PlanResult inter = run_plan(o, hardware());
+      ASSERT_EQ(inter.ranks.size(), dec.ranks.size());
+      for (std::size_t i = 0; i < inter.ranks.size(); ++i) {
+        const std::string what = fmt::format("stage {} world {} ep {} rank {}", stage, world, ep, inter.ranks[i].rank);
+        expect_same_rank_figures(inter.ranks[i], dec.ranks[i], what);
+        EXPECT_TRUE(close(inter.ranks[i].step_us, dec.ranks[i].step_us)) << what;
+        EXPECT_TRUE(close(inter.ranks[i].wait_us, dec.ranks[i].wait_us)) << what;
+      }
+      EXPECT_EQ(to_json(inter).at("memory"), to_json(dec).at("memory"));
+      EXPECT_EQ(to_json(inter).at("collectives_per_step"), to_json(dec).at("collectives_per_step"));
+    }
   }
 }
 

@@ -173,6 +173,100 @@ TEST(SimDecoupled, WhatItCannotRunIsRefusedWithTheReason) {
     ctx.world.split(ctx.rank % 2, ctx.rank);
   });
   EXPECT_NE(split.find("split() on world under SimOptions::schedule = decoupled"), std::string::npos) << split;
+  EXPECT_NE(split.find("declare the run's splits (SimOptions::declared_split)"), std::string::npos) << split;
+}
+
+// MoE's layout: blocks of `ep` consecutive ranks (split 0) and the ranks at one index of their
+// blocks (split 1). Each block all_to_alls, each index group all_reduces, and the world too, in an
+// order where a rank's two groups overlap in time: the clocks depend on Note [Stream order].
+SplitArgs block_split(int nth, int rank, int ep) {
+  return nth == 0 ? SplitArgs{rank / ep, rank} : SplitArgs{rank % ep, rank};
+}
+Body moe_program(int ep) {
+  return [ep](RankContext& ctx) {
+    const int r = ctx.rank;
+    const SplitArgs a = block_split(0, r, ep), b = block_split(1, r, ep);
+    std::unique_ptr<Comm> block = ctx.world.split(a.color, a.key), index = ctx.world.split(b.color, b.key);
+    for (int round = 0; round < 3; ++round) {
+      Tensor work = meta(ctx, (r % 3 + 1) * (1 << 17), "work");
+      ctx.device.fill(work, 1.0);
+      Tensor send = meta(ctx, 1024 * ep, "send"), recv = meta(ctx, 1024 * ep, "recv");
+      WorkPtr a2a = block->all_to_all(recv, send, {.async_op = true});
+      Tensor grads = meta(ctx, 8192 * (round + 1), "grads");
+      WorkPtr ar = index->all_reduce(grads, {.async_op = true});
+      ctx.device.scale(work, 2.0);
+      a2a->wait();
+      Tensor flag = meta(ctx, 64, "flag");
+      ctx.world.all_reduce(flag);
+      ar->wait();
+      ctx.sample_clock();
+    }
+  };
+}
+SimOptions moe_options(Schedule schedule, int threads, int ep) {
+  SimOptions o = options(schedule, threads);
+  o.declared_split = [ep](const std::string&, int nth, int parent_rank) { return block_split(nth, parent_rank, ep); };
+  return o;
+}
+
+// Note [Decoupled schedule]: declared splits give the interleaved run's groups, clocks, traces and
+// counts, on one thread or two; the subgroups without rank 0 are fixed by their lowest rank.
+TEST(SimDecoupled, DeclaredSplitsGiveTheInterleavedRun) {
+  for (const auto& [world, ep] : {std::pair{4, 2}, std::pair{8, 4}, std::pair{12, 4}, std::pair{16, 8}}) {
+    const SimResult inter = SimCluster(world, 5, moe_options(Schedule::interleaved, 1, ep)).run(moe_program(ep));
+    for (int threads : {1, 2}) {
+      const SimResult dec = SimCluster(world, 5, moe_options(Schedule::decoupled, threads, ep)).run(moe_program(ep));
+      expect_same_run(inter, dec, fmt::format("world {} ep {} threads {}", world, ep, threads));
+    }
+  }
+}
+
+TEST(SimDecoupled, ASplitThatIsNotTheDeclaredOneIsAMismatch) {
+  SimOptions o = moe_options(Schedule::decoupled, 2, 2);
+  const std::string e = error_of<CollectiveMismatch>(o, 4, [](RankContext& ctx) {
+    ctx.world.split(ctx.rank == 3 ? 0 : ctx.rank / 2, ctx.rank);
+  });
+  EXPECT_NE(e.find("split mismatch on group world seq 0: rank 3 called split(color 0, key 3), the run's "
+                   "declared split gives it color 1, key 3"), std::string::npos) << e;
+}
+
+TEST(SimDecoupled, ASubgroupCollectiveItsLowestRankSkippedIsADeadlock) {
+  const std::string e = error_of<Deadlock>(moe_options(Schedule::decoupled, 2, 2), 4, [](RankContext& ctx) {
+    std::unique_ptr<Comm> block = ctx.world.split(ctx.rank / 2, ctx.rank);
+    if (ctx.rank != 2) block->barrier();  // rank 2 leads block 1 (ranks 2 and 3)
+  });
+  EXPECT_NE(e.find("rank 3 issued barrier() on group world.c1 seq 0, which rank 2 never issued"),
+            std::string::npos) << e;
+}
+
+// Note [Stream order]: ranks that issue two groups' collectives in opposite orders wait on each
+// other's streams, as two NCCL streams would: a deadlock, naming what each stream runs first.
+TEST(SimStreamOrder, OppositeOrdersOnTwoGroupsAreADeadlock) {
+  SimOptions o = options(Schedule::interleaved);
+  o.meta = false;
+  try {
+    SimCluster(2, 1, o).run([](RankContext& ctx) {
+      std::unique_ptr<Comm> alone = ctx.world.split(0, ctx.rank);  // both ranks: a second group
+      Tensor a = ctx.device.alloc(DType::f32, {4}, "a", MemCategory::unattributed);
+      Tensor b = ctx.device.alloc(DType::f32, {4}, "b", MemCategory::unattributed);
+      if (ctx.rank == 0) {
+        WorkPtr x = ctx.world.all_reduce(a, {.async_op = true});
+        WorkPtr y = alone->all_reduce(b, {.async_op = true});
+        y->wait();
+        x->wait();
+      } else {
+        WorkPtr y = alone->all_reduce(b, {.async_op = true});
+        WorkPtr x = ctx.world.all_reduce(a, {.async_op = true});
+        x->wait();
+        y->wait();
+      }
+    });
+    ADD_FAILURE() << "no deadlock";
+  } catch (const Deadlock& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("every member issued it, but rank 1's stream first runs group world.c0 seq 0"),
+              std::string::npos) << m;
+  }
 }
 
 }  // namespace
