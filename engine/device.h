@@ -87,9 +87,6 @@ struct DeviceCounters {
   std::int64_t bytes_allocated = 0;  // cumulative bytes allocated
 };
 
-// A top-k routing on the host (Device::moe_gate): per token n and choice j (row-major [N*k]),
-// the expert, or -1 when capacity dropped it, and its slot in that expert's capacity buffer
-// (-1 when dropped).
 // The pointwise functions a Hugging Face layer applies op by op, so that each result is a tensor
 // autograd keeps (models/transformer.h, Note [Hugging Face's saved tensors]).
 enum class Unary : std::uint8_t { tanh, silu, cube };
@@ -97,6 +94,9 @@ const char* unary_name(Unary f);
 // Arithmetic per element of Unary f's forward or backward, for the FLOP counters of every backend.
 std::int64_t unary_flops(Unary f, bool backward);
 
+// A top-k routing on the host (Device::moe_gate): per token n and choice j (row-major [N*k]),
+// the expert, or -1 when capacity dropped it, and its slot in that expert's capacity buffer
+// (-1 when dropped). A meta device's route has the sizes and empty tables (Note [Meta mode]).
 struct MoeRoute {
   std::int64_t tokens = 0, k = 0, experts = 0, capacity = 0;
   std::vector<std::int64_t> expert, slot;

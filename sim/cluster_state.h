@@ -247,7 +247,9 @@ class ClusterState {
   WorkPtr issue_decoupled(SimComm& comm, const CallSig& sig, const Tensor& in, const Tensor& out,
                           bool async_op, SplitArgs split);
   void declare_split(Group& group, DecoupledCall& call);
-  std::size_t next_group_leader(const std::vector<bool>& ran) const;
+  std::vector<std::size_t> leader_wave(const std::vector<bool>& ran) const;
+  void run_parallel(const std::function<void(RankContext&)>& fn, const std::vector<std::size_t>& slots,
+                    bool stop_at_error);
   void wait_decoupled(SimWork& work);
   void log_event(RankState& rs, ClockEvent::Kind kind, const Group& group, std::int64_t seq);
   void check_decoupled_counts() const;
@@ -300,6 +302,7 @@ class ClusterState {
   std::vector<int> runnable_pos_;  // index in runnable_, or -1
   // Computed, not yet completed; each is owned by its rank's inflight list until completed and waited.
   std::vector<SimWork*> ready_;
+  bool parallel_wave_ = false;  // Schedule::decoupled: several group leaders run at once
   std::vector<std::shared_ptr<Group>> groups_;
   std::uint64_t schedule_hash_ = 0;
   std::int64_t steps_ = 0;

@@ -34,42 +34,33 @@ void ClusterState::run_one(const std::function<void(RankContext&)>& fn, RankStat
   rs.finished = true;
 }
 
-// The first rank runs alone and fixes its groups' calls; so does, one at a time in rank order,
-// the lowest rank of every group it is not in (split()'s subgroups); the others then only read
-// the calls, on SimOptions::threads threads. A failure in that first part ends the run at once
-// (the lowest failing rank among those run); after it, the lowest failing rank's, whatever the
-// threads did: every rank below it runs, and ranks above it are skipped once it is known.
+// The first rank runs alone and fixes its groups' calls. Then the lowest rank of each group it is
+// not in (split()'s subgroups) fixes that group's calls, in waves: a wave's leaders share no group
+// that one of them leads, so they run at once on SimOptions::threads threads. The others then only
+// read the calls, on the same threads. A failure in the first rank or a wave ends the run at once
+// (the lowest failing rank of it); after them, the lowest failing rank's, whatever the threads
+// did: every rank below it runs, and ranks above it are skipped once it is known.
 SimResult ClusterState::run_decoupled(const std::function<void(RankContext&)>& fn) {
   const std::size_t n = ranks_.size();
   std::vector<bool> ran(n, false);
-  for (std::size_t i = 0; i < n;) {
-    run_one(fn, *ranks_[i]);
-    ran[i] = true;
-    if (ranks_[i]->error) abort_with(ranks_[i]->rank);
-    i = next_group_leader(ran);
+  run_one(fn, *ranks_[0]);
+  ran[0] = true;
+  if (ranks_[0]->error) abort_with(ranks_[0]->rank);
+  for (std::vector<std::size_t> wave = leader_wave(ran); !wave.empty(); wave = leader_wave(ran)) {
+    parallel_wave_ = wave.size() > 1;
+    run_parallel(fn, wave, /*stop_at_error=*/false);
+    parallel_wave_ = false;
+    for (std::size_t i : wave) ran[i] = true;
+    for (std::size_t i : wave) {
+      if (ranks_[i]->error) abort_with(ranks_[i]->rank);
+    }
   }
   calls_fixed_ = true;
   std::vector<std::size_t> rest;
   for (std::size_t i = 0; i < n; ++i) {
     if (!ran[i]) rest.push_back(i);
   }
-  std::atomic<std::size_t> next{0}, first_error{n};
-  auto worker = [&] {
-    for (std::size_t k = next++; k < rest.size(); k = next++) {
-      const std::size_t i = rest[k];
-      if (i > first_error.load()) continue;
-      run_one(fn, *ranks_[i]);
-      if (ranks_[i]->error) {
-        std::size_t seen = first_error.load();
-        while (i < seen && !first_error.compare_exchange_weak(seen, i)) {}
-      }
-    }
-  };
-  {
-    std::vector<std::jthread> pool;
-    for (int t = 1; t < std::min<int>(options_.threads, static_cast<int>(rest.size())); ++t) pool.emplace_back(worker);
-    worker();
-  }
+  run_parallel(fn, rest, /*stop_at_error=*/true);
   for (auto& rs : ranks_) {
     if (rs->error) abort_with(rs->rank);  // outside any handler (Note [No yield inside catch])
   }
@@ -79,20 +70,50 @@ SimResult ClusterState::run_decoupled(const std::function<void(RankContext&)>& f
   return result();
 }
 
-// The slot of the lowest simulated rank not yet run that is the lowest rank of some group, or the
-// slot count: such a rank runs alone, before the other members of its groups, and fixes their calls.
-std::size_t ClusterState::next_group_leader(const std::vector<bool>& ran) const {
-  std::size_t best = ran.size();
+// The ranks (slots, ascending) at `slots`, on SimOptions::threads threads. stop_at_error: ranks
+// above the lowest failing one are skipped once it is known.
+void ClusterState::run_parallel(const std::function<void(RankContext&)>& fn, const std::vector<std::size_t>& slots,
+                                bool stop_at_error) {
+  std::atomic<std::size_t> next{0}, first_error{ranks_.size()};
+  auto worker = [&] {
+    for (std::size_t k = next++; k < slots.size(); k = next++) {
+      const std::size_t i = slots[k];
+      if (stop_at_error && i > first_error.load()) continue;
+      run_one(fn, *ranks_[i]);
+      if (ranks_[i]->error) {
+        std::size_t seen = first_error.load();
+        while (i < seen && !first_error.compare_exchange_weak(seen, i)) {}
+      }
+    }
+  };
+  std::vector<std::jthread> pool;
+  for (int t = 1; t < std::min<int>(options_.threads, static_cast<int>(slots.size())); ++t) pool.emplace_back(worker);
+  worker();
+}
+
+// The group leaders to run next, ascending: the lowest rank (slot) of each group whose leader has
+// not run, if every such group it is in is one it leads. So no two of them touch a group whose
+// calls are not fixed yet, unless it leads that group. Empty when every group's leader has run.
+std::vector<std::size_t> ClusterState::leader_wave(const std::vector<bool>& ran) const {
+  auto slot_of = [&](int rank) { return static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(rank)]); };
+  std::vector<bool> leads(ran.size(), false), blocked(ran.size(), false);
   for (const auto& g : groups_) {
     if (g->members.empty()) continue;
-    const auto slot = static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(g->members.front())]);
-    std::size_t lowest = slot;
+    std::size_t lowest = ran.size();
+    for (int m : g->members) lowest = std::min(lowest, slot_of(m));
+    if (ran[lowest]) continue;  // its calls are fixed
+    leads[lowest] = true;
     for (int m : g->members) {
-      lowest = std::min(lowest, static_cast<std::size_t>(rank_slot_[static_cast<std::size_t>(m)]));
+      if (slot_of(m) != lowest) blocked[slot_of(m)] = true;
     }
-    if (!ran[lowest]) best = std::min(best, lowest);
   }
-  return best;
+  std::vector<std::size_t> wave;
+  for (std::size_t s = 0; s < ran.size(); ++s) {
+    if (leads[s] && !blocked[s]) wave.push_back(s);
+  }
+  ZC_ASSERT(wave.empty() == std::none_of(leads.begin(), leads.end(), [](bool b) { return b; }),
+            "group leaders left but none can run");
+  return wave;
 }
 
 void ClusterState::log_event(RankState& rs, ClockEvent::Kind kind, const Group& group,
@@ -110,6 +131,12 @@ void ClusterState::log_event(RankState& rs, ClockEvent::Kind kind, const Group& 
 // The subgroups of a declared split, built as the interleaved run's compute_split builds them
 // from the members' arguments (the same order of groups, ids and names).
 void ClusterState::declare_split(Group& group, DecoupledCall& call) {
+  if (parallel_wave_) {  // make_group would race with the wave's other leaders
+    throw UsageError(fmt::format(
+        "split() of group {} by its lowest rank while other group leaders run: under the decoupled "
+        "schedule only the first rank's splits, or splits outside a wave of leaders, are supported; "
+        "use the interleaved schedule (Note [Decoupled schedule])", group.name));
+  }
   call.split_nth = group.decoupled_splits++;
   Rendezvous rv;
   rv.group = &group;
