@@ -239,6 +239,21 @@ TEST(SimDecoupled, ASubgroupCollectiveItsLowestRankSkippedIsADeadlock) {
             std::string::npos) << e;
 }
 
+// Group leaders run in parallel waves, so a split of a subgroup by its leader, which would create
+// groups while other leaders run, is refused with the reason (the first rank's splits are not).
+TEST(SimDecoupled, ASubgroupSplitInAWaveOfLeadersIsRefused) {
+  SimOptions o = moe_options(Schedule::decoupled, 2, 2);
+  o.declared_split = [](const std::string& parent, int, int parent_rank) {
+    return parent == "world" ? SplitArgs{parent_rank / 2, parent_rank} : SplitArgs{0, parent_rank};
+  };
+  const std::string e = error_of<RankFailure>(o, 6, [](RankContext& ctx) {
+    std::unique_ptr<Comm> block = ctx.world.split(ctx.rank / 2, ctx.rank);
+    block->split(0, ctx.rank);
+  });
+  EXPECT_NE(e.find("split() of group world.c1 by its lowest rank while other group leaders run"), std::string::npos)
+      << e;
+}
+
 // Note [Stream order]: ranks that issue two groups' collectives in opposite orders wait on each
 // other's streams, as two NCCL streams would: a deadlock, naming what each stream runs first.
 TEST(SimStreamOrder, OppositeOrdersOnTwoGroupsAreADeadlock) {
