@@ -148,7 +148,6 @@ struct Group {
   std::map<std::int64_t, std::shared_ptr<Rendezvous>> open;  // by seq, until computed
   std::vector<DecoupledCall> calls;  // by seq, Schedule::decoupled only
   int decoupled_splits = 0;          // split() calls among them
-  int decoupled_creator = -1;        // the member whose run fixed the calls (its first to run)
 };
 
 // The most stack the scheduler prefetches as it resumes a rank (Note [Prefetch on resume] in

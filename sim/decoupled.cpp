@@ -173,16 +173,15 @@ WorkPtr ClusterState::issue_decoupled(SimComm& comm, const CallSig& sig, const T
   }
   const std::int64_t seq = comm.next_seq();
   if (seq == static_cast<std::int64_t>(group.calls.size())) {
-    // The group's first member to run fixes its calls; once the others run (on several threads)
-    // they only read them.
-    if (calls_fixed_ || (group.decoupled_creator != -1 && group.decoupled_creator != r)) {
+    // The group's lowest simulated rank runs before its other members and fixes its calls; the
+    // others, some of them on other threads, only read them (run_decoupled, leader_wave).
+    const int leader = *std::min_element(group.members.begin(), group.members.end());
+    if (calls_fixed_ || r != leader) {
       throw Deadlock(fmt::format(
           "deadlock: rank {} issued {} on group {} seq {}, which rank {} never issued (it issued {} "
           "collectives on the group). A rank skipped a collective or called collectives in a "
-          "different order.", r, sig.str(), group.name, seq,
-          group.decoupled_creator != -1 ? group.decoupled_creator : group.first_rank, group.calls.size()));
+          "different order.", r, sig.str(), group.name, seq, leader, group.calls.size()));
     }
-    group.decoupled_creator = r;
     DecoupledCall c;
     c.sig = sig;
     c.first_rank = r;
