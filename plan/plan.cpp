@@ -8,8 +8,9 @@
 // tuning model] in sim/nccl_tuning.h), from the node type's search graphs in hardware.json; where
 // the file has none for the node (or --network / --gpus-per-node leave the node type), alpha x
 // ring steps + bytes x nccl-tests' bus factor / (link x efficiency.bus), over NVLink inside a node
-// and the NIC between nodes. A collective starts once every member issued it and every member's communication stream
-// is free (collectives of a rank run one after another, as on one NCCL stream). Time a rank
+// and the NIC between nodes. A collective starts once every member issued it and every member's
+// communication stream is free (a rank's collectives run one after another in its issue order,
+// as on one NCCL stream: Note [Stream order] in sim/rendezvous.cpp). Time a rank
 // spends blocked in wait() is exposed communication; the rest of the collective time overlapped
 // compute (overlap_comm's async reductions, ZeRO-3's prefetch). Under offload the CPU side (the
 // CPU device's FLOPs and bytes at the host's rates) and the PCIe transfers are added after the
@@ -186,6 +187,7 @@ PlanResult::RankFigures rank_figures(const props::RunResult& run, std::size_t i,
         e.bytes /= steps;
         e.us /= steps;
       }
+      std::erase_if(c.nccl, [](const sim::NcclCalls& e) { return e.calls == 0; });  // under one a step
     }
   }
   f.compute_us = b.compute_us - a.compute_us;
