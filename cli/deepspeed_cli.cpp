@@ -156,12 +156,12 @@ int run_bisect(const BisectOptions& o) {
   return b.monotone && (b.first_good || b.last_bad) ? 0 : 1;
 }
 
-bool replay_seed_case(const std::filesystem::path& file, int& exit_code) {
+bool replay_seed_case(const std::filesystem::path& file, int& exit_code, const std::string& on) {
   std::ifstream in(file);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("deepspeed_seed")) return false;
   const props::SeedInvariant& inv = props::find_seed_invariant(j["deepspeed_seed"].get<std::string>());
-  const std::string target = j.value("target", std::string("deepspeed"));
+  const std::string target = on.empty() ? j.value("target", std::string("deepspeed")) : on;
   const props::SeedCase c = props::SeedCase::from_args(j.at("counterexample"));
   fmt::print("replaying {}\n  invariant {} on {}\n  case: {}\n", file.string(), inv.name, target, c.args().dump());
   props::ReferencePools pools(props::reference_env(target, /*with_adam_ops=*/false));

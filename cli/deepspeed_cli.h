@@ -25,7 +25,8 @@ struct BisectOptions {
 };
 int run_bisect(const BisectOptions& o);
 
-// A file with "deepspeed_seed": rerun its case on its DeepSpeed. False when the file is not one.
-bool replay_seed_case(const std::filesystem::path& file, int& exit_code);
+// A file with "deepspeed_seed": rerun its case on its DeepSpeed (on `target` instead, when not
+// empty). False when the file is not one.
+bool replay_seed_case(const std::filesystem::path& file, int& exit_code, const std::string& target = "");
 
 }  // namespace zc::cli

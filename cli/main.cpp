@@ -177,6 +177,9 @@ int main(int argc, char** argv) {
   replay_cmd->add_option("file", replay.file, "A counterexample file (reports/out/counterexamples/*.json)")->required()->check(CLI::ExistingFile);
   replay_cmd->add_option("--trace", replay.trace, "Write a Chrome/Perfetto timeline of the run here");
   replay_cmd->add_flag("--rapidcheck", replay.rapidcheck, "Also regenerate the case from RapidCheck's reproduce string");
+  replay_cmd->add_option("--against", replay.against, "deepspeed | deepspeed==X.Y.Z | deepspeed@DIR: also run the "
+                         "scenario on that DeepSpeed (the invariant on DeepSpeed alone where it has a statement there, "
+                         "and DeepSpeed's values against the engine's); exit status: DeepSpeed's verdict");
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -328,7 +328,7 @@ int run_verify_cli(const VerifyCliOptions& o) {
   if (!o.config.empty()) {
     if (o.against == "deepspeed") {
       throw UsageError("--config and --against deepspeed: the DeepSpeed comparison draws its own scenarios; run it "
-                       "separately (a --config counterexample's ds_config is written beside it for DeepSpeed)");
+                       "separately; a --config counterexample runs on DeepSpeed with `zerocheck replay FILE --against deepspeed`");
     }
     std::vector<std::string> notes;
     // The scenarios' models are 16 wide or less: "auto" bucket sizes resolve from hidden 16.
@@ -380,21 +380,94 @@ int run_verify_cli(const VerifyCliOptions& o) {
   return report.passed() ? 0 : 1;
 }
 
+namespace {
+
+// Note [A counterexample on DeepSpeed]: `replay FILE --against deepspeed[==V|@DIR]` runs the
+// counterexample's scenario (the calls; a verify --config one's ds_config is the scenario's, written
+// beside it) on DeepSpeed through the reference's twin. Two answers: the invariant stated on DeepSpeed
+// alone where zerocheck has that statement (I1: coalesced against per-backward, both on DeepSpeed; I2:
+// micro_step_id at each flush), so the user learns whether DeepSpeed has the failure too; and the
+// comparison of DeepSpeed's values and collectives with the engine's on that scenario (the engine
+// with no known bug switched on), classified as the campaign classifies it. The exit status is
+// DeepSpeed's verdict where there is one, else the comparison's.
+// Before anything runs: the scenario is in the twin's domain, and the ds_config written beside it
+// (the file a user may run by hand) is the one DeepSpeed will run. Returns that file ("" if none).
+std::string check_runnable_on_deepspeed(const ReplayOptions& o, const props::SavedCase& saved) {
+  const props::Scenario& s = saved.scenario;
+  if (const std::string why = props::reference_unexpressible(s); !why.empty()) {
+    throw UsageError(fmt::format("{}: DeepSpeed's twin cannot run this scenario: {} (the twin's domain: "
+                                 "docs/deepspeed-reference.md)", o.file, why));
+  }
+  const std::filesystem::path beside = std::filesystem::path(o.file).replace_extension(".ds_config.json");
+  if (!std::filesystem::exists(beside)) return "";
+  nlohmann::json ran = props::ds_config(s);
+  ran["train_micro_batch_size_per_gpu"] = props::kScenarioMicroBatch;
+  if (load_ds_config(beside.string()) != ran) {
+    throw UsageError(fmt::format("{} is not the scenario's ds_config (edited?): the replay runs the scenario in {}, "
+                                 "whose ds_config is\n{}", beside.string(), o.file, ran.dump(2)));
+  }
+  return beside.string();
+}
+
+int replay_on_deepspeed(const ReplayOptions& o, const props::SavedCase& saved, const std::string& ds_config_file) {
+  const std::string target = props::normalize_target(o.against);
+  const props::Scenario& s = saved.scenario;
+  fmt::print("\non {} (the twin: reference/deepspeed/twin.py){}\n", target,
+             ds_config_file.empty() ? "" : ", with the ds_config " + ds_config_file);
+  props::ReferencePools pools(props::reference_env(target));
+  int rc = 0;
+  bool stated = false;
+  if (const std::string name = props::deepspeed_counterpart(saved.invariant); !name.empty()) {
+    const std::vector<props::Invariant> on_ds = props::reference_invariants(pools);
+    const auto it = std::find_if(on_ds.begin(), on_ds.end(), [&](const props::Invariant& i) { return i.name == name; });
+    const props::Verdict d = it->check(s, props::CheckContext{});
+    stated = d.applies;
+    fmt::print("  {} on DeepSpeed: {}\n", name,
+               !d.applies ? "not applicable (outside the exact domain: " + props::exact_infeasible(s) + ")"
+               : d.holds  ? "holds"
+                          : "FAILS");
+    if (!d.failure.empty()) fmt::print("    {}\n", d.failure);
+    rc = d.applies && !d.holds ? 1 : 0;
+  } else {
+    fmt::print("  {} has no statement on DeepSpeed alone (those are I1-coalesced-bit-exact and "
+               "I2-micro-step-zero-at-flush); the comparison says whether DeepSpeed computes what the engine does\n",
+               saved.invariant);
+  }
+  const props::ReferenceComparison c = props::compare_with_deepspeed(s, pools);
+  const props::ReferenceVerdict cv =
+      props::classify(s, c, props::load_divergence_classes(props::divergence_classes_file()));
+  fmt::print("  the engine{} against DeepSpeed on this scenario: {}\n",
+             saved.bugs.none() ? "" : " (no known bug switched on)",
+             cv.refused  ? "both refuse it (" + c.ds_error + ")"
+             : cv.matched ? "the same values and collectives, bit for bit"
+             : cv.verdict.holds
+                 ? fmt::format("different, each difference a listed class ({})", fmt::join(cv.classes, ", "))
+                 : fmt::format("DIFFERENT in {} ({})", fmt::join(cv.unlisted, ", "), cv.verdict.failure));
+  if (!stated && !cv.verdict.holds) rc = 1;
+  return rc;
+}
+
+}  // namespace
+
 int run_replay(const ReplayOptions& o) {
-  if (int rc = 0; replay_seed_case(o.file, rc)) return rc;  // a seed invariant's case on a DeepSpeed
+  // a seed invariant's case on a DeepSpeed
+  if (int rc = 0; replay_seed_case(o.file, rc, o.against.empty() ? "" : props::normalize_target(o.against))) return rc;
   const props::SavedCase saved = props::load_case(o.file);
   const props::Invariant* inv = props::find_invariant(saved.invariant);
   // A DeepSpeed counterexample reruns both sides: the simulator and DeepSpeed through a fresh pool.
   std::unique_ptr<props::ReferencePools> pools;
   std::vector<props::Invariant> reference;
   if (inv == nullptr && saved.invariant.rfind("deepspeed-", 0) == 0) {
-    pools = std::make_unique<props::ReferencePools>(props::reference_env());
+    pools = std::make_unique<props::ReferencePools>(
+        props::reference_env(o.against.empty() ? "deepspeed" : props::normalize_target(o.against)));
     reference = props::reference_invariants(*pools);
     for (const props::Invariant& r : reference) {
       if (r.name == saved.invariant) inv = &r;
     }
   }
   if (inv == nullptr) throw ConfigError(fmt::format("{}: no invariant named '{}'", o.file, saved.invariant));
+  const bool on_deepspeed = !o.against.empty() && pools == nullptr;
+  const std::string ds_config_file = on_deepspeed ? check_runnable_on_deepspeed(o, saved) : "";
   const props::CheckContext ctx{saved.bugs, real_hooks()};
   fmt::print("replaying {}\n  invariant {}\n  known bugs switched on: {}\n  scenario: {}\n", o.file, saved.invariant,
              saved.bugs.str(), props::describe(saved.scenario));
@@ -418,6 +491,7 @@ int run_replay(const ReplayOptions& o) {
       fmt::print("timeline: not written: the scenario's run raised {}\n", e.what());
     }
   }
+  if (on_deepspeed) return replay_on_deepspeed(o, saved, ds_config_file);
   return v.holds ? 0 : 1;
 }
 

@@ -34,6 +34,9 @@ struct ReplayOptions {
   std::string file;
   std::string trace;  // Chrome/Perfetto timeline of the run ("" = none)
   bool rapidcheck = false;  // also rerun through RapidCheck's reproduce string
+  // "deepspeed", "deepspeed==X.Y.Z" or "deepspeed@DIR": also run the scenario on that DeepSpeed
+  // (Note [A counterexample on DeepSpeed]); a DeepSpeed counterexample reruns on it instead of its own.
+  std::string against;
 };
 int run_replay(const ReplayOptions& o);
 

@@ -222,5 +222,9 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
 // The invariants on DeepSpeed itself and the comparison, as Invariants whose check needs the pool
 // (zerocheck replay of a saved "deepspeed-..." counterexample uses them).
 std::vector<Invariant> reference_invariants(ReferencePools& pools);
+// The invariant of reference_invariants() that states an engine invariant on DeepSpeed alone
+// (I1-coalesced-bit-exact -> deepspeed-I1-coalesced-bit-exact, I2-micro-step-zero-at-flush ->
+// deepspeed-I2-zero3-flush-micro-step-id); "" when the engine invariant has none.
+std::string deepspeed_counterpart(std::string_view engine_invariant);
 
 }  // namespace zc::props
