@@ -32,8 +32,8 @@ void add_hf_options(CLI::App* cmd, HfCliArgs& a, bool with_batch);
 
 HfTrainingArgs training_args(const HfCliArgs& a, int world, std::optional<long long> hidden);
 
-// Reads a ds_config file as DeepSpeed does, as far as zerocheck can (parse_ds_config_text: JSON
-// with comments and trailing commas; other hjson forms are refused naming the place).
+// Reads a ds_config file as DeepSpeed does (parse_ds_config_text: hjson as DeepSpeed's reader takes
+// it, a key twice in one object refused).
 nlohmann::json load_ds_config(const std::string& path);
 
 // What a training script does around the ds_config: "auto" values resolved from the Trainer's

@@ -6,6 +6,7 @@
 
 #include "engine/deepspeed_config_keys.h"
 #include "engine/errors.h"
+#include "engine/hjson.h"
 
 #include <nlohmann/json.hpp>
 
@@ -656,56 +657,7 @@ Config Config::from_json(const json& j, int world_size) {
   return c;
 }
 
-namespace {
-
-// The text with comments blanked (newlines kept, so positions still name the line) and each comma
-// that only a } or ] follows removed; strings are copied as they are.
-std::string without_hjson_extras(const std::string& t) {
-  std::string out;
-  out.reserve(t.size());
-  std::size_t pending_comma = std::string::npos;  // out's index of a comma not yet followed by a value
-  for (std::size_t i = 0; i < t.size();) {
-    const char c = t[i];
-    if (c == '"') {  // a JSON string, escapes included
-      pending_comma = std::string::npos;
-      const std::size_t start = i++;
-      while (i < t.size() && t[i] != '"') i += t[i] == '\\' ? 2 : 1;
-      out.append(t, start, std::min(i + 1, t.size()) - start);
-      ++i;
-      continue;
-    }
-    const bool line_comment = c == '#' || (c == '/' && i + 1 < t.size() && t[i + 1] == '/');
-    const bool block_comment = c == '/' && i + 1 < t.size() && t[i + 1] == '*';
-    if (line_comment || block_comment) {
-      const std::size_t end = line_comment ? t.find('\n', i) : t.find("*/", i + 2);
-      const std::size_t stop = end == std::string::npos ? t.size() : (line_comment ? end : end + 2);
-      for (std::size_t k = i; k < stop; ++k) out += t[k] == '\n' ? '\n' : ' ';
-      i = stop;
-      continue;
-    }
-    if ((c == '}' || c == ']') && pending_comma != std::string::npos) out[pending_comma] = ' ';
-    if (c == ',') {
-      pending_comma = out.size();
-    } else if (!std::isspace(static_cast<unsigned char>(c))) {
-      pending_comma = std::string::npos;
-    }
-    out += c;
-    ++i;
-  }
-  return out;
-}
-
-}  // namespace
-
-json parse_ds_config_text(const std::string& text) {
-  try {
-    return json::parse(without_hjson_extras(text));
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
-    throw ConfigError(fmt::format("ds_config is not valid JSON (with comments and trailing commas): {}. DeepSpeed "
-                                  "reads hjson; zerocheck reads that much of it, not quoteless keys or strings nor "
-                                  "left-out commas", e.what()));
-  }
-}
+json parse_ds_config_text(const std::string& text) { return parse_hjson(text); }
 
 Config Config::from_json_text(const std::string& text, int world_size) {
   return from_json(parse_ds_config_text(text), world_size);

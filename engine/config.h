@@ -155,9 +155,8 @@ struct Config {
   bool zero_enabled() const { return zero.stage > 0; }
 };
 
-// A ds_config file's text as DeepSpeed's hjson reader takes the common forms of it: JSON with
-// comments (#, //, /* */) and trailing commas before } or ]. The rest of hjson (quoteless keys and
-// strings, commas left out) is refused: ConfigError naming the line and column, and that form.
+// A ds_config file's text as DeepSpeed reads it: hjson (engine/hjson.h, Note [DeepSpeed's hjson]),
+// a key twice in one object refused as DeepSpeed refuses it. ConfigError naming the line and column.
 nlohmann::json parse_ds_config_text(const std::string& text);
 
 }  // namespace zc

@@ -57,9 +57,12 @@ TEST(Config, AcceptsARealUsersFile) {
   EXPECT_TRUE(warned) << "unknown keys warn, they do not fail";
 }
 
-// ds_configs as DeepSpeed's hjson reader takes their common forms: comments (#, //, /* */, not
-// inside strings) and trailing commas; quoteless hjson is refused naming the place.
-TEST(Config, DsConfigTextTakesCommentsAndTrailingCommas) {
+// ds_configs as DeepSpeed's hjson reader takes them (Note [DeepSpeed's hjson]): comments (#, //,
+// /* */, not inside strings) and trailing commas in JSON; quoteless keys and values, commas left
+// out, the root's braces left out, '...' and '''...''' strings; numbers as hjson-py makes them.
+// Each expected value worked by hand from hjson-py's decoder (DeepSpeedReference.Hjson* runs
+// hjson-py itself on a corpus).
+TEST(Config, DsConfigTextIsHjsonAsDeepSpeedReadsIt) {
   const nlohmann::json j = parse_ds_config_text(R"({
     # hjson's comment
     "train_micro_batch_size_per_gpu": 2,  // a line comment
@@ -75,14 +78,65 @@ TEST(Config, DsConfigTextTakesCommentsAndTrailingCommas) {
   EXPECT_EQ(j["note"], "a # and // inside a string /* stay */");
   EXPECT_EQ(j["zero_optimization"]["stage"], 2);
   EXPECT_EQ(j["list"], nlohmann::json::array({1, 2, 3}));
-  try {
-    parse_ds_config_text("{\n  train_micro_batch_size_per_gpu: 2\n}");
-    ADD_FAILURE() << "quoteless keys accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("quoteless"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(parse_ds_config_text(R"({"a": 1,, })"), ConfigError) << "two commas are not a trailing comma";
+
+  const nlohmann::json q = parse_ds_config_text(R"(# no braces at the root, no quotes, no commas
+train_micro_batch_size_per_gpu: 2
+gradient_clipping: 1.0
+reduce_bucket_size: 5e8
+big: 1e10
+optimizer: {
+  type: AdamW
+  params: { lr: 3e-4, betas: [0.9, 0.999] }
+}
+note: AdamW, # a quoteless string runs to the end of its line
+flag: true # a literal ends at a comment
+'a key': 'it\'s "x"'
+quoted: "true"
+text:
+  '''
+  first
+    second
+  '''
+)");
+  EXPECT_EQ(q["train_micro_batch_size_per_gpu"], 2);
+  EXPECT_TRUE(q["gradient_clipping"].is_number_integer()) << "hjson-py makes 1.0 the integer 1";
+  EXPECT_EQ(q["gradient_clipping"], 1);
+  EXPECT_TRUE(q["reduce_bucket_size"].is_number_integer());
+  EXPECT_EQ(q["reduce_bucket_size"], 500000000);
+  EXPECT_TRUE(q["big"].is_number_float()) << "1e10 is not below 1e10: it stays a float";
+  EXPECT_EQ(q["optimizer"]["type"], "AdamW");
+  EXPECT_EQ(q["optimizer"]["params"]["lr"], 3e-4);
+  EXPECT_EQ(q["optimizer"]["params"]["betas"], nlohmann::json::array({0.9, 0.999}));
+  EXPECT_EQ(q["note"], "AdamW, # a quoteless string runs to the end of its line");
+  EXPECT_EQ(q["flag"], true);
+  EXPECT_EQ(q["a key"], "it's \"x\"");
+  EXPECT_EQ(q["quoted"], "true");
+  EXPECT_EQ(q["text"], "first\n  second");
+  EXPECT_EQ(parse_ds_config_text("  # only a comment\n"), nlohmann::json::object());
+
+  const auto refused = [](const std::string& text, const std::string& want, const std::string& where) {
+    try {
+      parse_ds_config_text(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+    }
+  };
+  refused("{\n  \"a\": 1,\n  \"a\": 2\n}", "key 'a' twice in one object", "Duplicate keys in DeepSpeed config");
+  refused("{\"zero_optimization\": {\"stage\": 1, \"stage\": 3}}", "key 'stage' twice", "Duplicate keys");
+  refused("{\n  zero stage: 2\n}", "Found whitespace in your key name", "line 2 column 7");
+  refused("{\"a\": 1,, }", "Found ',' where a key name was expected", "line 1 column 9");
+  refused("{\"a\" 1}", "Expecting ':' delimiter", "line 1 column 6");
+  refused("{\"a\": 1} x", "Extra data", "line 1 column 10");
+  refused("{\"a\": [1, 2", "Expecting value", "line 1 column 12");
+  refused("{\"a\": 1} /* open", "Unterminated /* comment", "line 1 column 10");
+  refused("{\"a\": 1e400}", "beyond a double", "line 1 column 7");
+  // hjson's trap: a quoteless string runs to the end of its line, closing braces included (a number
+  // or literal ends at the brace). DeepSpeed says "Bad key name (eof)"; zerocheck also says which
+  // value took the brace.
+  refused("{\n  offload_param: { device: cpu }\n}\n", "Bad key name (eof): line 4 column 1",
+          "the quoteless value at line 2 column 28 holds a closing brace");
 }
 
 // Where DeepSpeed's pydantic models forbid extras (zero_optimization, its offload blocks, fp16,
@@ -342,10 +396,13 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ConfigRejects, ::testing::Values(
   Bad{"predivide_no_rs_zero3", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 3, "reduce_scatter": false}})", "with ZeRO-3 and 'zero_optimization.reduce_scatter': false are not modelled", true},
   Bad{"predivide_zero", R"({"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 0})", "'gradient_predivide_factor' 0 must be a positive number"},
   Bad{"bool_type", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "overlap_comm": "yes"}})", "'zero_optimization.overlap_comm' must be true or false"},
-  Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not valid JSON"},
-  // Found by fuzz/config_fuzz.cpp: nlohmann throws out_of_range (not parse_error) for 1e400.
+  Bad{"not_json", R"({"train_micro_batch_size_per_gpu": 1,)", "ds_config is not hjson as DeepSpeed reads it"},
+  // Found by fuzz/config_fuzz.cpp: nlohmann threw out_of_range (not parse_error) for 1e400.
   Bad{"number_overflow", R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1e400})",
-      "ds_config is not valid JSON"},
+      "the number 1e400 is beyond a double"},
+  // Found by fuzz/config_fuzz.cpp: a byte that is not UTF-8 reached a string that dump() refused.
+  Bad{"not_utf8", "{\"train_micro_batch_size_per_gpu\": 1, \"c\xefntiguous_gradients\": true}",
+      "not UTF-8 at byte 0xef (DeepSpeed opens the file as UTF-8 text): line 1 column 41"},
   // Found by fuzz/config_fuzz.cpp under UBSan: sizes past int64 or int were cast, not refused.
   Bad{"batch_overflow", R"({"train_micro_batch_size_per_gpu": 9223372036854775807})",
       "overflows a 64-bit integer"},

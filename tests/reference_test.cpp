@@ -1,6 +1,7 @@
 // The DeepSpeed reference (label deepspeed): real DeepSpeed 0.19.8 on CPUs through the worker pool.
 // Without the environment (scripts/ds-env.sh) every test fails with the reason; none skips.
 #include "engine/errors.h"
+#include "engine/hjson.h"
 #include "props/reference.h"
 #include "props/verify.h"
 #include "tests/first_step_fixture.h"
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -17,7 +19,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -789,6 +793,83 @@ TEST(DeepSpeedReference, NoOptimizerFailsWhereDeepSpeedFails) {
     const std::string file_line = where.substr(where.rfind('/') + 1);
     EXPECT_NE(got.error.find(file_line), std::string::npos) << got.error;
   }
+}
+
+// Note [DeepSpeed's hjson], checked against DeepSpeed's own reader: every file of the hjson corpus
+// (tests/data/hjson: hjson's forms, numbers, strings, comments, and the files DeepSpeed refuses,
+// among them quoteless values that swallow a closing brace) and every ds_config in examples/ and
+// tests/data, read by reference/deepspeed/read_config.py (hjson.load with DeepSpeed's duplicate-key
+// hook, as DeepSpeedConfig reads a file) and by parse_hjson: the same value, types included
+// (integer or float), or both refuse.
+bool same_json(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number_integer() && b.is_number_integer()) return a == b;  // signed or unsigned
+  if (a.type() != b.type()) return false;
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [k, v] : a.items()) {
+      if (!b.contains(k) || !same_json(v, b.at(k))) return false;
+    }
+    return true;
+  }
+  if (a.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (!same_json(a[i], b[i])) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+TEST(DeepSpeedReference, HjsonReadsAsDeepSpeedsReader) {
+  const ReferenceEnv env = reference_env();
+  const std::filesystem::path src(ZC_SOURCE_DIR);
+  std::vector<std::string> files;
+  for (const std::filesystem::path& dir : {src / "tests" / "data" / "hjson", src / "tests" / "data", src / "examples"}) {
+    const bool deep = dir == src / "examples";
+    for (auto it = std::filesystem::recursive_directory_iterator(dir); it != std::filesystem::recursive_directory_iterator(); ++it) {
+      if (!deep && it.depth() > 0) it.disable_recursion_pending();
+      const std::string ext = it->path().extension().string();
+      if (it->is_regular_file() && (ext == ".hjson" || (ext == ".json" && it->path().parent_path().filename() != "shapes"))) {
+        files.push_back(it->path().string());
+      }
+    }
+  }
+  std::sort(files.begin(), files.end());
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zc-hjson-{}.json", ::getpid());
+  std::string cmd = fmt::format("DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES= {} {} {}", env.python.string(),
+                                (src / "reference" / "deepspeed" / "read_config.py").string(), out.string());
+  for (const std::string& f : files) cmd += " " + f;
+  cmd += " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(out);
+  const nlohmann::json ds = nlohmann::json::parse(in);
+  std::filesystem::remove(out);
+  int accepted = 0, refused = 0;
+  for (const std::string& f : files) {
+    SCOPED_TRACE(f);
+    ASSERT_TRUE(ds.contains(f));
+    std::ifstream t(f, std::ios::binary);
+    std::stringstream text;
+    text << t.rdbuf();
+    std::optional<nlohmann::json> ours;
+    std::string why;
+    try {
+      ours = parse_hjson(text.str());
+    } catch (const ConfigError& e) {
+      why = e.what();
+    }
+    if (ds[f].contains("refused")) {
+      ++refused;
+      EXPECT_FALSE(ours) << "DeepSpeed refuses it (" << ds[f]["refused"] << "); zerocheck read " << ours->dump();
+    } else {
+      ++accepted;
+      ASSERT_TRUE(ours) << "DeepSpeed reads it; zerocheck refused: " << why;
+      EXPECT_TRUE(same_json(*ours, ds[f]["value"])) << "DeepSpeed: " << ds[f]["value"].dump() << "\nzerocheck: " << ours->dump();
+    }
+  }
+  EXPECT_GE(accepted, 25) << "the corpus lost its readable files";
+  EXPECT_GE(refused, 15) << "the corpus lost its refused files";
 }
 
 }  // namespace
