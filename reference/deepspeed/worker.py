@@ -22,6 +22,7 @@ _proto = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
+import cProfile  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
@@ -60,6 +61,9 @@ def main():
     reply({"ready": True, "rank": ds_comm.get_rank(), "world": ds_comm.get_world_size(),
            "deepspeed": deepspeed.__version__, "deepspeed_file": deepspeed.__file__, "torch": torch.__version__})
     memory_warm = False
+    # ZC_DS_PROFILE=DIR: every scenario run under cProfile, the sum written to DIR/rank{R}.prof at
+    # quit (where the reference's time goes: `python -m pstats`).
+    profiler = cProfile.Profile() if os.environ.get("ZC_DS_PROFILE") else None
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -98,6 +102,8 @@ def main():
                 reset_process_state()
                 twin.run_scenario(msg["dir"], counter, measure_memory=False)
                 memory_warm = True
+            if profiler:
+                profiler.enable()
             reset_process_state()
             rec = twin.run_scenario(msg["dir"], counter)
             record.write(os.path.join(msg["dir"], f"rank{ds_comm.get_rank()}.rec"), rec)
@@ -107,6 +113,10 @@ def main():
             reply({"ok": False, "error": f"{type(e).__name__}: {e}".replace("\n", " ")[:2000]})
         finally:
             counter.counting = False
+            if profiler:
+                profiler.disable()
+    if profiler:
+        profiler.dump_stats(os.path.join(os.environ["ZC_DS_PROFILE"], f"rank{ds_comm.get_rank()}.prof"))
     ds_comm.destroy_process_group()
 
 
