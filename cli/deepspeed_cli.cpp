@@ -4,7 +4,7 @@
 #include "props/deepspeed_seeds.h"
 #include "props/deepspeed_target.h"
 #include "props/stopwatch.h"
-#include "reports/text.h"
+#include "reports/seeds.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -27,38 +27,6 @@ void print_result(const props::SeedResult& r) {
   if (!r.saved.empty()) fmt::print("    counterexample (shrunk {} steps): {}; replay: zerocheck replay {}\n", r.shrink_steps, r.saved, r.saved);
 }
 
-// deepspeed-seeds.md (a table) and junit.xml (one testcase per invariant: a failure for fails, a
-// skip with the reason for not applicable and not runnable) beside deepspeed-seeds.json.
-void write_seed_reports(const std::string& target, const std::vector<props::SeedResult>& rs,
-                        const std::filesystem::path& out) {
-  std::ofstream md(out / "deepspeed-seeds.md");
-  md << "# The seeds' invariants on " << reports::md_code(target, false) << "\n\n"
-     << "| invariant | verdict | cases | seconds | summary | counterexample |\n|---|---|---:|---:|---|---|\n";
-  int failures = 0, skipped = 0;
-  for (const props::SeedResult& r : rs) {
-    md << fmt::format("| {} | {} | {} | {:.1f} | {} | {} |\n", reports::md_code(r.invariant), props::to_string(r.verdict),
-                      r.cases, r.seconds, reports::md_text(r.summary),
-                      r.saved.empty() ? "" : reports::md_code("zerocheck replay " + r.saved));
-    failures += r.verdict == props::SeedVerdict::fails;
-    skipped += r.verdict == props::SeedVerdict::not_applicable || r.verdict == props::SeedVerdict::not_runnable;
-  }
-  std::ofstream x(out / "junit.xml");
-  x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-    << fmt::format("<testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n",
-                   reports::xml_escape("seeds on " + target, true), rs.size(), failures, skipped);
-  for (const props::SeedResult& r : rs) {
-    x << fmt::format("  <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\">", reports::xml_escape(target, true),
-                     reports::xml_escape(r.invariant, true), r.seconds);
-    if (r.verdict == props::SeedVerdict::fails) {
-      x << fmt::format("<failure message=\"{}\"/>", reports::xml_escape(r.summary, true));
-    } else if (r.verdict != props::SeedVerdict::holds) {
-      x << fmt::format("<skipped message=\"{}: {}\"/>", props::to_string(r.verdict), reports::xml_escape(r.summary, true));
-    }
-    x << "</testcase>\n";
-  }
-  x << "</testsuite>\n";
-}
-
 }  // namespace
 
 int run_verify_deepspeed_target(const VerifyCliOptions& o) {
@@ -75,7 +43,6 @@ int run_verify_deepspeed_target(const VerifyCliOptions& o) {
   std::filesystem::create_directories(out);
   nlohmann::json all = nlohmann::json::array();
   std::vector<props::SeedResult> results;
-  bool ok = true;
   fmt::print("\n{:<40} {:<15} {:>5} {:>8}  {}\n", "invariant", "verdict", "cases", "seconds", "summary");
   for (const props::SeedInvariant* inv : invs) {
     props::SeedResult r;
@@ -89,14 +56,15 @@ int run_verify_deepspeed_target(const VerifyCliOptions& o) {
       pools.retire(inv->world);
     }
     print_result(r);
-    ok = ok && (r.verdict == props::SeedVerdict::holds || r.verdict == props::SeedVerdict::not_applicable);
     all.push_back(r.to_json());
     results.push_back(r);
   }
   std::ofstream(out / "deepspeed-seeds.json") << all.dump(2) << "\n";
-  write_seed_reports(target, results, out);
-  fmt::print("{} in {:.1f} s; {}/deepspeed-seeds.json\n", ok ? "PASS" : "FAIL", watch.seconds(), out.string());
-  return ok ? 0 : 1;
+  reports::write_seed_reports(target, results, out);
+  const reports::SeedCounts counts = reports::count_seeds(results);
+  fmt::print("{} in {:.1f} s: {}; {}/deepspeed-seeds.html\n", counts.passed() ? "PASS" : "FAIL", watch.seconds(),
+             counts.line(), out.string());
+  return counts.passed() ? 0 : 1;
 }
 
 int run_bisect(const BisectOptions& o) {

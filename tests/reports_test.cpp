@@ -4,6 +4,7 @@
 // text. The sample run fails on purpose, with text full of markup characters and bad bytes.
 #include "engine/errors.h"
 #include "props/verify_report.h"
+#include "reports/seeds.h"
 #include "reports/text.h"
 #include "reports/writers.h"
 
@@ -538,6 +539,60 @@ TEST(ReportsText, EscapesMarkupAndReplacesWhatXmlCannotCarry) {
   EXPECT_EQ(md_code("``x"), "``` ``x ```");
   EXPECT_EQ(md_text("a_b <c> | d"), "a\\_b \\<c\\> \\| d");
   EXPECT_EQ(md_fenced("```\nx", "json"), "````json\n```\nx\n````\n");
+}
+
+// ---- verify --against a release or tree: the seeds' report ----
+
+// One result of each verdict, the values chosen to break markup (<, &, quotes, |, a long unbroken
+// path): every file well-formed, each verdict where it belongs, and the run's verdict in the banner.
+TEST_F(ReportsTest, SeedReportsShowEveryVerdictAndStayWellFormed) {
+  const auto result = [](const char* inv, props::SeedVerdict v, std::string summary, std::string saved = "") {
+    props::SeedResult r;
+    r.target = "deepspeed==0.15.4";
+    r.invariant = inv;
+    r.verdict = v;
+    r.summary = std::move(summary);
+    r.cases = 3;
+    r.seconds = 1.5;
+    r.saved = std::move(saved);
+    return r;
+  };
+  const std::vector<props::SeedResult> rs = {
+      result("I1-coalesced-bit-exact", props::SeedVerdict::holds, "16 cases hold"),
+      result("I4-copies-keep-parent", props::SeedVerdict::fails, "TypeError: can only concatenate tuple (not \"list\") <&> | x",
+             "reports/out/deepspeed-0.15.4/" + std::string(200, 'a') + ".json"),
+      result("I3-no-deepcompile-for-parallel-passes", props::SeedVerdict::not_applicable, "no AutoSP pass in this DeepSpeed"),
+      result("MB-multi-backward-sum", props::SeedVerdict::not_runnable, "rank 1 was killed by signal 9")};
+  fs::create_directories(dir_);
+  write_seed_reports("deepspeed==0.15.4", rs, dir_);
+  EXPECT_EQ(count_seeds(rs).line(), "1 hold, 1 fail, 1 not applicable, 1 not runnable");
+  EXPECT_FALSE(count_seeds(rs).passed());
+  EXPECT_TRUE(count_seeds({rs[0], rs[2]}).passed()) << "not applicable is not a failure";
+
+  std::vector<std::string> errors;
+  const Doc html = parse_xml(read_file(dir_ / "deepspeed-seeds.html"), "deepspeed-seeds.html", errors);
+  ASSERT_NE(html, nullptr);
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  const std::vector<xmlNodePtr> banner = xpath(html.get(), "//p[" + class_has("verdict") + "]");
+  ASSERT_EQ(banner.size(), 1u);
+  EXPECT_EQ(content(banner[0]), "FAIL: 1 hold, 1 fail, 1 not applicable, 1 not runnable");
+  EXPECT_NE(attribute(banner[0], "class").find("fail"), std::string::npos);
+  const std::vector<xmlNodePtr> rows = xpath(html.get(), "//table[@id='seeds']/tr[td]");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(content(xpath(html.get(), "//table[@id='seeds']/tr[td][2]/td[5]")[0]), rs[1].summary);
+  EXPECT_EQ(content(xpath(html.get(), "//table[@id='seeds']/tr[td][2]/td[6]")[0]), "zerocheck replay " + rs[1].saved);
+  EXPECT_EQ(xpath(html.get(), "//td[" + class_has("bad") + "]").size(), 2u) << "fails and not runnable are marked";
+
+  const Doc junit = parse_xml(read_file(dir_ / "junit.xml"), "junit.xml", errors);
+  ASSERT_NE(junit, nullptr);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(xpath(junit.get(), "//failure").size(), 1u);
+  EXPECT_EQ(xpath(junit.get(), "//skipped").size(), 2u);
+  EXPECT_EQ(attribute(xpath(junit.get(), "//testsuite")[0], "failures"), "1");
+
+  const std::string md = read_file(dir_ / "deepspeed-seeds.md");
+  EXPECT_NE(md.find("**FAIL**: 1 hold, 1 fail"), std::string::npos) << md;
+  EXPECT_NE(md.find("\\| x"), std::string::npos) << "a | in a summary cannot end the row: " << md;
 }
 
 }  // namespace
