@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed seed-table bisect gpu-check \
+.PHONY: deps ds-env configure build test test-asan run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed seed-table bisect gpu-check \
         soak-deepspeed \
         fuzz clean
 
@@ -22,6 +22,13 @@ build: configure
 
 test: build ds-env
 	@ctest --preset $(PRESET) -j $(JOBS)
+
+# The unit and prop labels under Address and UB sanitizers (preset asan: a debug build that halts
+# at the first finding, which fails its test). CI runs it after `make test`.
+test-asan: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	@UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -L "unit|prop" -j $(JOBS)
 
 run: build
 	@./$(BUILD)/cli/zerocheck verify --profile default --out reports/out
