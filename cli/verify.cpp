@@ -420,6 +420,7 @@ int replay_on_deepspeed(const ReplayOptions& o, const props::SavedCase& saved, c
   if (const std::string name = props::deepspeed_counterpart(saved.invariant); !name.empty()) {
     const std::vector<props::Invariant> on_ds = props::reference_invariants(pools);
     const auto it = std::find_if(on_ds.begin(), on_ds.end(), [&](const props::Invariant& i) { return i.name == name; });
+    ZC_ASSERT(it != on_ds.end(), "deepspeed_counterpart names {}, which reference_invariants() lacks", name);
     const props::Verdict d = it->check(s, props::CheckContext{});
     stated = d.applies;
     fmt::print("  {} on DeepSpeed: {}\n", name,

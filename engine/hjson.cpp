@@ -35,13 +35,14 @@ namespace zc {
 // - the root object's braces may be left out; an empty text is {}; what follows the root value is
 //   "Extra data".
 // Where hjson-py would raise a Python error other than its decode error (an unterminated /* */ at
-// the end of the text indexes past it) the reader refuses with the same position. Two departures,
+// the end of the text indexes past it) the reader refuses with the same position. Three departures,
 // each refused rather than read differently: a lone UTF-16 surrogate in a \u escape (Python keeps
-// it; UTF-8 cannot hold it), and a number beyond what a double or a 64-bit integer holds (Python
-// makes inf or a big integer). A ''' on the text's first line takes no indentation (hjson-py's
-// search for the line's start wraps to the text's end). A quoteless value is trimmed of ASCII whitespace (Python's
-// str.strip() also trims Unicode spaces such as U+00A0). Checked against hjson-py itself on a
-// corpus (DeepSpeedReference.HjsonReadsAsDeepSpeedsReader, label deepspeed).
+// it; UTF-8 cannot hold it), a number beyond what a double or a 64-bit integer holds (Python makes
+// inf or a big integer), and nesting deeper than 256 levels (hjson-py's recursion stops near 500
+// with RecursionError). A ''' on the text's first line takes no indentation (hjson-py's search for
+// the line's start wraps to the text's end). A quoteless value is trimmed of ASCII whitespace
+// (Python's str.strip() also trims Unicode spaces such as U+00A0). Checked against hjson-py itself
+// on a corpus (DeepSpeedReference.HjsonReadsAsDeepSpeedsReader, label deepspeed).
 
 namespace {
 
@@ -96,7 +97,9 @@ class Reader {
   }
 
  private:
+  static constexpr int kMaxDepth = 256;
   std::string_view s_;
+  int depth_ = 0;
   std::size_t swallowed_ = std::string::npos;  // the first quoteless string holding a } or ]
 
   // DeepSpeed opens the file as text, so a byte sequence Python's UTF-8 codec refuses (a stray
@@ -177,8 +180,13 @@ class Reader {
       if (s_.substr(idx, 3) == "'''") return multiline(idx);
       return quoted(idx + 1);
     }
-    if (ch == '{') return object(idx + 1, false);
-    if (ch == '[') return array(idx + 1);
+    if (ch == '{' || ch == '[') {
+      // A bound on the recursion (hjson-py's own stops near 500 levels with RecursionError).
+      if (++depth_ > kMaxDepth) fail(fmt::format("nested deeper than {} levels", kMaxDepth), idx);
+      auto got = ch == '{' ? object(idx + 1, false) : array(idx + 1);
+      --depth_;
+      return got;
+    }
     return quoteless(idx);
   }
 

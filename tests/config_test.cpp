@@ -132,6 +132,9 @@ text:
   refused("{\"a\": [1, 2", "Expecting value", "line 1 column 12");
   refused("{\"a\": 1} /* open", "Unterminated /* comment", "line 1 column 10");
   refused("{\"a\": 1e400}", "beyond a double", "line 1 column 7");
+  // Found by review: 100,000 '[' would have overflowed the stack; refused at 257 levels.
+  refused(std::string(100000, '[') + std::string(100000, ']'), "nested deeper than 256 levels", "line 1 column 257");
+  EXPECT_NO_THROW(parse_ds_config_text(std::string(256, '[') + std::string(256, ']')));
   // hjson's trap: a quoteless string runs to the end of its line, closing braces included (a number
   // or literal ends at the brace). DeepSpeed says "Bad key name (eof)"; zerocheck also says which
   // value took the brace.
