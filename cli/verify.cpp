@@ -390,6 +390,7 @@ namespace {
 // comparison of DeepSpeed's values and collectives with the engine's on that scenario (the engine
 // with no known bug switched on), classified as the campaign classifies it. The exit status is
 // DeepSpeed's verdict where there is one, else the comparison's.
+
 // Before anything runs: the scenario is in the twin's domain, and the ds_config written beside it
 // (the file a user may run by hand) is the one DeepSpeed will run. Returns that file ("" if none).
 std::string check_runnable_on_deepspeed(const ReplayOptions& o, const props::SavedCase& saved) {
