@@ -13,14 +13,9 @@
 
 namespace zc::reports {
 
-namespace {
-
-using props::BugResult;
-using props::InvariantResult;
-using props::VerifyReport;
-
-// No '<' or '&' in here: the page must stay well-formed XML too.
-constexpr std::string_view kStyle = R"(
+// No '<' or '&' in here: the pages must stay well-formed XML too.
+std::string_view page_style() {
+  static constexpr std::string_view kStyle = R"(
 body { font-family: "DejaVu Sans", Arial, sans-serif; color: #222; max-width: 1150px;
        margin: 1.5em auto; padding: 0 1em; line-height: 1.4; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: 2px; margin-top: 1.6em; }
@@ -37,6 +32,14 @@ pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; overflow-wrap: a
 code { font-family: "DejaVu Sans Mono", monospace; font-size: 13px; }
 svg { display: block; margin: 1em 0; max-width: 100%; height: auto; }
 )";
+  return kStyle;
+}
+
+namespace {
+
+using props::BugResult;
+using props::InvariantResult;
+using props::VerifyReport;
 
 // A table cell: text is escaped here; `cls` "num" right-aligns, "bad" marks a failure.
 struct Cell {
@@ -77,7 +80,7 @@ std::string html_head(const VerifyReport& r) {
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
       "<title>zerocheck verify: {}</title>\n<style>{}</style>\n</head>\n<body>\n"
       "<h1>zerocheck verify</h1>\n<p class=\"verdict {}\">{}{}</p>\n<p>{}</p>\n",
-      verdict(r), kStyle, r.passed() ? "pass" : "fail", verdict(r),
+      verdict(r), page_style(), r.passed() ? "pass" : "fail", verdict(r),
       reasons.empty() ? "" : xml_escape(": " + reasons), xml_escape(run_line(r)));
 }
 

@@ -6,6 +6,7 @@
 #include "reports/seeds.h"
 
 #include "reports/text.h"
+#include "reports/writers.h"
 
 #include <fmt/format.h>
 
@@ -20,21 +21,6 @@ bool bad(SeedVerdict v) { return v == SeedVerdict::fails || v == SeedVerdict::no
 
 std::string replay_of(const SeedResult& r) { return r.saved.empty() ? "" : "zerocheck replay " + r.saved; }
 
-// No '<' or '&': the page stays well-formed XML (as report.html).
-constexpr std::string_view kStyle = R"(
-body { font-family: "DejaVu Sans", Arial, sans-serif; color: #222; max-width: 1150px;
-       margin: 1.5em auto; padding: 0 1em; line-height: 1.4; }
-table { border-collapse: collapse; margin: 0.6em 0 1em; font-size: 14px; max-width: 100%; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
-td { overflow-wrap: anywhere; }
-th { background: #f3f5f7; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.verdict { font-size: 20px; font-weight: bold; padding: 8px 12px; border-radius: 4px; }
-.pass { background: #e3f4e6; color: #1d6b31; }
-.fail { background: #fbe3e3; color: #a11; }
-.bad { color: #b11; font-weight: bold; }
-code { font-family: "DejaVu Sans Mono", monospace; font-size: 13px; }
-)";
 
 }  // namespace
 
@@ -76,7 +62,7 @@ std::string seeds_html(const std::string& target, const std::vector<SeedResult>&
       "the feature), or not runnable (the reason is given).</p>\n"
       "<h2>Invariants</h2>\n<table id=\"seeds\">\n<tr><th>invariant</th><th>verdict</th><th>cases</th>"
       "<th>seconds</th><th>summary</th><th>counterexample</th></tr>\n",
-      xml_escape(target), kStyle, xml_escape(target), c.passed() ? "pass" : "fail", c.passed() ? "PASS" : "FAIL",
+      xml_escape(target), page_style(), xml_escape(target), c.passed() ? "pass" : "fail", c.passed() ? "PASS" : "FAIL",
       xml_escape(c.line()));
   for (const SeedResult& r : rs) {
     s += fmt::format("<tr><td><code>{}</code></td><td{}>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.1f}</td>"

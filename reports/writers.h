@@ -26,5 +26,7 @@ std::string markdown_report(const props::VerifyReport& r);
 std::string md_reference_counts(const nlohmann::json& count);
 std::string html_report(const props::VerifyReport& r);
 std::string junit_report(const props::VerifyReport& r);
+// The CSS every zerocheck HTML page inlines (report.html, deepspeed-seeds.html).
+std::string_view page_style();
 
 }  // namespace zc::reports
