@@ -38,6 +38,21 @@ Tensor Device::alloc(DType dtype, Shape shape, std::string label, MemCategory ca
   return t;
 }
 
+void Device::recategorize(const Tensor& t, MemCategory category, std::string label) {
+  Storage& s = *t.storage();
+  ZC_ASSERT(t.byte_begin() == 0 && t.nbytes() == s.bytes, "{}: recategorize a view of part of {}", name(), s.name);
+  if (s.ledger) {
+    s.ledger->on_free(s.category, s.bytes);
+    s.ledger->on_alloc(category, s.bytes, label);
+  }
+  if (s.stats) {
+    s.stats->on_free(s.category, s.bytes);
+    s.stats->on_alloc(category, s.bytes, label);
+  }
+  s.category = category;
+  s.name = std::move(label);
+}
+
 std::vector<std::byte> to_bytes(Device& dev, const Tensor& t) {
   std::vector<std::byte> out(static_cast<std::size_t>(t.nbytes()));
   if (t.defined() && t.placement() == Placement::host && dev.placement() != Placement::host) {

@@ -114,6 +114,11 @@ class Device {
   // ledger counts it until the last view is gone.
   Tensor alloc(DType dtype, Shape shape, std::string label = {},
                MemCategory category = MemCategory::unattributed);
+  // The allocation behind `t` (the whole of it) is now `category`, named `label`: the ledger and
+  // the allocator's count move its bytes from the old category to the new one, the total
+  // unchanged. What torch's AccumulateGrad does when it makes a fresh gradient the param's .grad
+  // (Module::accumulate_grad's moving form).
+  void recategorize(const Tensor& t, MemCategory category, std::string label);
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same dtype and numel
   // A strided block copy (same dtype, no overlap): dst[r * dst_stride + c] = src[r * src_stride +
   // c] for r < rows, c < cols; both views must hold their last row's elements.

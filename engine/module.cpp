@@ -360,6 +360,20 @@ void Module::remove_hooks(const void* owner) {
   for (auto& c : children_) c->remove_hooks(owner);
 }
 
+void Module::accumulate_grad(Device& dev, Parameter& p, Tensor&& g) {
+  const bool whole = g.defined() && g.byte_begin() == 0 && g.nbytes() == g.storage()->bytes;
+  if (!p.requires_grad || p.grad.defined() || g.dtype() != p.dtype || !whole || g.storage().use_count() != 1) {
+    accumulate_grad(dev, p, static_cast<const Tensor&>(g));
+    return;
+  }
+  ZC_ASSERT(g.numel() == p.numel(), "grad of {} has {} elements, param has {}", p.name, g.numel(), p.numel());
+  dev.recategorize(g, MemCategory::grads, p.name + ".grad");
+  p.grad = g.view(p.shape);
+  g = Tensor();
+  Module& r = root();
+  if (r.grad_ready_) r.grad_ready_(p);
+}
+
 void Module::accumulate_grad(Device& dev, Parameter& p, const Tensor& g) {
   ZC_ASSERT(g.numel() == p.numel(), "grad of {} has {} elements, param has {}", p.name, g.numel(),
             p.numel());

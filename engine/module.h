@@ -206,6 +206,10 @@ class Module {
   // p.grad = p.grad + g (or a copy of g when None), then fires the grad-ready hook: what
   // PyTorch's AccumulateGrad node and a post-accumulate-grad hook do.
   void accumulate_grad(Device& dev, Parameter& p, const Tensor& g);
+  // The same, handing over a gradient the caller allocated for this and drops: when p has no
+  // .grad and g is a whole allocation of p's dtype, g becomes p.grad (recategorized as grads),
+  // as AccumulateGrad takes a gradient nothing else holds without copying it.
+  void accumulate_grad(Device& dev, Parameter& p, Tensor&& g);
 
  protected:
   // The copy path every subclass's copy constructor goes through (Note [Module copies]).

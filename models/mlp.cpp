@@ -107,10 +107,19 @@ HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, con
   return hb;
 }
 
-Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x) {
+// Note [The MLP's activations, as autograd keeps them]
+// What the forward keeps for backward, and when it frees the rest, follow what torch's autograd
+// does for the twin's forward (reference/deepspeed/twin.py MlpTwin: Linear, relu, then
+// (c * h).sum() / B), as DeepSpeed's measured memory shows it: a Linear saves its input (the
+// previous layer's kept output), relu saves its result and not its input, so a layer's output
+// before relu is freed once relu has run (relu's backward masks by the result, which is positive
+// exactly where its input is); the last layer's output is saved by nothing (the loss's product
+// saves c, the factor that needs no grad) and lives until the forward returns. A layer output
+// that no backward reads is a temporary, the kept ones activations.
+Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x, bool kept) {
   l.run_pre_forward();
   Tensor h = dev.alloc(dtype_, {x.dim(0), l.out_features}, l.path() + ".out",
-                       MemCategory::activations);  // [B, out]
+                       kept ? MemCategory::activations : MemCategory::temporaries);  // [B, out]
   dev.matmul(h, x, l.weight().data, false, true, false);
   dev.add_row_vector(h, l.bias().data);
   l.run_post_forward();
@@ -120,7 +129,7 @@ Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x) {
 Tensor Mlp::encode(Device& dev, const Tensor& x) {
   Tensor cur = x;
   for (std::size_t l = 0; l < num_layers(); ++l) {
-    Tensor h = layer_forward(dev, layer(l), cur);
+    Tensor h = layer_forward(dev, layer(l), cur, /*kept=*/true);
     if (spec_.relu && l + 1 < num_layers()) dev.relu(h, h);
     cur = h;
   }
@@ -130,14 +139,14 @@ Tensor Mlp::encode(Device& dev, const Tensor& x) {
 Tensor Mlp::forward_features(Device& dev, const Tensor& x) {
   batch_ = x.dim(0);
   acts_.assign(1, x);
-  pre_.clear();
   for (std::size_t l = 0; l < num_layers(); ++l) {
-    Tensor h = layer_forward(dev, layer(l), acts_.back());
-    pre_.push_back(h);
-    if (spec_.relu && l + 1 < num_layers()) {
+    const bool relu = spec_.relu && l + 1 < num_layers();
+    const bool last = l + 1 == num_layers();
+    Tensor h = layer_forward(dev, layer(l), acts_.back(), /*kept=*/!relu && !last);
+    if (relu) {
       Tensor a = dev.alloc(dtype_, h.shape(), layer(l).path() + ".relu", MemCategory::activations);
       dev.relu(a, h);
-      acts_.push_back(a);
+      acts_.push_back(a);  // h is freed here (Note [The MLP's activations, as autograd keeps them])
     } else {
       acts_.push_back(h);
     }
@@ -152,6 +161,10 @@ double Mlp::forward(Device& dev, const Batch& batch) {
   const Tensor& out = acts_.back();
   if (spec_.loss == LossKind::linear) {
     coeff_ = batch.at("c");
+    {  // the twin's c * h, summed: a [B, out] product that lives until its sum is taken
+      Tensor prod = dev.alloc(dtype_, out.shape(), "loss.c_times_out", MemCategory::temporaries);
+      dev.mul(prod, coeff_, out);
+    }
     loss = dev.dot(coeff_, out) / static_cast<double>(batch_);
   } else {
     dlogits_ = dev.alloc(dtype_, out.shape(), "dlogits", MemCategory::activations);
@@ -162,12 +175,14 @@ double Mlp::forward(Device& dev, const Batch& batch) {
     loss = dev.dot(rows, ones) / static_cast<double>(batch_);
   }
   run_post_forward();
+  out_shape_ = out.shape();
+  if (num_layers() > 0) acts_.back() = Tensor();  // the output: no backward reads it (the loss's gradient is c / B or dlogits)
   return loss;
 }
 
 void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
   ZC_ASSERT(acts_.size() == num_layers() + 1, "backward without forward");
-  Tensor dy = dev.alloc(dtype_, acts_.back().shape(), "dout",
+  Tensor dy = dev.alloc(dtype_, out_shape_, "dout",
                         MemCategory::activations);  // [B, out]
   dev.copy(dy, spec_.loss == LossKind::linear ? coeff_ : dlogits_);
   dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch
@@ -176,24 +191,33 @@ void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
   backward_from(dev, dy);
 }
 
+// Node by node as torch's autograd runs the twin's backward (Note [The MLP's activations, as
+// autograd keeps them]): a Linear's input grad, then its weight and bias grads, which become the
+// params' .grad without a copy when they have none (AccumulateGrad); relu's backward writes a new
+// tensor; a saved activation is freed once the last node that reads it has run.
 void Mlp::backward_from(Device& dev, Tensor dy) {
   run_pre_backward();
   for (std::size_t li = num_layers(); li-- > 0;) {
     Linear& l = layer(li);
     l.run_pre_backward();
-    if (spec_.relu && li + 1 < num_layers()) dev.relu_backward(dy, dy, pre_[li]);
+    if (spec_.relu && li + 1 < num_layers()) {
+      Tensor g = dev.alloc(dtype_, dy.shape(), "drelu", MemCategory::activations);  // [B, out]
+      dev.relu_backward(g, dy, acts_[li + 1]);  // masked by relu's result
+      acts_[li + 1] = Tensor();
+      dy = g;
+    }
     const Tensor& x = acts_[li];  // [B, in]
-    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW", MemCategory::temporaries);  // [out, in]
-    dev.matmul(dw, dy, x, true, false, false);
-    Tensor db = dev.alloc(dtype_, l.bias().shape, "db", MemCategory::temporaries);  // [out]
-    dev.sum_rows(db, dy, false);
     Tensor dx;
     if (li > 0) {
       dx = dev.alloc(dtype_, x.shape(), "dx", MemCategory::activations);  // [B, in]
       dev.matmul(dx, dy, l.weight().data, false, false, false);
     }
-    accumulate_grad(dev, l.weight(), dw);
-    accumulate_grad(dev, l.bias(), db);
+    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW", MemCategory::temporaries);  // [out, in]
+    dev.matmul(dw, dy, x, true, false, false);
+    Tensor db = dev.alloc(dtype_, l.bias().shape, "db", MemCategory::temporaries);  // [out]
+    dev.sum_rows(db, dy, false);
+    accumulate_grad(dev, l.weight(), std::move(dw));
+    accumulate_grad(dev, l.bias(), std::move(db));
     // DeepSpeed's post-backward hook fires only through an input that requires grad: the first
     // layer's is data (Note [ZeRO-3's parameter coordinator]), and so is the model's.
     if (li > 0) l.run_post_backward();

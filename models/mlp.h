@@ -62,11 +62,11 @@ class Mlp : public Model {
   std::unique_ptr<Module> clone_impl() const override { return std::make_unique<Mlp>(*this); }
 
  private:
-  Tensor layer_forward(Device& dev, Linear& l, const Tensor& x);
+  Tensor layer_forward(Device& dev, Linear& l, const Tensor& x, bool kept);
   MlpSpec spec_;
-  std::vector<Tensor> acts_;     // acts_[l] = input of layer l; acts_.back() = output
-  std::vector<Tensor> pre_;      // pre-activation of layer l (for ReLU backward)
+  std::vector<Tensor> acts_;     // acts_[l] = input of layer l (relu's result); acts_.back() = output, until forward returns
   Tensor coeff_, dlogits_;       // linear loss coefficients / cross-entropy dlogits
+  Shape out_shape_;              // the last forward's output shape [B, out]
   std::int64_t batch_ = 0;
 };
 

@@ -194,6 +194,57 @@ TEST(ModuleCopies, SerializeDeserializeIsBitExactAndRebuildsTheSubclasses) {
   });
 }
 
+// torch's AccumulateGrad makes a fresh gradient that nothing else holds the param's .grad without
+// copying it (Note [The MLP's activations, as autograd keeps them]): the moving form of
+// accumulate_grad hands the allocation over and the ledger moves its bytes to grads, the total
+// unchanged. A gradient someone else still holds, a view of part of an allocation, another dtype,
+// or a param that already has a .grad is copied or added as before.
+TEST(ModuleGrads, AFreshWholeGradientBecomesTheGradWithoutACopy) {
+  HostDevice dev;
+  Synthetic m(std::vector<Shape>{{3}});
+  Rng rng(1);
+  m.init_params(dev, DType::f32, DataDomain::exact, {}, rng);
+  Parameter& p = *m.named_parameters().at(0);
+  const MemoryLedger& led = dev.memory();
+  const auto live = [&](MemCategory c) { return led.live()[static_cast<std::size_t>(c)]; };
+  const std::int64_t total = led.live_total();
+
+  Tensor g = dev.alloc(DType::f32, {3}, "dW", MemCategory::temporaries);
+  dev.fill(g, 2.0);
+  const Storage* storage = g.storage().get();
+  m.accumulate_grad(dev, p, std::move(g));
+  ASSERT_TRUE(p.grad.defined());
+  EXPECT_EQ(p.grad.storage().get(), storage) << "the gradient was copied";
+  EXPECT_EQ(p.grad.storage()->name, p.name + ".grad");
+  EXPECT_EQ(live(MemCategory::grads), 12);
+  EXPECT_EQ(live(MemCategory::temporaries), 0);
+  EXPECT_EQ(led.live_total(), total + 12);
+  EXPECT_EQ(to_f64(dev, p.grad), (std::vector<double>{2, 2, 2}));
+
+  Tensor more = dev.alloc(DType::f32, {3}, "dW", MemCategory::temporaries);  // p has a .grad: added
+  dev.fill(more, 3.0);
+  m.accumulate_grad(dev, p, std::move(more));
+  EXPECT_EQ(p.grad.storage().get(), storage);
+  EXPECT_EQ(to_f64(dev, p.grad), (std::vector<double>{5, 5, 5}));
+  more = Tensor();
+  EXPECT_EQ(led.live_total(), total + 12);
+
+  const auto copied = [&](Tensor fresh, const char* why) {
+    p.grad = Tensor();
+    const Storage* before = fresh.storage().get();
+    m.accumulate_grad(dev, p, std::move(fresh));
+    ASSERT_TRUE(p.grad.defined()) << why;
+    EXPECT_NE(p.grad.storage().get(), before) << why << ": taken, not copied";
+    EXPECT_EQ(p.grad.storage()->category, MemCategory::grads) << why;
+  };
+  Tensor held = dev.alloc(DType::f32, {3}, "dW", MemCategory::temporaries);
+  const Tensor other_holder = held;
+  copied(std::move(held), "a gradient another tensor still holds");
+  Tensor big = dev.alloc(DType::f32, {6}, "dW", MemCategory::temporaries);
+  copied(big.narrow(0, 3), "a view of part of an allocation");
+  copied(dev.alloc(DType::f64, {3}, "dW", MemCategory::temporaries), "another dtype");
+}
+
 // Found by fuzz/module_fuzz.cpp under UBSan: nlohmann's get<int64_t> cast a float argument (1e300
 // is undefined behaviour, 2.5 silently became 2); module JSON has integers only, so floats are
 // refused before anything is read.
