@@ -415,7 +415,7 @@ int replay_on_deepspeed(const ReplayOptions& o, const props::SavedCase& saved, c
   const props::Scenario& s = saved.scenario;
   fmt::print("\non {} (the twin: reference/deepspeed/twin.py){}\n", target,
              ds_config_file.empty() ? "" : ", with the ds_config " + ds_config_file);
-  props::ReferencePools pools(props::reference_env(target));
+  props::ReferencePools pools(props::reference_env(target, props::runs_deepspeed_adam_ops(s)));
   int rc = 0;
   bool stated = false;
   if (const std::string name = props::deepspeed_counterpart(saved.invariant); !name.empty()) {

@@ -91,6 +91,10 @@ std::vector<std::string> optimizer_state_keys(const Scenario& s) {
   return {};
 }
 
+bool runs_deepspeed_adam_ops(const Scenario& s) {
+  return s.optimizer != "SGD" && !s.torch_adam;
+}
+
 std::string reference_unexpressible(const Scenario& s) {
   if (s.world > 4) return fmt::format("world {}: the reference pools hold 1-4 ranks", s.world);
   if (s.model != "synthetic" && s.model != "mlp") return fmt::format("model '{}': the twin has Synthetic and MLP only", s.model);

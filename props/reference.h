@@ -31,6 +31,11 @@ std::string reference_unexpressible(const Scenario& s);
 // Adam/AdamW, momentum_buffer for SGD with momentum).
 std::vector<std::string> optimizer_state_keys(const Scenario& s);
 
+// Whether DeepSpeed runs the scenario with one of its own Adam ops (FusedAdam, or CPU Adam under
+// offload), which a release's environment must build first (reference_env's with_adam_ops): an
+// Adam or AdamW block without torch_adam. SGD and torch's Adam need none.
+bool runs_deepspeed_adam_ops(const Scenario& s);
+
 struct DeepSpeedMemory;
 
 // A step's (step, micro-step, chunk) global batch, in place of the scenario's generated one (the

@@ -56,6 +56,7 @@ SITE_CATEGORIES = [
 
 MARK = "zc:mark:"
 EXCLUDED = "zc:excluded"  # not counted at all (the twin's inputs)
+LOG = bool(os.environ.get("ZC_DS_MEMORY_LOG"))  # every counted event kept with its op and frame
 READING = "zc:reading"    # the recorder's reads: what survives them is counted from their end
 LABEL = "zc:category:"    # allocations inside are this category
 
@@ -241,7 +242,8 @@ def _tree(prof):
             ef = e.extra_fields
             if ef.device.type == "cpu":
                 allocs.append({"t": e.start_time_ns, "size": ef.alloc_size, "ptr": ef.ptr, "total": ef.total_allocated,
-                               "ctx": _context(e) if ef.alloc_size > 0 else ()})
+                               "ctx": _context(e) if ef.alloc_size > 0 else (),
+                               "op": _name(e.parent) if LOG and e.parent is not None and ef.alloc_size > 0 else ""})
             continue
         name = _name(e)
         if name.startswith(MARK):
@@ -256,6 +258,17 @@ def _tree(prof):
     allocs.sort(key=lambda a: a["t"])  # stable
     marks.sort()
     return allocs, marks, excluded, reading, labelled
+
+
+def _innermost(ctx):
+    """The innermost Python frame and autograd node around an allocation (ZC_DS_MEMORY_LOG's detail)."""
+    frames = [c for c in ctx if ".py(" in c]
+    nodes = [c.rsplit(": ", 1)[-1] for c in ctx if c.startswith("autograd::engine::evaluate_function")]
+    where = ""
+    if frames:
+        path, line, fn = _frame_file(frames[-1])
+        where = f"{os.path.basename(path)}:{line} {fn}"
+    return where + (f" [{nodes[-1]}]" if nodes else "")
 
 
 def site_of(ctx):
@@ -276,7 +289,7 @@ def category_by_site(ctx):
     if not frames:
         return CPU_BACKEND  # a backend thread's allocation (gloo's)
     innermost = _frame_file(frames[-1])[0]
-    if innermost.endswith(("torch/distributed/distributed_c10d.py", "deepspeed/comm/torch.py")):
+    if innermost.endswith(("torch/distributed/distributed_c10d.py", "deepspeed/comm/torch.py", "deferred_comm.py")):
         return CPU_BACKEND
     for c in reversed(frames):
         if "deepspeed/" not in c:
@@ -374,8 +387,8 @@ def analyse(rec):
     timeline.sort(key=lambda x: x[0])
     out = phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:"))])
     out["events"] = len(allocs)
-    if os.environ.get("ZC_DS_MEMORY_LOG"):  # every counted event, for comparing with the engine's ledger by hand
-        out["log"] = [[delta, a["cat"], site_of(a["ctx"])] for _, delta, a in timeline]
+    if LOG:  # every counted event, for comparing with the engine's ledger by hand
+        out["log"] = [[delta, a["cat"], site_of(a["ctx"]), a["op"], _innermost(a["ctx"])] for _, delta, a in timeline]
         out["log_marks"] = [[sum(1 for t, _, _ in timeline if t < mt), n] for mt, n in marks
                             if not n.startswith(("snap:", "saved:"))]
     return out

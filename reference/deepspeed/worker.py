@@ -42,6 +42,7 @@ import record  # noqa: E402
 import seed_checks  # noqa: E402
 import twin  # noqa: E402
 from comm_counter import CommCounter  # noqa: E402
+from deferred_comm import DeferredComm  # noqa: E402
 from state_reset import reset_process_state  # noqa: E402
 
 
@@ -53,10 +54,25 @@ def reply(obj):
     _proto.flush()
 
 
+def poison_uninitialized_memory():
+    """On unless ZC_DS_POISON=0: every tensor torch.empty and its kin hand out is filled first (NaN for
+    floating point, the largest value for integers), so that DeepSpeed code that reads memory it
+    never wrote gives the same wrong values in every run, instead of whatever an earlier scenario
+    left in that memory (a fresh process's pages are zeros, which hide such a read). torch fills
+    only under deterministic algorithms; warn_only keeps the ops without a deterministic kernel
+    running."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+
+
 def main():
     torch.set_num_threads(1)
+    if os.environ.get("ZC_DS_POISON", "1") != "0":
+        poison_uninitialized_memory()
     timeout_s = float(os.environ.get("ZC_DS_TIMEOUT_S", "60"))
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    if os.environ.get("ZC_DS_DEFER", "1") != "0":
+        DeferredComm()  # before the counter, which then counts the caller's call once
     counter = CommCounter(ds_comm)
     reply({"ready": True, "rank": ds_comm.get_rank(), "world": ds_comm.get_world_size(),
            "deepspeed": deepspeed.__version__, "deepspeed_file": deepspeed.__file__, "torch": torch.__version__})
