@@ -86,7 +86,7 @@ void Model::accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& 
   dev.div(grad, static_cast<double>(samples));
   dev.scale(grad, loss_scale);
   dev.div(grad, static_cast<double>(ga));
-  accumulate_grad(dev, p, grad);
+  accumulate_grad(dev, p, std::move(grad));  // taken as .grad when p has none (AccumulateGrad)
 }
 
 }  // namespace zc

@@ -63,16 +63,34 @@ HostBatch Synthetic::batch_shapes(std::int64_t samples) const {
   return hb;
 }
 
+// Note [Synthetic's memory, as autograd keeps it]
+// The twin's forward (reference/deepspeed/twin.py SyntheticTwin: per param, mean = g.sum(0) / B,
+// then (p * mean).sum()) allocates the column sum (freed once divided), the mean (which the
+// product saves for p's gradient: an activation until that gradient is made), and the product
+// (freed once summed). The engine allocates the same buffers for the same spans; its backward
+// still computes each gradient from the held batch, in the order whose bits DeepSpeed's match,
+// and hands it to the param as AccumulateGrad does, freeing that param's mean after it.
 double Synthetic::forward(Device& dev, const Batch& batch) {
   run_pre_forward();
   held_ = batch;
+  means_.assign(shapes_.size(), Tensor());
   double loss = 0;
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const Tensor& g = held_.at(fmt::format("g{}", i));  // [B, numel]
     const Parameter& p = param(i);
-    Tensor mean = dev.alloc(dtype_, {p.numel()}, "g_mean", MemCategory::temporaries);
-    dev.sum_rows(mean, g, false);
+    Tensor mean = dev.alloc(dtype_, {p.numel()}, "g_mean", MemCategory::activations);
+    {
+      Tensor sum = dev.alloc(dtype_, {p.numel()}, "g_sum", MemCategory::temporaries);
+      dev.sum_rows(sum, g, false);
+      dev.copy(mean, sum);
+    }
     loss += dev.dot(mean, p.data) / static_cast<double>(batch.samples);
+    dev.div(mean, static_cast<double>(batch.samples));
+    {
+      Tensor prod = dev.alloc(dtype_, {p.numel()}, "p_times_mean", MemCategory::temporaries);
+      dev.mul(prod, p.data.view({p.numel()}), mean);
+    }
+    means_[i] = mean;
   }
   run_post_forward();
   return loss;
@@ -84,6 +102,7 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
     const Tensor& g = held_.at(fmt::format("g{}", i));
     Parameter& p = param(i);
     accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
+    if (i < means_.size()) means_[i] = Tensor();  // its MulBackward has run
   }
   // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }

@@ -30,6 +30,7 @@ class Synthetic : public Model {
   Parameter& param(std::size_t i);
   std::vector<Shape> shapes_;
   Batch held_;
+  std::vector<Tensor> means_;  // each param's batch mean, kept for backward as the twin's autograd keeps it
 };
 
 }  // namespace zc
