@@ -46,8 +46,10 @@ SITE_CATEGORIES = [
     ("runtime/zero/stage_1_and_2.py", "average_tensor", "comm_buffers"),
     ("runtime/zero/stage_1_and_2.py", "_get_compact_grad_partition_buffer", "grads"),
     ("runtime/zero/stage_1_and_2.py", "_build_compact_grad_partition_buffer", "grads"),
-    ("runtime/zero/stage3.py", "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads", "comm_buffers"),
-    ("runtime/zero/stage3.py", "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_contiguous_grads", "comm_buffers"),
+    # A frame names its function as written (co_name): __avg_scatter_grads, never the mangled
+    # _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads that attribute access uses.
+    ("runtime/zero/stage3.py", "__avg_scatter_grads", "comm_buffers"),
+    ("runtime/zero/stage3.py", "__avg_scatter_contiguous_grads", "comm_buffers"),
     ("runtime/zero/partition_parameters.py", "_allgather_params", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "_allgather_params_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "all_gather_coalesced", "gathered_params"),

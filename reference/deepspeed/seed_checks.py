@@ -70,11 +70,24 @@ def _config(stage, offload, ga, contiguous, overlap, bucket):
 
 
 def _full_params(engine, stage):
+    """Every param in full, as a user reads it. At ZeRO-3 one GatheredParameters per param: releases
+    up to 0.19.7 wait on the last of several params' all-gathers only (docs/findings.md, defect 9),
+    and the worker makes that race read NaN every time (deferred_comm.py); the seeds' verdicts are
+    about their own seeds, so they read the params one at a time, which that defect spares. A value
+    that is still not finite is memory nothing wrote: an error, not a verdict on the seed."""
     params = list(engine.module.parameters())
     if stage == 3:
-        with deepspeed.zero.GatheredParameters(params):
-            return [p.detach().clone().float() for p in params]
-    return [p.detach().clone().float() for p in params]
+        out = []
+        for p in params:
+            with deepspeed.zero.GatheredParameters([p]):
+                out.append(p.detach().clone().float())
+    else:
+        out = [p.detach().clone().float() for p in params]
+    for i, t in enumerate(out):
+        if not bool(torch.isfinite(t).all()):
+            raise RuntimeError(f"param {i} read back from DeepSpeed holds {t.flatten().tolist()[:4]}: "
+                               f"memory nothing had written (every value of these cases is finite)")
+    return out
 
 
 def _expected(seed, world, ga, n, steps):
