@@ -47,8 +47,6 @@ class Mlp : public Model {
   std::string describe() const override;
   const MlpSpec& spec() const { return spec_; }
 
-  // The output of the last forward, [B, out] model dtype (Contrastive's representations).
-  const Tensor& output() const { return acts_.back(); }
   // Forward without keeping activations for backward (GradCache's first pass).
   Tensor encode(Device& dev, const Tensor& x);
   // Forward that keeps activations for backward_from; returns the output [B, out].
