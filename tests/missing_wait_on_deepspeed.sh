@@ -11,21 +11,22 @@
 set -uo pipefail
 zc=$1 case_file=$2 i1_file=$3
 fail() { echo "FAIL: $*"; exit 1; }
-for run in 1 2; do
-  out=$("$zc" replay "$case_file" --against deepspeed==0.19.2 2>&1); rc=$?
+# expect WHAT FILE TARGET RC PATTERN...: the replay of FILE on TARGET exits RC and says every PATTERN.
+expect() {
+  local what=$1 file=$2 target=$3 want_rc=$4 out rc
+  shift 4
+  out=$("$zc" replay "$file" --against "$target" 2>&1); rc=$?
   printf '%s\n' "$out"
-  [ $rc -eq 1 ] || fail "run $run: replay on 0.19.2 exited $rc (1 expected: DeepSpeed reads a param before its all-gather)"
-  for want in 'verdict: FAILS' 'layers\.0\.weight\[0\]: zerocheck -0\.004150390625 .* vs DeepSpeed nan' 'replayed exactly'; do
-    grep -Eq "$want" <<<"$out" || fail "run $run on 0.19.2: the output does not say: $want"
+  [ $rc -eq "$want_rc" ] || fail "$what: replay on $target exited $rc ($want_rc expected)"
+  for want in "$@"; do
+    grep -Eq "$want" <<<"$out" || fail "$what on $target: the output does not say: $want"
   done
+}
+for run in 1 2; do  # DeepSpeed reads a param before its all-gather, every run
+  expect "run $run" "$case_file" deepspeed==0.19.2 1 'verdict: FAILS' \
+    'layers\.0\.weight\[0\]: zerocheck -0\.004150390625 .* vs DeepSpeed nan' 'replayed exactly'
 done
-out=$("$zc" replay "$case_file" --against deepspeed 2>&1); rc=$?
-printf '%s\n' "$out"
-[ $rc -eq 0 ] && grep -q 'verdict: holds' <<<"$out" || fail "replay on 0.19.8 exited $rc (0 and 'verdict: holds' expected)"
-out=$("$zc" replay "$i1_file" --against deepspeed==0.19.2 2>&1); rc=$?
-printf '%s\n' "$out"
-[ $rc -eq 1 ] || fail "I1 on 0.19.2 exited $rc (1 expected)"
-for want in 'verdict: FAILS' 'params layers\.0\.weight\[0\] is nan .*DeepSpeed read memory nothing had written' 'replayed exactly'; do
-  grep -Eq "$want" <<<"$out" || fail "I1 on 0.19.2: the output does not say: $want"
-done
+expect "the comparison" "$case_file" deepspeed 0 'verdict: holds'
+expect "I1" "$i1_file" deepspeed==0.19.2 1 'verdict: FAILS' \
+  'params layers\.0\.weight\[0\] is nan .*DeepSpeed read memory nothing had written' 'replayed exactly'
 echo "PASS"
