@@ -5,6 +5,7 @@
 #include "engine/errors.h"
 #include "engine/host_device.h"
 #include "engine/trace.h"
+#include "models/transformer.h"
 #include "props/scenario_gen.h"
 #include "props/stopwatch.h"
 
@@ -71,6 +72,18 @@ std::int64_t ulps_apart(double a, double b, DType dtype) {
   return dtype == DType::bf16 ? d >> 16 : d;
 }
 
+// max |a - b| over max |b| (FieldDiff::max_rel); infinite for different sizes or a NaN.
+double max_rel_apart(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (!std::isnan(a[i])) diff = std::max(diff, std::fabs(a[i] - b[i]));
+    if (!std::isnan(b[i])) scale = std::max(scale, std::fabs(b[i]));
+  }
+  return diff == 0 ? 0 : scale == 0 ? INFINITY : diff / scale;
+}
+
 std::int64_t max_ulps_apart(const std::vector<double>& a, const std::vector<double>& b, DType dtype) {
   if (a.size() != b.size()) return INT64_MAX;
   std::int64_t m = 0;
@@ -97,7 +110,10 @@ bool runs_deepspeed_adam_ops(const Scenario& s) {
 
 std::string reference_unexpressible(const Scenario& s) {
   if (s.world > 4) return fmt::format("world {}: the reference pools hold 1-4 ranks", s.world);
-  if (s.model != "synthetic" && s.model != "mlp") return fmt::format("model '{}': the twin has Synthetic and MLP only", s.model);
+  if (s.model != "synthetic" && s.model != "mlp" && !is_transformer(s)) {
+    return fmt::format("model '{}': the twin has Synthetic, MLP and the tiny transformers (gpt2-tiny, llama-tiny, "
+                       "llama-gqa-tiny) only", s.model);
+  }
   if (s.dtype == "f16") {
     return "dtype f16: DeepSpeed 0.19.8 refuses fp16 on a CPU without mkldnn fp16 support (this machine's accelerator "
            "reports is_fp16_supported() falsy); the reference leaves fp16 out";
@@ -147,7 +163,12 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir, 
         const HostBatch hb = source ? source(step, m, c) : global_batch(spec, *model, step, m, c);
         const Batch up = upload_batch(dev, hb, dtype);  // rounded to the model dtype as the engine sees it
         for (const auto& [name, t] : up.tensors) {
-          if (step == 0 && m == 0 && c == 0) arrays.push_back({{"name", name}, {"row", t.numel() / hb.samples}});
+          // Token ids and labels: int64 on DeepSpeed's side, as Hugging Face's models take them (the
+          // engine holds them in f32, upload_batch).
+          const bool tokens = name == "ids" || name == "labels";
+          if (step == 0 && m == 0 && c == 0) {
+            arrays.push_back({{"name", name}, {"row", t.numel() / hb.samples}, {"dtype", tokens ? "int64" : s.dtype}});
+          }
           const std::vector<double> v = to_f64(dev, t);
           batches.insert(batches.end(), v.begin(), v.end());
         }
@@ -159,6 +180,24 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir, 
     nlohmann::json shapes = nlohmann::json::array();
     for (std::int64_t n : s.shape) shapes.push_back({n});
     model_j = {{"kind", "synthetic"}, {"shapes", shapes}};
+  } else if (is_transformer(s)) {
+    const TransformerSpec t = transformer_preset(s.model);
+    model_j = {{"kind", "transformer"},
+               {"preset", s.model},
+               {"vocab", t.vocab},
+               {"dim", t.dim},
+               {"layers", t.layers},
+               {"heads", t.heads},
+               {"kv_heads", t.kv_heads},
+               {"ffn", t.ffn},
+               {"seq", t.seq},
+               {"norm", t.norm == NormKind::layernorm ? "layernorm" : "rmsnorm"},
+               {"mlp", t.mlp == MlpKind::gelu ? "gelu" : "swiglu"},
+               {"positions", t.pos == PositionKind::learned ? "learned" : "rotary"},
+               {"tied_embeddings", t.tied_embeddings},
+               {"bias", t.bias},
+               {"eps", t.eps},
+               {"rope_base", t.rope_base}};
   } else {
     model_j = {{"kind", "mlp"}, {"dims", s.shape}, {"relu", s.shape.size() > 2}};
   }
@@ -290,14 +329,15 @@ const ReferenceRecord::mapped_type& entry(const ReferenceRecord& r, const std::s
 void compare_records(const Scenario& s, const RunResult& sim, const std::vector<ReferenceRecord>& ds,
                      ReferenceComparison& out) {
   const ReferenceRecord& d0 = ds.at(0);
-  auto note = [&](const std::string& field, const std::string& detail, std::int64_t ulps = -1) {
+  auto note = [&](const std::string& field, const std::string& detail, std::int64_t ulps = -1, double rel = -1) {
     for (FieldDiff& f : out.diffs) {
       if (f.field == field) {  // the first difference per field, the largest distance over all steps
         f.max_ulps = std::max(f.max_ulps, ulps);
+        f.max_rel = std::max(f.max_rel, rel);
         return;
       }
     }
-    out.diffs.push_back({field, detail, ulps});
+    out.diffs.push_back({field, detail, ulps, rel});
   };
   const DType accum = s.grad_accum_dtype.empty() ? dtype_of(s) : DType::f32;
   // `field` at `step`: zerocheck's z against DeepSpeed's "<field>/<step>" (opt:<key>: "opt/<key>/<step>").
@@ -305,7 +345,9 @@ void compare_records(const Scenario& s, const RunResult& sim, const std::vector<
     std::string name = fmt::format("{}/{}", field, step);
     if (name.rfind("opt:", 0) == 0) name[3] = '/';
     const std::vector<double>& d = entry(d0, name);
-    if (std::string diff = first_element_diff(s, step, z, d); !diff.empty()) note(field, diff, max_ulps_apart(z, d, dtype));
+    if (std::string diff = first_element_diff(s, step, z, d); !diff.empty()) {
+      note(field, diff, max_ulps_apart(z, d, dtype), max_rel_apart(z, d));
+    }
   };
   for (int step = 0; step < s.steps; ++step) {
     const auto at = static_cast<std::size_t>(step);

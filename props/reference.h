@@ -62,6 +62,10 @@ struct FieldDiff {
   // grads, params, masters: the largest distance of any element on any step, in units in the
   // last place of the dtype (f32 or bf16); -1 for the other fields.
   std::int64_t max_ulps = -1;
+  // grads, params, masters, opt:<key>: the largest |zerocheck - DeepSpeed| of any element over the
+  // largest |DeepSpeed| of the field at that step, over all steps (a scale-free distance for values
+  // no exact domain holds: a transformer's); -1 for the other fields.
+  double max_rel = -1;
 };
 
 // One phase of DeepSpeed's CPU memory on one rank (reference/deepspeed/memory.py): the peak of live
@@ -147,6 +151,7 @@ struct DivergenceClass {
   nlohmann::json when;                 // {scenario key: [allowed values] | {"min": x, "max": y}}
   std::vector<std::string> affects;    // fields (a "comm:" prefix covers every kind)
   std::int64_t max_ulps = -1;          // >= 0: a value field is covered only within this many ulps
+  double max_rel = -1;                 // >= 0: a value field is covered only within this FieldDiff::max_rel
   Scenario witness;
 };
 std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path& file);

@@ -45,6 +45,7 @@ std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path
       d.when = c.at("when");
       d.affects = c.at("affects").get<std::vector<std::string>>();
       d.max_ulps = c.value("max_ulps", std::int64_t{-1});
+      d.max_rel = c.value("max_rel", -1.0);
       d.witness = scenario_from_json(c.at("witness"));
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("{}: class {}: {}", file.string(), c.dump().substr(0, 80), e.what()));
@@ -89,6 +90,7 @@ bool field_affected(const DivergenceClass& c, const std::string& field) {
 bool class_covers(const DivergenceClass& c, const Scenario& s, const FieldDiff& diff) {
   if (!field_affected(c, diff.field)) return false;
   if (c.max_ulps >= 0 && diff.max_ulps > c.max_ulps) return false;  // past the class's stated bound
+  if (c.max_rel >= 0 && !(diff.max_rel >= 0 && diff.max_rel <= c.max_rel)) return false;
   const nlohmann::json j = to_json(s);
   for (const auto& [key, cond] : c.when.items()) {
     if (!condition_holds(j.at(key), cond)) return false;
@@ -112,7 +114,8 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
       }
     }
     if (by == nullptr) {
-      const std::string ulps = d.max_ulps >= 0 ? fmt::format(" ({} ulp at most)", d.max_ulps) : "";
+      std::string ulps = d.max_ulps >= 0 ? fmt::format(" ({} ulp at most)", d.max_ulps) : "";
+      if (d.max_rel >= 0) ulps += fmt::format(" (max |difference| {:.3g} of the largest value)", d.max_rel);
       if (v.verdict.holds) v.verdict.failure = fmt::format("unlisted divergence in {}{}: {}", d.field, ulps, d.detail);
       else v.verdict.failure += fmt::format("; also {}", d.field);
       v.verdict.holds = false;

@@ -4,6 +4,7 @@
 #include "engine/errors.h"
 #include "models/mlp.h"
 #include "models/synthetic.h"
+#include "models/transformer.h"
 #include "models/tree.h"
 
 #include <fmt/format.h>
@@ -238,13 +239,20 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   check_one_of("grad_accum_dtype", s.grad_accum_dtype, {"", "f32"});
   check_one_of("communication_data_type", s.comm_dtype, {"", "f32", "f16", "bf16"});
   check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
-  check_one_of("model", s.model, {"synthetic", "mlp", "tree"});
+  check_one_of("model", s.model, {"synthetic", "mlp", "tree", "gpt2-tiny", "llama-tiny", "llama-gqa-tiny"});
   check_one_of("domain", s.domain, {"exact", "gaussian"});
+  if (is_transformer(s)) {
+    if (!s.shape.empty()) throw ConfigError(fmt::format("scenario key 'shape': the transformer preset {} takes none ([])", s.model));
+    if (s.domain != "gaussian") {
+      throw ConfigError(fmt::format("scenario key 'domain': {} has no exact-domain data (softmax, norms and "
+                                    "rotary positions are never exact); use gaussian", s.model));
+    }
+  }
   if (s.world < 1 || s.n < 1 || s.ga < 1 || s.steps < 1) {
     throw ConfigError(fmt::format("scenario: world ({}), n_backward ({}), gradient_accumulation_steps ({}) "
                                   "and steps ({}) must be >= 1", s.world, s.n, s.ga, s.steps));
   }
-  if ((s.shape.empty() && s.model != "tree") || (s.model == "mlp" && s.shape.size() < 2)) {
+  if ((s.shape.empty() && s.model != "tree" && !is_transformer(s)) || (s.model == "mlp" && s.shape.size() < 2)) {
     throw ConfigError(fmt::format("scenario key 'shape': {} needs {} entries", s.model, s.model == "mlp" ? "at least 2" : "at least 1"));
   }
   for (std::int64_t d : s.shape) {
@@ -255,6 +263,10 @@ Scenario scenario_from_json(const nlohmann::json& j) {
 }
 
 DType dtype_of(const Scenario& s) { return parse_dtype(s.dtype); }
+
+bool is_transformer(const Scenario& s) {
+  return s.model == "gpt2-tiny" || s.model == "llama-tiny" || s.model == "llama-gqa-tiny";
+}
 
 std::string describe(const Scenario& s) {
   std::string out = fmt::format("z{} w{} n{} ga{} steps{} {}", s.stage, s.world, s.n, s.ga, s.steps, s.dtype);
@@ -406,6 +418,7 @@ ExactSpec exact_spec(const Scenario& s) {
 }
 
 std::string exact_infeasible(const Scenario& s) {
+  if (is_transformer(s)) return fmt::format("no exact data: {}'s softmax, norms and rotary positions are never exact", s.model);
   std::int64_t odd = exact_spec(s).grad_multiple;
   while (odd % 2 == 0) odd /= 2;
   const int odd_bits = bits_for(odd);
@@ -431,6 +444,8 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
     spec.make_model = [shapes] { return std::make_unique<Synthetic>(shapes); };
   } else if (s.model == "tree") {
     spec.make_model = [code = s.shape] { return std::make_unique<TreeModel>(code); };
+  } else if (is_transformer(s)) {
+    spec.make_model = [t = transformer_preset(s.model)] { return std::make_unique<Transformer>(t); };
   } else {
     const MlpSpec m{s.shape, s.shape.size() > 2, LossKind::linear};
     spec.make_model = [m] { return std::make_unique<Mlp>(m); };

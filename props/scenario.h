@@ -31,7 +31,9 @@ struct Scenario {
   bool coalesce = false;                 // run each step's N backwards coalesced (GA 1)
   // synthetic: one param per entry, of that many elements. mlp: layer widths [in, h..., out],
   // ReLU between layers and a linear loss. tree: a random module tree's code (models/tree.h),
-  // prescribed grads like Synthetic's, gathered node by node under ZeRO-3.
+  // prescribed grads like Synthetic's, gathered node by node under ZeRO-3. gpt2-tiny, llama-tiny,
+  // llama-gqa-tiny: those transformer presets (models/transformer.h), Hugging Face's eager blocks
+  // on token ids; no shape ([]), and the gaussian domain only (softmax and norms are never exact).
   std::string model = "synthetic";
   std::vector<std::int64_t> shape{5, 3};
   std::vector<std::string> passes;       // compile passes; empty = no compile()
@@ -105,6 +107,8 @@ std::string describe(const Scenario& s);
 inline constexpr std::int64_t kScenarioMicroBatch = 2;
 
 DType dtype_of(const Scenario& s);
+// The scenario's model is one of the transformer presets (Scenario::model).
+bool is_transformer(const Scenario& s);
 // The DeepSpeed config the scenario trains with.
 nlohmann::json ds_config(const Scenario& s);
 // The exact-domain data spec for the scenario (scale and grad multiple).

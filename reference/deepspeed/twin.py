@@ -5,6 +5,8 @@ Twins (the same params, in the same order, with the same names as zerocheck's mo
   so autograd gives exactly the prescribed gradient (models/synthetic.h).
 - mlp: Linear layers layers.0, layers.1, ... (weight [out, in], bias [out]), ReLU between layers
   when enabled, linear loss sum(c * out) / B (models/mlp.h).
+- transformer: the tiny presets of models/transformer.h, op by op as Hugging Face's eager GPT-2 and
+  Llama compute them (TransformerTwin), on zerocheck's module tree and param names.
 Initial weights and every global batch come from zerocheck's files, already rounded to the model
 dtype, so every conversion here is exact.
 
@@ -28,7 +30,7 @@ from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_g
 import memory
 import record
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "int64": torch.int64}
 
 
 # The reference's one patch of DeepSpeed, for the recorder's getters only (a finding about
@@ -106,12 +108,178 @@ class MlpTwin(torch.nn.Module):
         return (c * h).sum() / x.shape[0]
 
 
+def _rmsnorm(x, w, eps):
+    # LlamaRMSNorm.forward (transformers' modeling_llama.py)
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return w * h.to(dtype)
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _gelu_new(x):
+    # transformers' NewGELUActivation
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _Part(torch.nn.Module):
+    """One module of zerocheck's tree, holding its params directly (registered by TransformerTwin
+    under zerocheck's names), so that ZeRO-3 gathers them together when its forward runs, as the
+    engine's module hooks do."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def norm(self, w, b, x):
+        if self.m["norm"] == "layernorm":
+            return torch.nn.functional.layer_norm(x, (x.shape[-1],), getattr(self, w), getattr(self, b), self.m["eps"])
+        return _rmsnorm(x, getattr(self, w), self.m["eps"])
+
+    def linear(self, w, b, x):
+        return torch.nn.functional.linear(x, getattr(self, w), getattr(self, b) if self.m["bias"] else None)
+
+
+class _Embed(_Part):
+    def forward(self, ids):
+        x = torch.nn.functional.embedding(ids, self.tok)
+        if self.m["positions"] == "learned":  # GPT2Model: inputs_embeds + position_embeds
+            position_ids = torch.arange(ids.shape[1]).unsqueeze(0)
+            x = x + torch.nn.functional.embedding(position_ids, self.pos)
+        return x
+
+
+class _Block(_Part):
+    """GPT2Block or LlamaDecoderLayer, eager attention, dropout 0."""
+
+    def forward(self, x, mask, rope):
+        if self.m["norm"] == "layernorm":  # GPT2Block keeps its attention output until it returns
+            residual = x
+            a = self.attention(self.norm("attn_norm", "attn_norm_b", x), mask, rope)
+            x = a + residual
+            residual = x
+            f = self.mlp(self.norm("mlp_norm", "mlp_norm_b", x))
+            return residual + f
+        residual = x
+        x = self.attention(self.norm("attn_norm", None, x), mask, rope)
+        x = residual + x
+        residual = x
+        x = self.mlp(self.norm("mlp_norm", None, x))
+        return residual + x
+
+    def attention(self, h, mask, rope):
+        m = self.m
+        B, S, _ = h.shape
+        H, Hkv = m["heads"], m["kv_heads"]
+        dh = m["dim"] // H
+        q = self.linear("wq", "bq", h).view(B, S, H, dh).transpose(1, 2)
+        k = self.linear("wk", "bk", h).view(B, S, Hkv, dh).transpose(1, 2)
+        v = self.linear("wv", "bv", h).view(B, S, Hkv, dh).transpose(1, 2)
+        if m["norm"] == "layernorm":  # GPT2Attention's eager_attention_forward
+            w = torch.matmul(q, k.transpose(-1, -2))
+            w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+            w = w + mask
+            w = torch.nn.functional.softmax(w, dim=-1)
+            w = w.type(v.dtype)
+        else:  # LlamaAttention: rotary positions, repeat_kv, softmax in f32
+            cos, sin = rope
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            if H != Hkv:
+                rep = H // Hkv
+                k = k[:, :, None, :, :].expand(B, Hkv, rep, S, dh).reshape(B, H, S, dh)
+                v = v[:, :, None, :, :].expand(B, Hkv, rep, S, dh).reshape(B, H, S, dh)
+            w = torch.matmul(q, k.transpose(2, 3)) * dh ** -0.5
+            w = w + mask
+            w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(w, v)
+        o = o.transpose(1, 2).contiguous()
+        o = o.reshape(B, S, -1).contiguous()
+        return self.linear("wo", "bo", o)
+
+    def mlp(self, h):
+        if self.m["mlp"] == "gelu":
+            return self.linear("w_proj", "b_proj", _gelu_new(self.linear("w_fc", "b_fc", h)))
+        gate = torch.nn.functional.linear(h, self.w_gate)
+        up = torch.nn.functional.linear(h, self.w_up)
+        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, self.w_down)
+
+
+class _Norm(_Part):
+    def forward(self, x):
+        return self.norm("weight", "bias", x)
+
+
+class _Head(_Part):
+    def forward(self, h):
+        return torch.nn.functional.linear(h, self.weight)
+
+
+class TransformerTwin(torch.nn.Module):
+    """zerocheck's Transformer (models/transformer.h) as Hugging Face's eager GPT2LMHeadModel and
+    LlamaForCausalLM compute it: the same ops in the same order, so autograd saves what it saves
+    there (Note [Hugging Face's saved tensors]); dropout 0. The tree is zerocheck's: embed, layers.i,
+    norm, lm_head, each holding its params directly (wq, wk, ...), so ZeRO-3 gathers a decoder layer
+    at once, as the engine does, where Hugging Face's Linear submodules are gathered one by one."""
+
+    def __init__(self, m, params):
+        super().__init__()
+        self.m = m
+        self.embed = _Embed(m)
+        self.layers = torch.nn.ModuleList(_Block(m) for _ in range(m["layers"]))
+        self.norm = _Norm(m)
+        self.lm_head = _Head(m)
+        for p in params:
+            owner, name = p["name"].rsplit(".", 1)
+            self.get_submodule(owner).register_parameter(name, torch.nn.Parameter(torch.zeros(p["shape"])))
+        if m["tied_embeddings"]:  # Hugging Face ties lm_head.weight to the token embedding
+            self.lm_head.weight = self.embed.tok
+
+    def forward(self, ids, labels):
+        m = self.m
+        B, S = ids.shape
+        x = self.embed(ids)
+        dtype = x.dtype
+        rope = None
+        if m["positions"] == "rotary":  # LlamaRotaryEmbedding: cos and sin [1, S, dh] in the model dtype
+            position_ids = torch.arange(S).unsqueeze(0)
+            dh = m["dim"] // m["heads"]
+            inv_freq = 1.0 / (m["rope_base"] ** (torch.arange(0, dh, 2, dtype=torch.int64).float() / dh))
+            freqs = (inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            rope = (emb.cos().to(dtype), emb.sin().to(dtype))
+            del inv_freq, freqs, emb
+        # The eager causal mask [B, 1, S, S] in the model dtype: 0 where a query sees a key, the
+        # dtype's lowest value above the diagonal.
+        mask = torch.full((S, S), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None].expand(B, 1, S, S).contiguous()
+        for layer in self.layers:
+            x = layer(x, mask, rope)
+        del mask
+        logits = self.lm_head(self.norm(x))
+        del x
+        # ForCausalLMLoss: the logits upcast, the labels padded and shifted into a contiguous
+        # target (zerocheck's labels are already the next tokens, so the pad goes in front).
+        logits = logits.float().view(-1, m["vocab"])
+        padded = torch.nn.functional.pad(labels, (1, 0), value=-100)
+        target = padded[..., 1:].contiguous().view(-1)
+        del padded
+        return torch.nn.functional.cross_entropy(logits, target, ignore_index=-100, reduction="mean")
+
+
 def build_twin(spec):
     m = spec["model"]
     if m["kind"] == "synthetic":
         model = SyntheticTwin([tuple(s) for s in m["shapes"]])
     elif m["kind"] == "mlp":
         model = MlpTwin(m["dims"], m["relu"])
+    elif m["kind"] == "transformer":
+        model = TransformerTwin(m, spec["params"])
     else:
         raise ValueError(f"the twin has no model kind {m['kind']!r}")
     names = [n for n, _ in model.named_parameters()]
@@ -146,7 +314,7 @@ def load_batches(spec, directory, rank, dtype):
                     row = a["row"]
                     full = torch.tensor(values[at:at + W * B * row], dtype=torch.float64).reshape(W * B, row)
                     at += W * B * row
-                    arrays[a["name"]] = full[rank * B:(rank + 1) * B].to(dtype)
+                    arrays[a["name"]] = full[rank * B:(rank + 1) * B].to(DTYPES.get(a.get("dtype"), dtype))
                 out[(s, m, c)] = arrays
     if at != len(values):
         raise ValueError(f"batches.f64 has {len(values)} values, the scenario reads {at}")
