@@ -33,13 +33,16 @@ const Tensor& Batch::at(const std::string& name) const {
   return it->second;
 }
 
+DType batch_array_dtype(const std::string& name, DType model_dtype) {
+  return name == "labels" || name == "ids" ? DType::f64 : model_dtype;
+}
+
 Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype) {
   Batch b;
   b.samples = hb.samples;
   const bool meta = dev.placement() == Placement::meta;
   for (const auto& [name, a] : hb.arrays) {
-    // Token ids and labels stay f32, which holds every id below 2^24 (a bf16 id would not).
-    const DType dt = name == "labels" || name == "ids" ? DType::f32 : dtype;
+    const DType dt = batch_array_dtype(name, dtype);
     if (meta) {  // Note [Meta mode]: shapes only, whatever values the array holds
       b.tensors.emplace(name, dev.alloc(dt, a.shape, "batch." + name, MemCategory::activations));
       continue;

@@ -43,6 +43,10 @@ struct Batch {
 };
 // Uploads every array in `dtype`, except "labels" and "ids" which stay f32 (token ids).
 Batch upload_batch(Device& dev, const HostBatch& hb, DType dtype);
+// The dtype a batch array is uploaded in: the model's, but token ids and labels in f64, which is
+// the 8 bytes of the int64 tensors torch takes them as (so the ledger holds what a torch run holds)
+// and holds every id exactly.
+DType batch_array_dtype(const std::string& name, DType model_dtype);
 
 // A value of the data domain: exact k * 2^-e, or a standard normal times `gaussian_scale`.
 double draw_value(Rng& rng, DataDomain domain, const ExactSpec& ex, double gaussian_scale = 1.0);

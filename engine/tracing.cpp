@@ -19,7 +19,7 @@ void make_params_fake(Module& m) {
 
 namespace {
 
-// The batch shapes make_batch gives, as meta tensors ("labels" and "ids" stay f32, as upload_batch keeps them).
+// The batch shapes make_batch gives, as meta tensors, in upload_batch's dtypes.
 Batch meta_batch(MetaDevice& meta, const Model& model, std::int64_t samples) {
   Rng rng(0);
   const HostBatch hb = model.make_batch(rng, samples, DataDomain::exact, ExactSpec{});
@@ -27,7 +27,7 @@ Batch meta_batch(MetaDevice& meta, const Model& model, std::int64_t samples) {
   b.samples = hb.samples;
   for (const auto& [name, a] : hb.arrays) {
     b.tensors.emplace(name,
-                      meta.alloc(name == "labels" || name == "ids" ? DType::f32 : model.dtype(), a.shape, name,
+                      meta.alloc(batch_array_dtype(name, model.dtype()), a.shape, name,
                                  MemCategory::activations));
   }
   return b;
