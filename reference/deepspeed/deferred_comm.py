@@ -36,6 +36,19 @@ _DEFERRED = {
 }
 
 
+# The argument a non-in-place collective reads (position 1 in every one of them), by keyword.
+_INPUT_NAMES = ("input_tensor", "tensor", "input_tensors", "input_list", "input")
+
+# Note: gloo's threads never hold DeepSpeed's tensors. Every collective, synchronous ones too, reads
+# and writes private copies, so the last reference to a DeepSpeed tensor is always DeepSpeed's own,
+# dropped on the Python thread. The profiler sees only the allocations and frees of the threads it
+# profiles: a DeepSpeed tensor whose last reference a gloo worker dropped after DeepSpeed let it go
+# was freed where the profiler cannot see, and stayed live in the record until the scenario ended,
+# in some runs and not others (an ipg buffer, a gradient; memory.py's "run to run" variation).
+# The private copies are the CPU backend's (memory.py), kept apart from what is compared, and are
+# reused for the life of a scenario (_Pool) rather than freed, for the same reason.
+
+
 class DeferredWork:
     """A handle whose wait() waits on gloo's and then delivers the result into the caller's tensors."""
 
@@ -57,13 +70,35 @@ class DeferredWork:
         return getattr(self._work, name)
 
 
-def _stage(t, copy_input):
-    """A private tensor (or list) standing for `t`: a clone when the collective reads it too."""
-    if isinstance(t, (list, tuple)):
-        return [_stage(x, copy_input) for x in t]
-    if not torch.is_tensor(t):
-        return t
-    return t.detach().clone() if copy_input else torch.empty_like(t)
+class _Pool:
+    """The private copies, kept and reused for the life of a scenario (Note: gloo's threads never hold
+    DeepSpeed's tensors): a private copy is never freed while a scenario runs, so gloo's threads never
+    free one where the profiler cannot see it."""
+
+    def __init__(self):
+        self.free = {}
+
+    def clear(self):
+        self.free = {}
+
+    def take(self, t, copy_input):
+        if isinstance(t, (list, tuple)):
+            return [self.take(x, copy_input) for x in t]
+        if not torch.is_tensor(t):
+            return t
+        free = self.free.get((tuple(t.shape), t.dtype), [])
+        buf = free.pop() if free else torch.empty(t.shape, dtype=t.dtype)
+        if copy_input:
+            with torch.no_grad():
+                buf.copy_(t)
+        return buf
+
+    def give(self, t):
+        if isinstance(t, (list, tuple)):
+            for x in t:
+                self.give(x)
+        elif torch.is_tensor(t):
+            self.free.setdefault((tuple(t.shape), t.dtype), []).append(t)
 
 
 def _copy_back(dst, src):
@@ -78,6 +113,7 @@ def _copy_back(dst, src):
 class DeferredComm:
     def __init__(self):
         import deepspeed.comm.comm as comm_module
+        self.pool = _Pool()
         self.backend = comm_module.cdb
         if self.backend is None:
             raise RuntimeError("deepspeed.comm has no backend: call init_distributed first")
@@ -92,30 +128,40 @@ class DeferredComm:
 
         def deferred(*args, **kwargs):
             is_async = kwargs.get("async_op", args[async_index] if len(args) > async_index else False)
-            if self.depth > 0 or not is_async:
-                self.depth += 1
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self.depth -= 1
+            if self.depth > 0:
+                return fn(*args, **kwargs)
             args = list(args)
             if out_name in kwargs:
                 target = kwargs[out_name]
-                staged = kwargs[out_name] = _stage(target, inplace)
+                staged = kwargs[out_name] = self.pool.take(target, inplace)
             elif len(args) > out_index:
                 target = args[out_index]
-                staged = args[out_index] = _stage(target, inplace)
+                staged = args[out_index] = self.pool.take(target, inplace)
             else:
                 raise RuntimeError(f"deferred_comm: cannot find the written tensor '{out_name}' of "
                                    f"{getattr(fn, '__name__', fn)} (args {len(args)}, kwargs {sorted(kwargs)})")
+            read = None
+            if not inplace:  # what it reads: a private copy too (Note: gloo's threads never hold...)
+                name = next((n for n in _INPUT_NAMES if n in kwargs), None)
+                if name is not None:
+                    read = kwargs[name] = self.pool.take(kwargs[name], True)
+                elif len(args) > 1:
+                    read = args[1] = self.pool.take(args[1], True)
+
+            def deliver():
+                _copy_back(target, staged)
+                self.pool.give(staged)
+                self.pool.give(read)
             self.depth += 1
             try:
                 work = fn(*args, **kwargs)
             finally:
                 self.depth -= 1
-            if work is None:  # nothing to wait on: the caller reads the result now
-                _copy_back(target, staged)
-                return None
+            if work is None or not is_async:  # a synchronous call: the caller reads the result now
+                if work is not None:
+                    work.wait()
+                deliver()
+                return work
             self.deferred += 1
-            return DeferredWork(work, lambda: _copy_back(target, staged))
+            return DeferredWork(work, deliver)
         return deferred

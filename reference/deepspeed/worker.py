@@ -71,8 +71,9 @@ def main():
         poison_uninitialized_memory()
     timeout_s = float(os.environ.get("ZC_DS_TIMEOUT_S", "60"))
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    deferred = None
     if os.environ.get("ZC_DS_DEFER", "1") != "0":
-        DeferredComm()  # before the counter, which then counts the caller's call once
+        deferred = DeferredComm()  # before the counter, which then counts the caller's call once
     counter = CommCounter(ds_comm)
     reply({"ready": True, "rank": ds_comm.get_rank(), "world": ds_comm.get_world_size(),
            "deepspeed": deepspeed.__version__, "deepspeed_file": deepspeed.__file__, "torch": torch.__version__})
@@ -121,6 +122,8 @@ def main():
             if profiler:
                 profiler.enable()
             reset_process_state()
+            if deferred is not None:  # each scenario starts without private copies, as a fresh pool's
+                deferred.pool.clear()
             rec = twin.run_scenario(msg["dir"], counter)
             record.write(os.path.join(msg["dir"], f"rank{ds_comm.get_rank()}.rec"), rec)
             reply({"ok": True, "seconds": time.monotonic() - t0})
