@@ -401,7 +401,8 @@ void compare_records(const Scenario& s, const RunResult& sim, const std::vector<
 
 }  // namespace
 
-ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory) {
+ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory,
+                                           const std::function<void(RunSpec&)>& engine_side) {
   ReferenceComparison out;
   std::uint64_t h = 0xcbf29ce484222325ull;
   // The scenario as the engine runs it beside DeepSpeed here.
@@ -467,6 +468,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     if (std::getenv("ZC_DS_MEMORY_DUMP") != nullptr) {  // the steps' ledger event by event, for the dump below
       quiet.after_init = [](int, Engine& e) { e.device().memory().enable_timeline(1u << 20); };
     }
+    if (engine_side) engine_side(quiet);
     const RunResult plain = run_on_sim(quiet);
     out.memory = compare_memory(plain, ds_memory);
     sim.memory = plain.memory;  // for the dump

@@ -122,7 +122,10 @@ struct ReferenceComparison {
 // With `memory`, DeepSpeed's memory is measured too and compared with the engine's
 // (ReferenceComparison::memory; the campaign and its memory test; it costs the worker a profiled
 // run, about three times the scenario's time).
-ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory = false);
+// `engine_side`, when given, adjusts the engine's memory run (RunSpec) before it runs: a test's
+// way to break the engine's accounting and see the comparison notice.
+ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& pools, bool memory = false,
+                                           const std::function<void(RunSpec&)>& engine_side = {});
 // DeepSpeed's own record of a scenario, rank by rank (for the invariants on DeepSpeed itself).
 // With `memory`, DeepSpeed's memory rank by rank too (Note [DeepSpeed's memory, measured]).
 std::vector<ReferenceRecord> run_on_deepspeed(const Scenario& s, ReferencePools& pools, const BatchSource& batches = {},

@@ -56,6 +56,114 @@ std::string diffs_of(const ReferenceComparison& c) {
   return out.empty() ? " none" : out;
 }
 
+// A tiny transformer scenario at world 2: AdamW, two steps, the gaussian domain (no exact one).
+Scenario tiny_transformer(const char* model, int stage, const char* dtype) {
+  Scenario s;
+  s.world = 2;
+  s.stage = stage;
+  s.model = model;
+  s.shape = {};
+  s.domain = "gaussian";
+  s.dtype = dtype;
+  s.steps = 2;
+  s.optimizer = "AdamW";
+  s.reduce_bucket_size = 16;
+  if (stage == 0) s.contiguous = false;
+  return s;
+}
+
+std::int64_t figure(const ReferenceComparison& c, const std::string& what, bool zerocheck) {
+  for (const MemoryFigure& f : c.memory.figures) {
+    if (f.what == what) return zerocheck ? f.zerocheck : f.deepspeed;
+  }
+  ADD_FAILURE() << "no memory figure '" << what << "'";
+  return -1;
+}
+
+// What the tiny transformers' memory must equal on DeepSpeed, rank by rank: the categories whose
+// tensors both sides hold the same way, each to the byte (the model states; the activations of the
+// Llama family, whose every saved tensor the engine keeps as autograd does); and at ZeRO-2 and -3
+// llama-tiny's live bytes after step 1's forward at ZeRO-2 (every model state and every activation at once)
+// within the 0-dim scalars the engine does not model (the loss and its divisions: at most 128 B).
+// Returns the figures that do not, one line each. Not asserted, and listed in
+// docs/deepspeed-reference.md: ZeRO-0 (the engine's flat copy and fp32 master), ZeRO-1's reduction
+// path, GPT-2's backward transients, ZeRO-3's persistent re-gather on rank 1, grouped-query
+// attention at ZeRO-3.
+std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison& c, const Scenario& s) {
+  std::vector<std::string> out;
+  if (!c.memory.measured) return {"not measured: " + c.memory.error};
+  std::vector<std::string> exact = {"steps peak of params", "steps peak of optimizer_states"};
+  if (s.stage > 0) exact.insert(exact.end(), {"steps peak of master", "steps peak of ipg_buckets"});
+  if (s.stage < 3 && s.model != "gpt2-tiny") exact.push_back("steps peak of activations");
+  for (const int rank : {0, 1}) {
+    for (const std::string& what : exact) {
+      const std::string name = fmt::format("rank {} {}", rank, what);
+      const std::int64_t z = figure(c, name, true), d = figure(c, name, false);
+      if (z != d) out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", name, z, d));
+    }
+    if (s.stage == 2 && s.model == "llama-tiny") {
+      const std::string name = fmt::format("rank {} step 1 after its first forward", rank);
+      const std::int64_t z = figure(c, name, true), d = figure(c, name, false);
+      if (std::llabs(z - d) > 128) out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B (more than 128 B apart)", name, z, d));
+    }
+  }
+  return out;
+}
+
+// The tiny transformers through the twin (reference/deepspeed/twin.py: Hugging Face's eager GPT-2
+// and Llama blocks, the engine's module tree) at world 2, stages 0-3, f32 and bf16. Values: every
+// difference is a grads/params/masters/optimizer-state one within the float classes' stated bound
+// (transformer-float-arithmetic-*); collectives, loss scale and skipped steps are DeepSpeed's
+// exactly. Memory: transformer_memory_mismatches.
+TEST(DeepSpeedReference, TinyTransformersMatchDeepSpeedWithinTheFloatBoundAndHoldItsBytes) {
+  const std::vector<DivergenceClass> classes = load_divergence_classes(divergence_classes_file());
+  std::vector<Scenario> cases;
+  for (int stage = 0; stage <= 3; ++stage) {
+    cases.push_back(tiny_transformer("llama-tiny", stage, "f32"));
+    cases.push_back(tiny_transformer("gpt2-tiny", stage, "bf16"));
+  }
+  cases.push_back(tiny_transformer("llama-gqa-tiny", 3, "f32"));
+  for (const Scenario& s : cases) {
+    SCOPED_TRACE(describe(s));
+    ReferenceComparison c = compare_with_deepspeed(s, pools(), /*memory=*/true);
+    // At ZeRO-3 gloo's own threads allocate inside all_gather now and then, and the profiler
+    // sometimes records those events out of the allocator's order: memory.py then refuses the record
+    // ("incomplete or out of order"), as it must. One more run measures it; a second refusal fails.
+    if (!c.memory.measured && c.memory.error.find("incomplete or out of order") != std::string::npos) {
+      c = compare_with_deepspeed(s, pools(), /*memory=*/true);
+    }
+    ASSERT_TRUE(c.sim_error.empty() && c.ds_error.empty()) << c.sim_error << c.ds_error;
+    const ReferenceVerdict v = classify(s, c, classes);
+    EXPECT_TRUE(v.verdict.holds) << v.verdict.failure << diffs_of(c);
+    for (const FieldDiff& d : c.diffs) {
+      EXPECT_TRUE(d.field == "grads" || d.field == "params" || d.field == "masters" || d.field.rfind("opt:", 0) == 0)
+          << d.field << ": " << d.detail;
+    }
+    for (const std::string& m : transformer_memory_mismatches(c, s)) ADD_FAILURE() << m;
+  }
+}
+
+// The memory check can fail: the engine's ledger with one buffer (an ipg bucket's 64 B) freed a
+// step late, allocated after step 0's optimizer step and freed after step 1's, shows in the steps'
+// peak of ipg_buckets on every rank, and transformer_memory_mismatches names it. The values are
+// untouched.
+TEST(DeepSpeedReference, ABufferTheEngineFreesLateFailsTheMemoryComparison) {
+  const Scenario s = tiny_transformer("llama-tiny", 2, "f32");
+  std::vector<Tensor> late(2);
+  const ReferenceComparison c = compare_with_deepspeed(s, pools(), /*memory=*/true, [&late](RunSpec& spec) {
+    spec.after_step = [&late](int rank, int step, Engine& e, double) {
+      Tensor& t = late.at(static_cast<std::size_t>(rank));
+      if (step == 0) t = e.device().alloc(DType::f32, {16}, "freed_late", MemCategory::ipg_buckets);
+      if (step == 1) t = Tensor();
+    };
+  });
+  const std::vector<std::string> m = transformer_memory_mismatches(c, s);
+  ASSERT_EQ(m.size(), 2u) << fmt::format("{}", fmt::join(m, "\n"));
+  EXPECT_NE(m[0].find("rank 0 steps peak of ipg_buckets: zerocheck 128 B, DeepSpeed 64 B"), std::string::npos) << m[0];
+  EXPECT_NE(m[1].find("rank 1 steps peak of ipg_buckets"), std::string::npos) << m[1];
+  EXPECT_TRUE(transformer_memory_mismatches(compare_with_deepspeed(s, pools(), true), s).empty());
+}
+
 // Per stage at world 2, SGD at lr 2^-3 on exact data: gradients and params are bit for bit
 // DeepSpeed's, and every other difference is a listed class.
 TEST(DeepSpeedReference, SmokeEveryStageAtWorld2MatchesGradsAndParams) {
@@ -262,7 +370,7 @@ TEST(DeepSpeedReference, AScenarioTheTwinCannotExpressNamesTheFeature) {
     run_on_deepspeed(s, pools());
     ADD_FAILURE() << "ran a tree model on DeepSpeed";
   } catch (const NotImplementedError& e) {
-    EXPECT_NE(std::string(e.what()).find("the twin has Synthetic and MLP only"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the twin has Synthetic, MLP and the tiny transformers"), std::string::npos) << e.what();
   }
   Scenario f = sgd(2, 2);
   f.dtype = "f16";
@@ -716,6 +824,29 @@ TEST(DeepSpeedReference, ABoundedClassCoversOnlyDifferencesWithinItsBound) {
   const ReferenceVerdict v = classify(s, c, {adam});
   EXPECT_FALSE(v.verdict.holds);
   EXPECT_NE(v.verdict.failure.find("5 ulp at most"), std::string::npos) << v.verdict.failure;
+}
+
+// The same for a scale-free bound (max_rel, the transformer classes'): within it covered, past it
+// (and for a difference with no measured distance) not.
+TEST(DeepSpeedReference, ARelativeBoundCoversOnlyDifferencesWithinIt) {
+  DivergenceClass f;
+  f.id = "relative";
+  f.when = {{"model", {"llama-tiny"}}};
+  f.affects = {"grads"};
+  f.max_rel = 1e-5;
+  Scenario s;
+  s.model = "llama-tiny";
+  s.shape = {};
+  s.domain = "gaussian";
+  ReferenceComparison c;
+  c.diffs.push_back({"grads", "crafted", 1000, 1e-5});
+  EXPECT_TRUE(classify(s, c, {f}).verdict.holds);
+  c.diffs[0].max_rel = 2e-5;
+  const ReferenceVerdict v = classify(s, c, {f});
+  EXPECT_FALSE(v.verdict.holds);
+  EXPECT_NE(v.verdict.failure.find("max |difference| 2e-05 of the largest value"), std::string::npos) << v.verdict.failure;
+  c.diffs[0].max_rel = -1;
+  EXPECT_FALSE(classify(s, c, {f}).verdict.holds);
 }
 
 }  // namespace
