@@ -194,10 +194,11 @@ TEST(DeepSpeedReference, SmokeEveryStageAtWorld2MatchesGradsAndParams) {
 // partitions, the ipg buckets, the params after construction) each category's peak is DeepSpeed's
 // to the byte; and neither side keeps optimizer state (torch's SGD keeps no momentum buffer at
 // momentum 0: the engine allocated one until this comparison showed it, and the figure would
-// appear again). At ZeRO-2 the ipg figure is a bound, not an equality: in some runs one or two of
-// the ipg buffers DeepSpeed's setup_buckets allocates (stage_1_and_2.py:3256) are not freed before
-// the scenario ends (measured: no free event; why is not established), so its peak is one, two or
-// three buffers from run to run, never fewer than the engine's one.
+// appear again). At ZeRO-2 the ipg figure was once a bound, one to three buffers from run to run:
+// a gloo thread dropped the last reference to an ipg buffer where the profiler could not see the
+// free, until the worker gave gloo private copies only (deferred_comm.py, Note: gloo's threads
+// never hold DeepSpeed's tensors). It is an equality now; run with ZC_DS_DEFER=0 it fails again
+// now and then.
 TEST(DeepSpeedReference, MemoryIsMeasuredAndModelStatesEqualDeepSpeedsBytes) {
   for (const int stage : {1, 2}) {
     const Scenario s = sgd(stage, 2);
@@ -210,10 +211,7 @@ TEST(DeepSpeedReference, MemoryIsMeasuredAndModelStatesEqualDeepSpeedsBytes) {
       auto ends_with = [&](const char* tail) {
         return f.what.size() >= std::strlen(tail) && f.what.compare(f.what.size() - std::strlen(tail), std::string::npos, tail) == 0;
       };
-      if (stage == 2 && ends_with("steps peak of ipg_buckets")) {
-        EXPECT_GE(f.deepspeed, f.zerocheck) << why;
-        EXPECT_EQ(f.zerocheck > 0 ? f.deepspeed % f.zerocheck : -1, 0) << why << ": whole buffers";
-      } else if (ends_with("peak of master") || ends_with("peak of ipg_buckets") || ends_with("construction peak of params")) {
+      if (ends_with("peak of master") || ends_with("peak of ipg_buckets") || ends_with("construction peak of params")) {
         EXPECT_TRUE(f.exact()) << why;
       }
       EXPECT_EQ(f.what.find("optimizer_states"), std::string::npos) << why;
