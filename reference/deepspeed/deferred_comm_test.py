@@ -6,7 +6,8 @@ It starts two ranks of itself (gloo, DeepSpeed's CPU accelerator), each of which
 DeferredComm and then CommCounter as the worker does, and checks for each deferred kind that
 before wait() the caller's tensor is what it was (the local value of an in-place collective, NaN
 in an output of torch.empty: uninitialized memory is poisoned as in the worker), that after wait()
-it holds the collective's result, that a synchronous call is untouched, that a handle never waited
+it holds the collective's result, that a synchronous call delivers at once through private copies
+(gloo is never handed the caller's tensors, and the copies are reused), that a handle never waited
 on never delivers, and that the counter counts each call once. Exits 0 when every check holds on
 both ranks, else prints the first that failed and exits 1.
 """
@@ -30,6 +31,16 @@ def rank_main():
     from comm_counter import CommCounter
     from deferred_comm import DeferredComm
     deepspeed.init_distributed(dist_backend="gloo")
+    # A spy under DeferredComm: the storages gloo is handed, call by call.
+    import deepspeed.comm.comm as comm_module
+    handed = []
+    for method in ("all_reduce", "all_gather_into_tensor"):
+        inner = getattr(comm_module.cdb, method)
+
+        def spy(*args, _inner=inner, **kwargs):
+            handed.append([a.untyped_storage().data_ptr() for a in list(args) + list(kwargs.values()) if torch.is_tensor(a)])
+            return _inner(*args, **kwargs)
+        setattr(comm_module.cdb, method, spy)
     deferred = DeferredComm()
     counter = CommCounter(dist)
     counter.counting = True
@@ -68,10 +79,22 @@ def rank_main():
     check(all(bool(o.isnan().all()) for o in outs), f"all_gather: before wait() {[o.tolist() for o in outs]}")
     h.wait()
     check([o.item() for o in outs] == [0.0, 1.0], f"all_gather: after wait() {[o.tolist() for o in outs]}")
-    # synchronous: the result at once
+    # synchronous: the result at once, through private copies gloo is handed instead of the caller's
+    # tensors, reused rather than freed (Note: gloo's threads never hold DeepSpeed's tensors)
     t = torch.tensor([1.0])
+    handed.clear()
     dist.all_reduce(t)
     check(t.item() == 2.0, f"a synchronous all_reduce gave {t.item()}")
+    check(handed and t.untyped_storage().data_ptr() not in handed[-1], "gloo was handed the caller's tensor")
+    first = handed[-1]
+    u = torch.tensor([5.0])
+    dist.all_reduce(u)
+    check(u.item() == 10.0 and handed[-1] == first, f"a second all_reduce gave {u.item()} through {handed[-1]}, not {first}")
+    out, mine = torch.empty(2), torch.tensor([float(rank + 1)])
+    dist.all_gather_into_tensor(out, mine)
+    check(out.tolist() == [1.0, 2.0], f"a synchronous all_gather_into_tensor gave {out.tolist()}")
+    check(not {out.untyped_storage().data_ptr(), mine.untyped_storage().data_ptr()} & set(handed[-1]),
+          "gloo was handed the caller's output or input")
     # never waited on: never delivered
     out = torch.empty(2)
     h = dist.all_gather_into_tensor(out, torch.tensor([1.0]), async_op=True)
@@ -79,15 +102,15 @@ def rank_main():
     check(bool(out.isnan().all()), f"an all_gather never waited on delivered {out.tolist()}")
     getattr(h, "_work", h).wait()  # gloo's own handle, so that the process group ends clean
     calls = counter.calls
-    check(calls["all_reduce"] == 2 and calls["all_gather"] == 3 and calls["reduce_scatter"] == 1
+    check(calls["all_reduce"] == 3 and calls["all_gather"] == 4 and calls["reduce_scatter"] == 1
           and calls["broadcast"] == 1, f"the counter counted {calls}")
     check(deferred.deferred == 6, f"{deferred.deferred} async collectives deferred, not 6")
     dist.destroy_process_group()
     for f in failures:
         print(f"deferred_comm_test: rank {rank}: FAILED: {f}", flush=True)
     if not failures:
-        print(f"deferred_comm_test: rank {rank}: ok: 5 kinds deferred to wait(), sync untouched, "
-              f"unwaited never delivered, counted once", flush=True)
+        print(f"deferred_comm_test: rank {rank}: ok: 5 kinds deferred to wait(), sync at once through private "
+              f"copies, unwaited never delivered, counted once", flush=True)
     sys.exit(1 if failures else 0)
 
 
