@@ -177,6 +177,9 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
 // The scenarios the comparison draws (the twin's domain, exact data; optimizer drawn from SGD with
 // lr 2^-k, Adam and AdamW; both multi-backward forms).
 rc::Gen<Scenario> gen_reference_scenario();
+// The conformance comparison runs the scenario: the twin expresses it, and its data is exact
+// (Synthetic, MLP) or it is a tiny transformer (gaussian, compared within the float classes).
+bool reference_comparable(const Scenario& s);
 
 // The comparison's invariant name (its saved counterexamples replay under it).
 inline constexpr const char* kConformanceInvariant = "deepspeed-matches-or-listed";

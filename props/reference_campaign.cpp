@@ -140,6 +140,10 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
 // dtype x communication dtype x clipping x offload x optimizer, reference_coverage_space()) is
 // drawn uniformly, and the rest of the scenario around it; it shrinks toward the first cell
 // (stage 0, f32, default communication dtype, no clipping, SGD).
+bool reference_comparable(const Scenario& s) {
+  return reference_unexpressible(s).empty() && (exact_infeasible(s).empty() || is_transformer(s));
+}
+
 rc::Gen<Scenario> gen_reference_scenario() {
   GenDomain d;
   d.max_world = 4;
@@ -155,10 +159,14 @@ rc::Gen<Scenario> gen_reference_scenario() {
   // round_robin_gradients (ZeRO-1/2 read it) in one of four; bf16.check_grad_overflow off in one of
   // four (a bf16 scenario then tests nothing: Note [Step sequence]).
   auto flags = uniform(gen::inRange(0, 8));
+  // One scenario in eight trains a tiny transformer (gpt2-tiny, llama-tiny, llama-gqa-tiny) on
+  // gaussian data instead: its values are compared within the transformer-float-arithmetic classes'
+  // bounds, its memory as every scenario's. Drawn last, so that it shrinks to Synthetic and MLP.
+  auto transformer = uniform(gen::inRange(0, 24));
   return gen::map(gen::tuple(gen_scenario(d), uniform(gen::elementOf(cells)), uniform(gen::inRange(1, 7)),
                              uniform(gen::element<std::string>("explicit", "implicit")), gen::arbitrary<bool>(),
-                             adam_variant, flags),
-                  [](const std::tuple<Scenario, Scenario, int, std::string, bool, int, int>& t) {
+                             adam_variant, flags, transformer),
+                  [](const std::tuple<Scenario, Scenario, int, std::string, bool, int, int, int>& t) {
     Scenario s = std::get<0>(t);
     const Scenario& cell = std::get<1>(t);
     const int variant = std::get<5>(t);
@@ -186,6 +194,18 @@ rc::Gen<Scenario> gen_reference_scenario() {
     s.coalesce = std::get<4>(t) && s.ga == 1 && s.stage >= 1 &&
                  !(s.stage == 1 && !s.grad_accum_dtype.empty() && s.offload == "none");
     if (s.model == "mlp" && !grads_param_independent(s)) s.steps = 1;  // later steps' grads are not exact
+    if (const int x = std::get<7>(t); x >= 21) {
+      s.model = x == 21 ? "gpt2-tiny" : x == 22 ? "llama-tiny" : "llama-gqa-tiny";
+      s.shape = {};
+      s.domain = "gaussian";
+      // A 16-bit communication dtype rounds the gradients past the f32 class's bound: the classes
+      // are about the model's arithmetic, so the reduction stays in the model's dtype.
+      s.comm_dtype = "";
+      // At most 2 steps x 2 micro-steps x 2 backwards: under the memory profiler a transformer's
+      // pass costs about a second (36 of them, gpt2-tiny at ZeRO-3 with offload, ran past the
+      // pool's 120 s deadline).
+      s.steps = std::min(s.steps, 2), s.ga = std::min(s.ga, 2), s.n = std::min(s.n, 2);
+    }
     return s;
   });
 }
@@ -204,7 +224,7 @@ Invariant conformance_invariant(ReferencePools& pools, std::vector<DivergenceCla
       "reference/deepspeed/known_divergences.json (DeepSpeed's file:line and the scenarios it covers).";
   inv.gen = gen_reference_scenario;
   inv.check = [&pools, classes](const Scenario& s, const CheckContext&) {
-    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
+    if (!reference_comparable(s)) return Verdict{false, true, "", 0};
     return classify(s, compare_with_deepspeed(s, pools), classes).verdict;
   };
   return inv;
