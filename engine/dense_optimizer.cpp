@@ -29,8 +29,12 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
                                 MemCategory::grads);
   const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
-  master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition", MemCategory::master);
-  dev_.cast(master_, flat_.narrow(layout_.partition_start(part), pn));
+  if (masters_are_params()) {
+    master_ = flat_.narrow(0, pn);  // Note [Stage 0 fp32: the params are the masters]
+  } else {
+    master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition", MemCategory::master);
+    dev_.cast(master_, flat_.narrow(layout_.partition_start(part), pn));
+  }
   // DeepSpeed steps a stage-0 fp32 model's params one tensor at a time (the torch optimizer over
   // model.parameters()), and FP16_UnfusedOptimizer its fp32 copies of them; FP16_Optimizer and
   // BF16_Optimizer step one flat fp32 tensor.
@@ -55,6 +59,15 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
   }
   record(fmt::format("{} init: {} params, {} elements", name(), params_.size(), layout_.numel));
 }
+
+// Note [Stage 0 fp32: the params are the masters]
+// Without ZeRO and without a 16-bit model DeepSpeed wraps nothing: the torch optimizer steps the
+// module's own params (engine.py _configure_optimizer; basic_optimizer over model.parameters()),
+// so there is no fp32 master apart from them. The engine's master is then the flat params
+// themselves, stepped in place: no second copy in its ledger or a plan's (measured on DeepSpeed:
+// its master category is 0 B in every stage-0 fp32 scenario). The values are the same bits: the
+// cast back from an fp32 master to fp32 params was the identity.
+bool DenseOptimizer::masters_are_params() const { return !partitioned_ && dtype_ == DType::f32; }
 
 std::string_view DenseOptimizer::name() const {
   if (use_hp_) return "BF16_Optimizer";
@@ -273,7 +286,7 @@ void DenseOptimizer::finish_step(const Tensor& grads32, std::string_view how) {
   const std::int64_t pn = layout_.partition_numel;
   base_->step(master_, grads32);
   Tensor mine = flat_.narrow(layout_.partition_start(partitioned_ ? rank_ : 0), pn);
-  dev_.cast(mine, master_);
+  if (!masters_are_params()) dev_.cast(mine, master_);
   zero_grad();
   if (partitioned_ && comm_.size() > 1) comm_.all_gather(flat_, mine);  // as zero12_step.cpp: none at world 1
   record(fmt::format("step {}: {}", base_->steps(), how));

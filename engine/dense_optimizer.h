@@ -59,7 +59,8 @@ class DenseOptimizer final : public ZeroOptimizer {
   FlatLayout layout_;
   Tensor flat_;    // [padded] model dtype; params are views
   Tensor hp_;      // [padded] f32 when use_hp_
-  Tensor master_;  // [partition_numel] f32
+  Tensor master_;  // [partition_numel] f32; flat_ itself when masters_are_params()
+  bool masters_are_params() const;
   std::unique_ptr<BaseOptimizer> base_;
   bool reduced_ = false;
   bool have_grads_ = false;  // a backward produced grads since the last step

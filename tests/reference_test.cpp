@@ -72,10 +72,12 @@ Scenario tiny_transformer(const char* model, int stage, const char* dtype) {
   return s;
 }
 
+// A category's figure is left out when both sides hold none of it: 0 B then.
 std::int64_t figure(const ReferenceComparison& c, const std::string& what, bool zerocheck) {
   for (const MemoryFigure& f : c.memory.figures) {
     if (f.what == what) return zerocheck ? f.zerocheck : f.deepspeed;
   }
+  if (what.find(" of ") != std::string::npos) return 0;
   ADD_FAILURE() << "no memory figure '" << what << "'";
   return -1;
 }
@@ -86,14 +88,14 @@ std::int64_t figure(const ReferenceComparison& c, const std::string& what, bool 
 // llama-tiny's live bytes after step 1's forward at ZeRO-2 (every model state and every activation at once)
 // within the 0-dim scalars the engine does not model (the loss and its divisions: at most 128 B).
 // Returns the figures that do not, one line each. Not asserted, and listed in
-// docs/deepspeed-reference.md: ZeRO-0 (the engine's flat copy and fp32 master), ZeRO-1's reduction
+// docs/deepspeed-reference.md: ZeRO-0's gradient copies, ZeRO-1's reduction
 // path, GPT-2's backward transients, ZeRO-3's persistent re-gather on rank 1, grouped-query
 // attention at ZeRO-3.
 std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison& c, const Scenario& s) {
   std::vector<std::string> out;
   if (!c.memory.measured) return {"not measured: " + c.memory.error};
-  std::vector<std::string> exact = {"steps peak of params", "steps peak of optimizer_states"};
-  if (s.stage > 0) exact.insert(exact.end(), {"steps peak of master", "steps peak of ipg_buckets"});
+  std::vector<std::string> exact = {"steps peak of params", "steps peak of optimizer_states", "steps peak of master"};
+  if (s.stage > 0) exact.push_back("steps peak of ipg_buckets");
   if (s.stage < 3 && s.model != "gpt2-tiny") exact.push_back("steps peak of activations");
   for (const int rank : {0, 1}) {
     for (const std::string& what : exact) {
