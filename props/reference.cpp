@@ -164,7 +164,7 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir, 
         const Batch up = upload_batch(dev, hb, dtype);  // rounded to the model dtype as the engine sees it
         for (const auto& [name, t] : up.tensors) {
           // Token ids and labels: int64 on DeepSpeed's side, as Hugging Face's models take them (the
-          // engine holds them in f32, upload_batch).
+          // engine's f64, batch_array_dtype: the same 8 bytes).
           const bool tokens = name == "ids" || name == "labels";
           if (step == 0 && m == 0 && c == 0) {
             arrays.push_back({{"name", name}, {"row", t.numel() / hb.samples}, {"dtype", tokens ? "int64" : s.dtype}});

@@ -133,6 +133,10 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
   return v;
 }
 
+bool reference_comparable(const Scenario& s) {
+  return reference_unexpressible(s).empty() && (exact_infeasible(s).empty() || is_transformer(s));
+}
+
 // Note [Reaching every cell]: the comparison's scenarios used to take stage, dtype, communication
 // dtype, clipping and offload from independent draws, so a combination such as an fp32 model with
 // a bf16 communication dtype and clipping at stage 0 came once in 128 scenarios, and 100 cases of
@@ -140,10 +144,6 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
 // dtype x communication dtype x clipping x offload x optimizer, reference_coverage_space()) is
 // drawn uniformly, and the rest of the scenario around it; it shrinks toward the first cell
 // (stage 0, f32, default communication dtype, no clipping, SGD).
-bool reference_comparable(const Scenario& s) {
-  return reference_unexpressible(s).empty() && (exact_infeasible(s).empty() || is_transformer(s));
-}
-
 rc::Gen<Scenario> gen_reference_scenario() {
   GenDomain d;
   d.max_world = 4;
