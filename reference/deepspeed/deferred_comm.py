@@ -14,7 +14,8 @@ delivers. Values that were right stay bit for bit the same: the collective is th
 its result is copied later.
 
 The patch point is the communication backend object, as comm_counter.py's (install this one first,
-so that the counter counts the caller's call once). Synchronous calls pass through untouched.
+so that the counter counts the caller's call once). Synchronous calls go through private copies
+too, delivered before they return (Note: gloo's threads never hold DeepSpeed's tensors).
 What the private buffers allocate is the CPU backend's (memory.py: this file is a backend frame).
 """
 import torch
