@@ -519,8 +519,8 @@ Tensor Transformer::norm_backward(Device& dev, Module& m, const char* w, const T
     const std::string bname = std::string(w) == "weight" ? "bias" : std::string(w) + "_b";
     Tensor db = tmp(dev, dtype_, {d}, "dnorm_b");
     dev.layernorm_backward(dx, dw, db, dout, s.x, data_of(m, w), s.mean, s.rstd);
-    accumulate_grad(dev, param_of(m, w), dw);
-    accumulate_grad(dev, param_of(m, bname.c_str()), db);
+    accumulate_grad(dev, param_of(m, w), std::move(dw));
+    accumulate_grad(dev, param_of(m, bname.c_str()), std::move(db));
     return dx;
   }
   // The weight's grad as autograd computes it for w * xn: the rows dout * xn, summed. dx from
@@ -531,7 +531,7 @@ Tensor Transformer::norm_backward(Device& dev, Module& m, const char* w, const T
   rows = Tensor();
   Tensor dw_unrounded = tmp(dev, dtype_, {d}, "dnorm_w_unused");
   dev.rmsnorm_backward(dx, dw_unrounded, dout, s.x, data_of(m, w), s.rstd);
-  accumulate_grad(dev, param_of(m, w), dw);
+  accumulate_grad(dev, param_of(m, w), std::move(dw));
   return dx;
 }
 
@@ -553,12 +553,13 @@ Tensor Transformer::linear_backward(Device& dev, Module& m, const char* w, const
     dx = act(dev, dtype_, {dy.dim(0), x.dim(1)}, "dx");
     dev.matmul(dx, dy, pw.data, false, false, false);  // dx = dy W
   }
-  accumulate_grad(dev, pw, dw);
+  // Autograd hands its weight grad to AccumulateGrad, which keeps it as .grad without a copy.
+  accumulate_grad(dev, pw, std::move(dw));
   if (spec_.bias && b != nullptr) {
     Parameter& pb = param_of(m, b);
     Tensor db = tmp(dev, dtype_, pb.shape, "db");
     dev.sum_rows(db, dy, false);
-    accumulate_grad(dev, pb, db);
+    accumulate_grad(dev, pb, std::move(db));
   }
   return dx;
 }

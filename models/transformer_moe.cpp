@@ -155,7 +155,7 @@ Tensor Transformer::moe_backward(Device& dev, Module& blk, BlockActs& a, const T
   Tensor dwr = model_params::tmp(dev, dtype_, wr.shape, "dW");
   dev.matmul(dwr, dlogits, a.h2, true, false, false);
   dev.matmul(dh2, dlogits, wr.data, false, false, true);
-  accumulate_grad(dev, wr, dwr);
+  accumulate_grad(dev, wr, std::move(dwr));
   return dh2;
 }
 

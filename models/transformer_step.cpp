@@ -565,8 +565,7 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.matmul(dhf, dlogits, data_of(head_m, "weight"), false, false, false);
   dlogits = Tensor();
   if (!spec_.tied_embeddings) {
-    accumulate_grad(dev, *head_m.params().get("weight"), dhead);
-    dhead = Tensor();
+    accumulate_grad(dev, *head_m.params().get("weight"), std::move(dhead));
   }
   head_m.run_post_backward();
   final_norm().run_pre_backward();
@@ -600,10 +599,14 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
     Tensor dpos = dev.alloc(dtype_, {spec_.positions, spec_.dim}, "dpos_emb",
                             MemCategory::temporaries);
     dev.embedding_backward(dpos, dx, positions_);
-    accumulate_grad(dev, *emb.params().get("pos"), dpos);
+    accumulate_grad(dev, *emb.params().get("pos"), std::move(dpos));
   }
-  accumulate_grad(dev, *emb.params().get("tok"), dtok);
+  accumulate_grad(dev, *emb.params().get("tok"), std::move(dtok));
   if (!torch_ckpt) positions_ = Tensor();  // the position embedding's ids go with its backward
+  // The batch's ids and labels are the caller's: autograd's hold on them (the embedding's saved
+  // indices) ends here, and a loop frees its batch after the backward (DeepSpeed's measured
+  // memory, issue 41: the model held them until the next forward, 256 B above it at world 2).
+  ids_ = labels_ = Tensor();
   // No post-backward hook for the embedding or the model: DeepSpeed's fires only through an input
   // that requires grad, and theirs are token ids (Note [ZeRO-3's parameter coordinator]).
 }

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 
 namespace zc::props {
 
@@ -197,7 +198,8 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir, 
                {"tied_embeddings", t.tied_embeddings},
                {"bias", t.bias},
                {"eps", t.eps},
-               {"rope_base", t.rope_base}};
+               {"rope_base", t.rope_base},
+               {"checkpointing", s.checkpointing}};
   } else {
     model_j = {{"kind", "mlp"}, {"dims", s.shape}, {"relu", s.shape.size() > 2}};
   }
@@ -485,7 +487,10 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
       for (std::size_t k = 1; k < tl.size(); ++k) {
         for (std::size_t c = 0; c < kMemCategories; ++c) {
           const std::int64_t d = tl[k].live[c] - tl[k - 1].live[c];
-          if (d != 0) fmt::print(stderr, "  zc {:+6} {:14} {}\n", d, mem_category_name(static_cast<MemCategory>(c)), tl[k].label);
+          if (d != 0) {
+            fmt::print(stderr, "  zc {:+6} {:14} {:24} live {}\n", d, mem_category_name(static_cast<MemCategory>(c)),
+                       tl[k].label, std::accumulate(tl[k].live.begin(), tl[k].live.end(), std::int64_t{0}));
+          }
         }
       }
     }

@@ -80,6 +80,8 @@ struct DeepSpeedMemoryPhase {
   // What torch's gloo backend allocated inside collectives (staging that NCCL does not do), apart
   // from `peak` and the categories: its own peak over the phase.
   std::int64_t cpu_backend_peak = 0;
+  // The RNG states activation checkpoints keep (host memory on a GPU run too), apart likewise.
+  std::int64_t host_rng_peak = 0;
 };
 struct DeepSpeedMemory {
   DeepSpeedMemoryPhase construction;

@@ -43,7 +43,8 @@ MemBytes read_bytes(const nlohmann::json& j, const std::filesystem::path& file, 
   MemBytes b{};
   if (!j.is_object()) throw UsageError(fmt::format("{}: '{}' is not an object", file.string(), what));
   for (const auto& [name, v] : j.items()) {
-    if (name == "cpu_backend") continue;  // gloo's staging: a CPU-path difference, read apart (DeepSpeedMemoryPhase)
+    // gloo's staging and checkpoints' RNG states: not device memory on a GPU, read apart (DeepSpeedMemoryPhase)
+    if (name == "cpu_backend" || name == "host_rng") continue;
     try {
       b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
     } catch (const UsageError& e) {
@@ -61,6 +62,7 @@ DeepSpeedMemoryPhase read_phase(const nlohmann::json& p, const std::filesystem::
   out.peak_by_category = read_bytes(p.at("peak_by_category"), file, "peak_by_category");
   out.peak_site = p.value("peak_site", "");
   out.cpu_backend_peak = p.at("peak_by_category").value("cpu_backend", std::int64_t{0});
+  out.host_rng_peak = p.at("peak_by_category").value("host_rng", std::int64_t{0});
   for (const auto& [k, v] : p.at("marks").items()) out.marks[k] = v.get<std::int64_t>();
   return out;
 }

@@ -57,6 +57,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (!s.comm_dtype.empty()) j["communication_data_type"] = s.comm_dtype;
   if (s.round_robin) j["round_robin_gradients"] = true;
   if (!s.multi_rank_bucket_allreduce) j["use_multi_rank_bucket_allreduce"] = false;
+  if (!s.checkpointing.empty()) j["checkpointing"] = s.checkpointing;
   return j;
 }
 
@@ -168,7 +169,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "check_grad_overflow",
       "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
       "allgather_bucket_size", "communication_data_type", "round_robin_gradients",
-      "use_multi_rank_bucket_allreduce", "extra_optimizer_params"};
+      "use_multi_rank_bucket_allreduce", "extra_optimizer_params", "checkpointing"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -228,6 +229,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "communication_data_type", s.comm_dtype);
   read(j, "round_robin_gradients", s.round_robin);
   read(j, "use_multi_rank_bucket_allreduce", s.multi_rank_bucket_allreduce);
+  read(j, "checkpointing", s.checkpointing);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -241,6 +243,11 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
   check_one_of("model", s.model, {"synthetic", "mlp", "tree", "gpt2-tiny", "llama-tiny", "llama-gqa-tiny"});
   check_one_of("domain", s.domain, {"exact", "gaussian"});
+  check_one_of("checkpointing", s.checkpointing, {"", "torch", "deepspeed", "deepspeed-partition"});
+  if (!s.checkpointing.empty() && !is_transformer(s)) {
+    throw ConfigError(fmt::format("scenario key 'checkpointing': {} has no decoder layers to checkpoint; only the "
+                                  "transformer presets (gpt2-tiny, llama-tiny, llama-gqa-tiny) take it", s.model));
+  }
   if (is_transformer(s)) {
     if (!s.shape.empty()) throw ConfigError(fmt::format("scenario key 'shape': the transformer preset {} takes none ([])", s.model));
     if (s.domain != "gaussian") {
@@ -278,6 +285,7 @@ std::string describe(const Scenario& s) {
   if (s.clip > 0) out += fmt::format(" clip {}", s.clip);
   if (s.coalesce) out += " coalesced";
   out += fmt::format(" {}[{}] {}", s.model, fmt::join(s.shape, ","), s.domain);
+  if (!s.checkpointing.empty()) out += " checkpointing " + s.checkpointing;
   if (!s.passes.empty()) out += fmt::format(" compile[{}]{}", fmt::join(s.passes, ","), s.deepcompile ? "" : " deepcompile off");
   if (!s.fault.empty()) out += " fault " + s.fault;
   if (!s.commands.empty()) out += fmt::format(" commands [{}]", fmt::join(s.commands, " "));
@@ -323,6 +331,9 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.allgather_bucket_size >= 0) j["zero_optimization"]["allgather_bucket_size"] = s.allgather_bucket_size;
   if (s.round_robin) j["zero_optimization"]["round_robin_gradients"] = true;
   if (!s.multi_rank_bucket_allreduce) j["zero_optimization"]["use_multi_rank_bucket_allreduce"] = false;
+  if (s.checkpointing == "deepspeed" || s.checkpointing == "deepspeed-partition") {
+    j["activation_checkpointing"] = {{"partition_activations", s.checkpointing == "deepspeed-partition"}};
+  }
   if (!s.comm_dtype.empty()) {
     j["communication_data_type"] = s.comm_dtype == "f32" ? "fp32" : s.comm_dtype == "f16" ? "fp16" : s.comm_dtype;
   }
@@ -445,7 +456,11 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
   } else if (s.model == "tree") {
     spec.make_model = [code = s.shape] { return std::make_unique<TreeModel>(code); };
   } else if (is_transformer(s)) {
-    spec.make_model = [t = transformer_preset(s.model)] { return std::make_unique<Transformer>(t); };
+    TransformerSpec t = transformer_preset(s.model);
+    t.gradient_checkpointing = !s.checkpointing.empty();
+    if (s.checkpointing != "torch") t.checkpoint_function = CheckpointFunction::deepspeed;
+    t.ds_partition_activations = s.checkpointing == "deepspeed-partition";
+    spec.make_model = [t] { return std::make_unique<Transformer>(t); };
   } else {
     const MlpSpec m{s.shape, s.shape.size() > 2, LossKind::linear};
     spec.make_model = [m] { return std::make_unique<Mlp>(m); };

@@ -36,6 +36,13 @@ struct Scenario {
   // on token ids; no shape ([]), and the gaussian domain only (softmax and norms are never exact).
   std::string model = "synthetic";
   std::vector<std::int64_t> shape{5, 3};
+  // Transformers only: the decoder layers under activation checkpointing (Note [Gradient
+  // checkpointing] in models/transformer.h). "" off; "torch": Hugging Face's
+  // gradient_checkpointing_enable() (torch.utils.checkpoint, reentrant); "deepspeed":
+  // deepspeed.checkpointing.checkpoint, configured by the ds_config's activation_checkpointing
+  // block (its defaults); "deepspeed-partition": the same with partition_activations. Written to
+  // the JSON only when set.
+  std::string checkpointing;
   std::vector<std::string> passes;       // compile passes; empty = no compile()
   bool deepcompile = true;               // compile's deepcompile flag (with passes)
   std::string domain = "exact";          // exact | gaussian

@@ -56,6 +56,31 @@ TEST(ScenarioJson, BadInputNamesTheKey) {
   EXPECT_THROW(scenario_from_json(j), ConfigError);
 }
 
+// Activation checkpointing is a transformer scenario's: it round-trips, reaches the ds_config as
+// DeepSpeed reads it, and is refused with the reason on a model without decoder layers or by an
+// unknown name.
+TEST(ScenarioJson, CheckpointingIsATransformersAndNamesWhatItTakes) {
+  Scenario s;
+  s.model = "llama-tiny", s.shape = {}, s.domain = "gaussian", s.checkpointing = "deepspeed-partition";
+  EXPECT_EQ(scenario_from_json(to_json(s)), s);
+  EXPECT_NE(describe(s).find("checkpointing deepspeed-partition"), std::string::npos) << describe(s);
+  EXPECT_EQ(ds_config(s).at("activation_checkpointing").at("partition_activations"), true);
+  s.checkpointing = "torch";
+  EXPECT_FALSE(ds_config(s).contains("activation_checkpointing")) << "Hugging Face's checkpoint reads no ds_config block";
+  EXPECT_FALSE(to_json(Scenario{}).contains("checkpointing")) << "written only when set";
+  nlohmann::json j = to_json(Scenario{});
+  j["checkpointing"] = "torch";
+  try {
+    scenario_from_json(j);
+    FAIL() << "checkpointing on a synthetic model was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("only the transformer presets"), std::string::npos) << e.what();
+  }
+  j = to_json(s);
+  j["checkpointing"] = "selective";
+  EXPECT_THROW(scenario_from_json(j), ConfigError);
+}
+
 // Note [Scenario limits]. Found by fuzz/scenario_fuzz.cpp under UBSan: integers were read with
 // get<int>, which casts a float or a too-large integer (4294967298 became world 2), and sizes had
 // no bound (a shape of 10^12 elements, an MLP whose exact-domain sizing overflowed int64).

@@ -16,10 +16,12 @@ Each allocation gets one category, first match wins:
    optimizers' gradient partitions and buffers (grads), fp32 master partitions (master), optimizer
    state (optimizer_states), ipg buffers (ipg_buckets);
 2. tensors autograd saves for backward (torch.autograd.graph.saved_tensors_hooks) that were
-   allocated in the forward (activations);
+   allocated in the forward (activations), and each param's gradient as autograd hands it to
+   AccumulateGrad (a tensor hook on the param: grads);
 3. the allocating call site: SITE_CATEGORIES maps DeepSpeed's functions to a category
    (comm_buffers for the flattened buckets and reduce-scatter staging, gathered_params for ZeRO-3's
-   all-gather outputs), the model's forward and autograd's backward to activations;
+   all-gather outputs); the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
+   and autograd's backward, to activations; torch's RNG state to HOST_RNG (kept apart);
 4. the rest is temporaries (0-dim norms and flags, casts).
 
 The recorder's own reads (the twin's full grads, params and states) run inside excluded(): what they
@@ -38,6 +40,21 @@ CATEGORIES = ("params", "grads", "master", "optimizer_states", "ipg_buckets", "c
 # or on gloo's own thread with no Python frame at all). NCCL on a GPU writes into the caller's
 # tensors: a CPU-path difference, kept apart from the total that is compared and reported on its own.
 CPU_BACKEND = "cpu_backend"
+# The RNG states an activation checkpoint keeps and restores (torch.get_rng_state() in
+# torch.utils.checkpoint's CheckpointFunction and fork_rng, and in deepspeed.checkpointing's, whose
+# accelerator state is torch's CPU state here): byte tensors in host memory on a GPU run as well,
+# so not the device memory the engine's ledger and a plan count. Kept apart like CPU_BACKEND.
+HOST_RNG = "host_rng"
+KEPT_APART = (CPU_BACKEND, HOST_RNG)
+# The transformer twin's code and the functions that run a checkpointed layer: what they allocate
+# (every intermediate of the forward, kept or not, the layers' outputs under no_grad, the
+# recomputation) is an activation, as the engine counts its models' forward and backward, unless
+# a DeepSpeed frame inside them (ZeRO-3's hooks) decides it.
+MODEL_FILES = ("torch/utils/checkpoint.py", "deepspeed/runtime/activation_checkpointing/checkpointing.py")
+# A 0-dim tensor (the loss, a Python number wrapped as a tensor) is at most 8 bytes; every
+# activation of the twin's models is larger.
+SCALAR_BYTES = 8
+MODEL_TWIN = "transformer_twin.py"  # its frames name it as the worker imported it, often without a directory
 
 # (file suffix, function) of the innermost DeepSpeed frame -> category; None matches any function.
 SITE_CATEGORIES = [
@@ -79,6 +96,7 @@ class MemoryRecorder:
         self.prof = None
         self.identity = []  # {ptr: category} per snapshot, at the time of marker snap:<i>
         self.saved = []     # ptr of each tensor saved for backward, at the time of marker saved:<i>
+        self.grads = []     # ptr of each param's gradient from autograd, at the time of marker grad:<i>
         self.error = ""
 
     def start(self):
@@ -122,6 +140,19 @@ class MemoryRecorder:
             return t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
+
+    def watch_grads(self, module):
+        """Each param's gradient as autograd hands it to AccumulateGrad, which keeps that tensor as
+        .grad (ZeRO-1/2's hooks then copy it into a bucket and drop it): grads, as the engine's
+        .grad, though no snapshot sees it live."""
+        def seen(g):
+            ptr = _storage(g)
+            if ptr is not None:
+                self.grads.append(ptr)
+                self.mark(f"grad:{len(self.grads) - 1}")
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(seen)
 
     def snapshot(self, engine=None, module=None):
         """The storages DeepSpeed holds now, by category (identity); before deepspeed.initialize,
@@ -293,10 +324,16 @@ def category_by_site(ctx):
     innermost = _frame_file(frames[-1])[0]
     if innermost.endswith(("torch/distributed/distributed_c10d.py", "deepspeed/comm/torch.py", "deferred_comm.py")):
         return CPU_BACKEND
+    if innermost.endswith("torch/random.py"):
+        return HOST_RNG
+    inside_deepspeed = False  # a DeepSpeed frame inside the model's (ZeRO-3's hooks)
     for c in reversed(frames):
+        path, _, fn = _frame_file(c)
+        if path.endswith(MODEL_FILES) or os.path.basename(path) == MODEL_TWIN:
+            return None if inside_deepspeed else "activations"
         if "deepspeed/" not in c:
             continue
-        path, _, fn = _frame_file(c)
+        inside_deepspeed = True
         for suffix, func, cat in SITE_CATEGORIES:
             if path.endswith(suffix) and (func is None or fn == func):
                 return cat
@@ -362,6 +399,10 @@ def analyse(rec):
         a = owner(ptr, at[f"saved:{i}"])
         if a is not None and "cat" not in a:
             a["cat"], a["how"] = "activations", "saved for backward"
+    for i, ptr in enumerate(rec.grads):
+        a = owner(ptr, at[f"grad:{i}"])
+        if a is not None and "cat" not in a:
+            a["cat"], a["how"] = "grads", "a param's gradient"
     for a in events:
         if a["size"] > 0 and "cat" not in a:
             r = next((r for r in labelled if r[0] <= a["t"] <= r[1]), None)
@@ -374,7 +415,9 @@ def analyse(rec):
     for a in events:
         if a["size"] > 0 and "cat" not in a:
             cat = category_by_site(a["ctx"])
-            if cat is None and any(c.startswith("autograd::engine::evaluate_function") for c in a["ctx"]):
+            if cat == "activations" and a["size"] <= SCALAR_BYTES:
+                cat = "temporaries"  # a 0-dim scalar of the model's code: the engine keeps those on the host
+            elif cat is None and any(c.startswith("autograd::engine::evaluate_function") for c in a["ctx"]):
                 cat = "activations"  # an activation's gradient, alive between two backward ops
             a["cat"], a["how"] = cat or "temporaries", "site" if cat else "rest"
     # The timeline, phase by phase.
@@ -387,12 +430,12 @@ def analyse(rec):
         elif "alloc" in a and id(a["alloc"]) not in dropped:
             timeline.append((a["t"], a["size"], a["alloc"]))
     timeline.sort(key=lambda x: x[0])
-    out = phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:"))])
+    out = phases(timeline, [(t, n) for t, n in marks if not n.startswith(("snap:", "saved:", "grad:"))])
     out["events"] = len(allocs)
     if LOG:  # every counted event, for comparing with the engine's ledger by hand
         out["log"] = [[delta, a["cat"], site_of(a["ctx"]), a["op"], _innermost(a["ctx"])] for _, delta, a in timeline]
         out["log_marks"] = [[sum(1 for t, _, _ in timeline if t < mt), n] for mt, n in marks
-                            if not n.startswith(("snap:", "saved:"))]
+                            if not n.startswith(("snap:", "saved:", "grad:"))]
     return out
 
 
@@ -401,10 +444,10 @@ def phases(timeline, marks):
     peak, and the live bytes at the phase's marks."""
     bounds = [t for t, _ in marks]
     names = [n for _, n in marks]
-    live = dict.fromkeys(CATEGORIES + (CPU_BACKEND,), 0)
+    live = dict.fromkeys(CATEGORIES + KEPT_APART, 0)
 
-    def compared():  # the total the engine's is compared with: the gloo backend's staging apart
-        return sum(v for c, v in live.items() if c != CPU_BACKEND)
+    def compared():  # the total the engine's is compared with: gloo's staging and host RNG states apart
+        return sum(v for c, v in live.items() if c not in KEPT_APART)
     out, cur = {}, None
     mi = 0
 

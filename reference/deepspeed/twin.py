@@ -25,10 +25,12 @@ import torch
 
 import deepspeed
 import deepspeed.comm as dist
+from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
 
 import memory
 import record
+from transformer_twin import TransformerTwin
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "int64": torch.int64}
 
@@ -108,168 +110,14 @@ class MlpTwin(torch.nn.Module):
         return (c * h).sum() / x.shape[0]
 
 
-def _rmsnorm(x, w, eps):
-    # LlamaRMSNorm.forward (transformers' modeling_llama.py)
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    variance = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(variance + eps)
-    return w * h.to(dtype)
-
-
-def _rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _gelu_new(x):
-    # transformers' NewGELUActivation
-    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
-
-
-class _Part(torch.nn.Module):
-    """One module of zerocheck's tree, holding its params directly (registered by TransformerTwin
-    under zerocheck's names), so that ZeRO-3 gathers them together when its forward runs, as the
-    engine's module hooks do."""
-
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def norm(self, w, b, x):
-        if self.m["norm"] == "layernorm":
-            return torch.nn.functional.layer_norm(x, (x.shape[-1],), getattr(self, w), getattr(self, b), self.m["eps"])
-        return _rmsnorm(x, getattr(self, w), self.m["eps"])
-
-    def linear(self, w, b, x):
-        return torch.nn.functional.linear(x, getattr(self, w), getattr(self, b) if self.m["bias"] else None)
-
-
-class _Embed(_Part):
-    def forward(self, ids):
-        x = torch.nn.functional.embedding(ids, self.tok)
-        if self.m["positions"] == "learned":  # GPT2Model: inputs_embeds + position_embeds
-            position_ids = torch.arange(ids.shape[1]).unsqueeze(0)
-            x = x + torch.nn.functional.embedding(position_ids, self.pos)
-        return x
-
-
-class _Block(_Part):
-    """GPT2Block or LlamaDecoderLayer, eager attention, dropout 0."""
-
-    def forward(self, x, mask, rope):
-        if self.m["norm"] == "layernorm":  # GPT2Block keeps its attention output until it returns
-            residual = x
-            a = self.attention(self.norm("attn_norm", "attn_norm_b", x), mask, rope)
-            x = a + residual
-            residual = x
-            f = self.mlp(self.norm("mlp_norm", "mlp_norm_b", x))
-            return residual + f
-        residual = x
-        x = self.attention(self.norm("attn_norm", None, x), mask, rope)
-        x = residual + x
-        residual = x
-        x = self.mlp(self.norm("mlp_norm", None, x))
-        return residual + x
-
-    def attention(self, h, mask, rope):
-        m = self.m
-        B, S, _ = h.shape
-        H, Hkv = m["heads"], m["kv_heads"]
-        dh = m["dim"] // H
-        q = self.linear("wq", "bq", h).view(B, S, H, dh).transpose(1, 2)
-        k = self.linear("wk", "bk", h).view(B, S, Hkv, dh).transpose(1, 2)
-        v = self.linear("wv", "bv", h).view(B, S, Hkv, dh).transpose(1, 2)
-        if m["norm"] == "layernorm":  # GPT2Attention's eager_attention_forward
-            w = torch.matmul(q, k.transpose(-1, -2))
-            w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
-            w = w + mask
-            w = torch.nn.functional.softmax(w, dim=-1)
-            w = w.type(v.dtype)
-        else:  # LlamaAttention: rotary positions, repeat_kv, softmax in f32
-            cos, sin = rope
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
-            if H != Hkv:
-                rep = H // Hkv
-                k = k[:, :, None, :, :].expand(B, Hkv, rep, S, dh).reshape(B, H, S, dh)
-                v = v[:, :, None, :, :].expand(B, Hkv, rep, S, dh).reshape(B, H, S, dh)
-            w = torch.matmul(q, k.transpose(2, 3)) * dh ** -0.5
-            w = w + mask
-            w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
-        o = torch.matmul(w, v)
-        o = o.transpose(1, 2).contiguous()
-        o = o.reshape(B, S, -1).contiguous()
-        return self.linear("wo", "bo", o)
-
-    def mlp(self, h):
-        if self.m["mlp"] == "gelu":
-            return self.linear("w_proj", "b_proj", _gelu_new(self.linear("w_fc", "b_fc", h)))
-        gate = torch.nn.functional.linear(h, self.w_gate)
-        up = torch.nn.functional.linear(h, self.w_up)
-        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, self.w_down)
-
-
-class _Norm(_Part):
-    def forward(self, x):
-        return self.norm("weight", "bias", x)
-
-
-class _Head(_Part):
-    def forward(self, h):
-        return torch.nn.functional.linear(h, self.weight)
-
-
-class TransformerTwin(torch.nn.Module):
-    """zerocheck's Transformer (models/transformer.h) as Hugging Face's eager GPT2LMHeadModel and
-    LlamaForCausalLM compute it: the same ops in the same order, so autograd saves what it saves
-    there (Note [Hugging Face's saved tensors]); dropout 0. The tree is zerocheck's: embed, layers.i,
-    norm, lm_head, each holding its params directly (wq, wk, ...), so ZeRO-3 gathers a decoder layer
-    at once, as the engine does, where Hugging Face's Linear submodules are gathered one by one."""
-
-    def __init__(self, m, params):
-        super().__init__()
-        self.m = m
-        self.embed = _Embed(m)
-        self.layers = torch.nn.ModuleList(_Block(m) for _ in range(m["layers"]))
-        self.norm = _Norm(m)
-        self.lm_head = _Head(m)
-        for p in params:
-            owner, name = p["name"].rsplit(".", 1)
-            self.get_submodule(owner).register_parameter(name, torch.nn.Parameter(torch.zeros(p["shape"])))
-        if m["tied_embeddings"]:  # Hugging Face ties lm_head.weight to the token embedding
-            self.lm_head.weight = self.embed.tok
-
-    def forward(self, ids, labels):
-        m = self.m
-        B, S = ids.shape
-        x = self.embed(ids)
-        dtype = x.dtype
-        rope = None
-        if m["positions"] == "rotary":  # LlamaRotaryEmbedding: cos and sin [1, S, dh] in the model dtype
-            position_ids = torch.arange(S).unsqueeze(0)
-            dh = m["dim"] // m["heads"]
-            inv_freq = 1.0 / (m["rope_base"] ** (torch.arange(0, dh, 2, dtype=torch.int64).float() / dh))
-            freqs = (inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            rope = (emb.cos().to(dtype), emb.sin().to(dtype))
-            del inv_freq, freqs, emb
-        # The eager causal mask [B, 1, S, S] in the model dtype: 0 where a query sees a key, the
-        # dtype's lowest value above the diagonal.
-        mask = torch.full((S, S), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None].expand(B, 1, S, S).contiguous()
-        for layer in self.layers:
-            x = layer(x, mask, rope)
-        del mask
-        logits = self.lm_head(self.norm(x))
-        del x
-        # ForCausalLMLoss: the logits upcast, the labels padded and shifted into a contiguous
-        # target (zerocheck's labels are already the next tokens, so the pad goes in front).
-        logits = logits.float().view(-1, m["vocab"])
-        padded = torch.nn.functional.pad(labels, (1, 0), value=-100)
-        target = padded[..., 1:].contiguous().view(-1)
-        del padded
-        return torch.nn.functional.cross_entropy(logits, target, ignore_index=-100, reduction="mean")
+def configure_checkpointing(spec):
+    """deepspeed.checkpointing's module-wide settings for this scenario: a model that calls it
+    configures it from the ds_config (configure(mpu, deepspeed_config)); every scenario sets them
+    again, so that one scenario's settings never reach the next."""
+    if spec["model"].get("checkpointing", "").startswith("deepspeed"):
+        ds_checkpointing.configure(None, deepspeed_config=spec["ds_config"])
+    else:
+        ds_checkpointing.configure(None)
 
 
 def build_twin(spec):
@@ -433,6 +281,9 @@ class _NoMemory:
     def snapshot(self, engine=None, module=None):
         pass
 
+    def watch_grads(self, module):
+        pass
+
     def labelled(self, category):
         return self._nothing()
 
@@ -455,11 +306,13 @@ def run_scenario(directory, counter, measure_memory=True):
         raise ValueError(f"scenario world {spec['world']} sent to a pool of {dist.get_world_size()}")
     dtype = DTYPES[spec["dtype"]]
     stage = spec["ds_config"].get("zero_optimization", {}).get("stage", 0)
+    configure_checkpointing(spec)
     mem = memory.MemoryRecorder() if spec.get("memory") else _NoMemory()
     if spec.get("memory"):
         mem.start()
     mem.mark("begin:construction")
     model = build_twin(spec)
+    mem.watch_grads(model)
     with mem.excluded():  # the twin's own staging of zerocheck's values
         load_init(model, spec, directory)
         batches = load_batches(spec, directory, rank, dtype)
@@ -476,6 +329,11 @@ def run_scenario(directory, counter, measure_memory=True):
     if spec["coalesce"]:
         watch_flush(engine, stage, msids)
     ga, n = spec["ga"], spec["n"]
+    # The last micro-step's loss, and the autograd graph behind it, live until the next forward,
+    # as in a loop that rebinds `loss = engine(batch)`; the engine's models assume so (under torch's
+    # checkpoint each layer's run_function keeps what Hugging Face passes it by keyword as long:
+    # Note [Gradient checkpointing] in models/transformer.h).
+    held = {}
     for s in range(spec["steps"]):
         mem.mark(f"begin:step{s}")
         for m in range(ga):
@@ -485,13 +343,15 @@ def run_scenario(directory, counter, measure_memory=True):
                         engine.set_gradient_accumulation_boundary(m + 1 == ga and c + 1 == n)
                     with mem.labelled("activations"):  # the loop's upload of the micro-batch, as the engine's
                         mine = {k: v.clone() for k, v in batches[(s, m, c)].items()}
+                    held.clear()
                     with mem.forward():
                         loss = engine(**mine)
                     mem.snapshot(engine)
                     if m == 0 and c == 0:
                         mem.mark("after_forward")
                     engine.backward(loss)
-                    del mine, loss  # freed after backward, as the engine's loop frees its Batch and Loss
+                    held["loss"] = loss
+                    del mine, loss  # the batch freed after backward, as the engine's loop frees its Batch
                     mem.snapshot(engine)
             if spec["coalesce"]:
                 with engine.coalesce_grad_reduction():
@@ -518,6 +378,7 @@ def run_scenario(directory, counter, measure_memory=True):
                     entries.append((f"opt/{key}/{s}", flat(states)))
         counter.counting = True
     counter.counting = False
+    held.clear()
     mem.mark("begin:destroy")
     if msids:
         entries.append(("msid", msids))
