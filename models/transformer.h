@@ -41,7 +41,11 @@
 // torch's does and drops its stash (ctx.deepspeed_saved_tensors) once the layer's backward has
 // run; what it keeps differs with the settings, without a model-parallel group (mpu None):
 //   - partition_activations: a clone of the input (the whole of it: one partition), the input's
-//     own storage released when the layer's forward returns (arg.data replaced);
+//     own storage released when the layer's forward returns (arg.data replaced), and for every
+//     tensor argument its size as an int64 tensor (torch.tensor(arg.size()),
+//     get_partitioned_activations_for_backward), kept until the layer's backward. A floating-point
+//     argument the layers share (a float mask, cos/sin) must be marked no_checkpointing, or
+//     DeepSpeed empties it after the first layer (checkpointing.py:455; the twin marks them);
 //   - contiguous_memory_optimization (with partition): at the first checkpointed layer,
 //     number_checkpoints buffers of the input's size at once, on the device or, with
 //     cpu_checkpointing, on the host; the clones are copied in; the list is dropped at the first
@@ -282,6 +286,9 @@ class Transformer : public Model {
   Comm* ep_ = nullptr;
   std::vector<BlockActs> acts_;
   std::vector<Tensor> layer_inputs_;  // checkpointed layers' saved inputs (on host_ with cpu_checkpointing)
+  // deepspeed.checkpointing under partition_activations: each layer's torch.tensor(arg.size()) per
+  // tensor argument (Note [Gradient checkpointing]), kept with its partition.
+  std::vector<Tensor> ds_arg_sizes_;
   std::vector<Tensor> contiguous_;    // deepspeed.checkpointing's contiguous buffers, until the first backward
   std::size_t contiguous_next_ = 0;   // the next of them (DeepSpeed's data_offsets)
   // deepspeed.checkpointing.checkpoint's forward of layer l's input: what it keeps.

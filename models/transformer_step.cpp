@@ -369,7 +369,7 @@ Tensor Transformer::checkpointed_block_backward(Device& dev, std::size_t l, cons
   BlockActs a;
   const Tensor recomputed = block_forward(dev, layer(l), a, layer_inputs_[l].view({batch_ * spec_.seq, spec_.dim}));
   Tensor dx = block_backward(dev, layer(l), a, dx3);
-  layer_inputs_[l] = Tensor();
+  layer_inputs_[l] = ds_arg_sizes_[l] = Tensor();
   return dx;
 }
 
@@ -477,6 +477,8 @@ double Transformer::forward(Device& dev, const Batch& batch) {
                                    MemCategory::temporaries);
   }
   layer_inputs_.assign(spec_.gradient_checkpointing ? acts_.size() : 0, Tensor());
+  ds_arg_sizes_.assign(layer_inputs_.size(), Tensor());
+  const bool ds_partition = spec_.checkpoint_function == CheckpointFunction::deepspeed && spec_.ds_partition_activations;
   for (std::size_t l = 0; l < acts_.size(); ++l) {
     if (!spec_.gradient_checkpointing) {
       x = block_forward(dev, layer(l), acts_[l], x);
@@ -491,6 +493,10 @@ double Transformer::forward(Device& dev, const Batch& batch) {
       ~NoGrad() { grad = true; }
     } no_grad(grad_);
     x = block_forward(dev, layer(l), none, x);
+    if (ds_partition) {  // torch.tensor(arg.size()) of each argument: [B, S, d], the mask's 4 dims, cos/sin 3 each, ids 2
+      const std::int64_t dims = 3 + (mask_.defined() ? 4 : 0) + (rope_cs_.defined() ? 3 + 3 : 0) + (position_ids_.defined() ? 2 : 0);
+      ds_arg_sizes_[l] = dev.alloc(DType::u8, {8 * dims}, "ds_checkpoint_sizes", MemCategory::activations);
+    }
   }
   final_norm().run_pre_forward();
   hf_ = norm_forward(dev, final_norm(), "weight", x, normf_);

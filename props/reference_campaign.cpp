@@ -163,10 +163,14 @@ rc::Gen<Scenario> gen_reference_scenario() {
   // gaussian data instead: its values are compared within the transformer-float-arithmetic classes'
   // bounds, its memory as every scenario's. Drawn last, so that it shrinks to Synthetic and MLP.
   auto transformer = uniform(gen::inRange(0, 24));
+  // A transformer's decoder layers run under activation checkpointing in three of four: Hugging
+  // Face's (torch's reentrant checkpoint), deepspeed.checkpointing, and the same with
+  // partition_activations.
+  auto checkpointing = uniform(gen::element<std::string>("", "torch", "deepspeed", "deepspeed-partition"));
   return gen::map(gen::tuple(gen_scenario(d), uniform(gen::elementOf(cells)), uniform(gen::inRange(1, 7)),
                              uniform(gen::element<std::string>("explicit", "implicit")), gen::arbitrary<bool>(),
-                             adam_variant, flags, transformer),
-                  [](const std::tuple<Scenario, Scenario, int, std::string, bool, int, int, int>& t) {
+                             adam_variant, flags, transformer, checkpointing),
+                  [](const std::tuple<Scenario, Scenario, int, std::string, bool, int, int, int, std::string>& t) {
     Scenario s = std::get<0>(t);
     const Scenario& cell = std::get<1>(t);
     const int variant = std::get<5>(t);
@@ -205,6 +209,7 @@ rc::Gen<Scenario> gen_reference_scenario() {
       // pass costs about a second (36 of them, gpt2-tiny at ZeRO-3 with offload, ran past the
       // pool's 120 s deadline).
       s.steps = std::min(s.steps, 2), s.ga = std::min(s.ga, 2), s.n = std::min(s.n, 2);
+      s.checkpointing = std::get<8>(t);
     }
     return s;
   });

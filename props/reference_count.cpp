@@ -88,7 +88,8 @@ void sort_rows(nlohmann::json& table, const char* key_name) {
 
 // The memory table's row of a scenario: stage, model, offload, dtype.
 std::string memory_row(const Scenario& s) {
-  return fmt::format("stage {} | {} | offload {} | {}", s.stage, s.model, s.offload, s.dtype);
+  const std::string model = s.checkpointing.empty() ? s.model : s.model + " checkpointing " + s.checkpointing;
+  return fmt::format("stage {} | {} | offload {} | {}", s.stage, model, s.offload, s.dtype);
 }
 
 // The figure's category ("rank 0 steps peak of grads" -> "grads"; a total -> "total").

@@ -340,8 +340,32 @@ def category_by_site(ctx):
     return None
 
 
+# How far apart in the profiler's time order two events may be that the allocator ordered the
+# other way (gloo's threads allocate inside collectives while the caller's thread does).
+REORDER_WINDOW = 16
+
+
+def _in_allocator_order(allocs):
+    """The events in the order of the allocator's running total, where the profiler's timestamps
+    (taken on different threads) put a few the other way round: each next event is the first within
+    REORDER_WINDOW whose total before it (total - size) is the last one's total after. An event
+    that fits nowhere stays where it was, and the chain check below refuses the record."""
+    import collections
+    import itertools
+    if not allocs:
+        return allocs
+    out, pending = [allocs[0]], collections.deque(allocs[1:])
+    while pending:
+        cur = out[-1]["total"]
+        k = next((k for k, a in enumerate(itertools.islice(pending, REORDER_WINDOW)) if a["total"] - a["size"] == cur), 0)
+        out.append(pending[k])
+        del pending[k]
+    return out
+
+
 def analyse(rec):
     allocs, marks, excluded, reading, labelled = _tree(rec.prof)
+    allocs = _in_allocator_order(allocs)
     # The record is complete and in order: each event's size moves the allocator's own running
     # total (total_allocated) from the previous event's to its own. A lost or misplaced event
     # breaks the chain, and then the figures would be wrong: an error instead.

@@ -198,7 +198,15 @@ class TransformerTwin(torch.nn.Module):
             fn = functools.partial(layer, mask=mask, rope=rope, position_ids=position_ids)
             return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=True)
         # deepspeed.checkpointing.checkpoint(function, *args), every argument positional (as
-        # Megatron-style models call it), configured by configure_checkpointing().
+        # Megatron-style models call it), configured by configure_checkpointing(). Under
+        # partition_activations DeepSpeed replaces every floating-point argument's .data with an
+        # empty tensor once the layer's forward has run (checkpointing.py:455,
+        # get_partitioned_activations_for_backward): the mask and cos/sin that every layer shares
+        # would reach the next layer empty ("IndexError: Dimension out of range"). A model shares
+        # them by marking them no_checkpointing (checkpointing.py:382), as here; the hidden states
+        # are partitioned.
+        for t in (mask,) + (rope or ()):
+            t.no_checkpointing = True
         if rope is None:
             return ds_checkpointing.checkpoint(lambda h, mk: layer(h, mk, None), x, mask)
         return ds_checkpointing.checkpoint(lambda h, mk, cos, sin, pid: layer(h, mk, (cos, sin), pid),

@@ -1,0 +1,76 @@
+"""Tests memory.py's reading of the profiler's record, without a profiler or DeepSpeed running.
+
+Run by ctest (deepspeed_memory_rules, deepspeed label) with the reference environment's python:
+    python memory_test.py
+Checks that events the profiler put out of the allocator's order (gloo's threads) are put back in
+the order of the allocator's running total, while a lost event still fails the chain; and the
+categories by call site: the transformer twin's code and the checkpoint functions are
+activations, unless a DeepSpeed frame inside them decides (ZeRO-3's gathers); torch's RNG state
+is kept apart (host_rng); gloo's staging is kept apart (cpu_backend). Exits 0 when every check
+holds, else prints the first that failed and exits 1.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import memory  # noqa: E402
+
+
+def chain(events):
+    return all(events[i - 1]["total"] + events[i]["size"] == events[i]["total"] for i in range(1, len(events)))
+
+
+def events(sizes):
+    out, total = [], 0
+    for i, size in enumerate(sizes):
+        total += size
+        out.append({"t": i, "size": size, "total": total})
+    return out
+
+
+def main():
+    failures = []
+
+    def check(ok, what):
+        if not ok:
+            failures.append(what)
+
+    ev = events([64, 128, 32, -64, 256, -32, 16, -128, 8])
+    check(chain(memory._in_allocator_order(list(ev))), "an ordered record stays a chain")
+    swapped = list(ev)
+    swapped[2], swapped[4] = swapped[4], swapped[2]
+    check(not chain(swapped), "the swap breaks the chain (else the test tests nothing)")
+    check(chain(memory._in_allocator_order(swapped)), "two events the profiler swapped are put back")
+    lost = ev[:3] + ev[4:]
+    check(not chain(memory._in_allocator_order(lost)), "a lost event is not invented: the chain stays broken")
+    far = events([64] * (memory.REORDER_WINDOW + 4))
+    far.append(far.pop(1))
+    check(not chain(memory._in_allocator_order(far)), "an event beyond the window is not moved")
+
+    twin = "/src/reference/deepspeed/transformer_twin.py(12): forward"
+    ckpt = "/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py(300): forward"
+    run = "/src/reference/deepspeed/twin.py(500): run_scenario"
+    gather = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/partition_parameters.py(1329): _all_gather_dtype"
+    hook = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/parameter_offload.py(400): _pre_forward_module_hook"
+    rng = "/venv/lib/python3.11/site-packages/torch/random.py(22): get_rng_state"
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py(4000): all_gather_into_tensor"
+    check(memory.category_by_site([run, twin]) == "activations", "the twin's forward: activations")
+    check(memory.category_by_site([run, "transformer_twin.py(12): forward"]) == "activations",
+          "the twin's forward named without a directory: activations")
+    check(memory.category_by_site([run, twin, ckpt, twin]) == "activations", "a checkpoint's recomputation: activations")
+    check(memory.category_by_site([run, twin, gather]) == "gathered_params", "ZeRO-3's gather inside the model")
+    check(memory.category_by_site([run, twin, hook]) is None, "a DeepSpeed hook inside the model is not an activation")
+    check(memory.category_by_site([run, twin, ckpt, rng]) == memory.HOST_RNG, "a checkpoint's RNG state: host_rng")
+    check(memory.category_by_site([run, c10d]) == memory.CPU_BACKEND, "gloo's staging: cpu_backend")
+    check(memory.category_by_site([run]) is None, "the loop's own allocations: no site")
+    if failures:
+        print("memory_test: " + failures[0])
+        return 1
+    print("memory_test: every check holds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
