@@ -43,7 +43,8 @@
 //   - partition_activations: a clone of the input (the whole of it: one partition), the input's
 //     own storage released when the layer's forward returns (arg.data replaced), and for every
 //     tensor argument its size as an int64 tensor (torch.tensor(arg.size()),
-//     get_partitioned_activations_for_backward), kept until the layer's backward. A floating-point
+//     get_partitioned_activations_for_backward), a CPU tensor (host memory on a GPU), kept until
+//     the layer's backward. A floating-point
 //     argument the layers share (a float mask, cos/sin) must be marked no_checkpointing, or
 //     DeepSpeed empties it after the first layer (checkpointing.py:455; the twin marks them);
 //   - contiguous_memory_optimization (with partition): at the first checkpointed layer,

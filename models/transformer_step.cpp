@@ -493,9 +493,11 @@ double Transformer::forward(Device& dev, const Batch& batch) {
       ~NoGrad() { grad = true; }
     } no_grad(grad_);
     x = block_forward(dev, layer(l), none, x);
-    if (ds_partition) {  // torch.tensor(arg.size()) of each argument: [B, S, d], the mask's 4 dims, cos/sin 3 each, ids 2
+    // torch.tensor(arg.size()) of each argument ([B, S, d], the mask's 4 dims, cos/sin 3 each, ids
+    // 2): CPU tensors, host memory on a GPU; none without a host device.
+    if (ds_partition && host_ != nullptr) {
       const std::int64_t dims = 3 + (mask_.defined() ? 4 : 0) + (rope_cs_.defined() ? 3 + 3 : 0) + (position_ids_.defined() ? 2 : 0);
-      ds_arg_sizes_[l] = dev.alloc(DType::u8, {8 * dims}, "ds_checkpoint_sizes", MemCategory::activations);
+      ds_arg_sizes_[l] = host_->alloc(DType::u8, {8 * dims}, "ds_checkpoint_sizes", MemCategory::activations);
     }
   }
   final_norm().run_pre_forward();

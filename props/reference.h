@@ -80,8 +80,9 @@ struct DeepSpeedMemoryPhase {
   // What torch's gloo backend allocated inside collectives (staging that NCCL does not do), apart
   // from `peak` and the categories: its own peak over the phase.
   std::int64_t cpu_backend_peak = 0;
-  // The RNG states activation checkpoints keep (host memory on a GPU run too), apart likewise.
-  std::int64_t host_rng_peak = 0;
+  // What a GPU run keeps in host memory (checkpoints' RNG states, deepspeed.checkpointing's size
+  // tensors), apart likewise.
+  std::int64_t host_peak = 0;
 };
 struct DeepSpeedMemory {
   DeepSpeedMemoryPhase construction;
@@ -168,7 +169,8 @@ struct ReferenceVerdict {
   Verdict verdict;
   std::vector<std::string> classes;  // the classes that explained differences
   std::vector<std::string> unlisted; // the fields no class explains (the verdict fails)
-  std::map<std::string, std::int64_t> class_ulps;  // per class: the largest value distance it explained
+  std::map<std::string, std::int64_t> class_ulps;  // per class with an ulp bound: the largest value distance it explained
+  std::map<std::string, double> class_rel;         // per class with a max_rel bound: the largest max_rel it explained
   bool matched = false;              // no difference at all
   bool values_match = false;         // no difference in grads, params, masters, loss scale, skips, micro_step_id, ranks
   bool comm_match = false;           // the same collective calls and bytes per kind

@@ -43,8 +43,8 @@ MemBytes read_bytes(const nlohmann::json& j, const std::filesystem::path& file, 
   MemBytes b{};
   if (!j.is_object()) throw UsageError(fmt::format("{}: '{}' is not an object", file.string(), what));
   for (const auto& [name, v] : j.items()) {
-    // gloo's staging and checkpoints' RNG states: not device memory on a GPU, read apart (DeepSpeedMemoryPhase)
-    if (name == "cpu_backend" || name == "host_rng") continue;
+    // gloo's staging and what a GPU run keeps in host memory: read apart (DeepSpeedMemoryPhase)
+    if (name == "cpu_backend" || name == "host") continue;
     try {
       b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
     } catch (const UsageError& e) {
@@ -62,7 +62,7 @@ DeepSpeedMemoryPhase read_phase(const nlohmann::json& p, const std::filesystem::
   out.peak_by_category = read_bytes(p.at("peak_by_category"), file, "peak_by_category");
   out.peak_site = p.value("peak_site", "");
   out.cpu_backend_peak = p.at("peak_by_category").value("cpu_backend", std::int64_t{0});
-  out.host_rng_peak = p.at("peak_by_category").value("host_rng", std::int64_t{0});
+  out.host_peak = p.at("peak_by_category").value("host", std::int64_t{0});
   for (const auto& [k, v] : p.at("marks").items()) out.marks[k] = v.get<std::int64_t>();
   return out;
 }
@@ -136,7 +136,15 @@ DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector
     const DeviceMemory& dev = sim.memory[k].device;
     const DeviceMemory& cpu = sim.memory[k].cpu;
     const DeepSpeedMemory& d = ds[static_cast<std::size_t>(rank)];
-    const bool offload = cpu.construction.allocations() > 0 || cpu.steps.allocations() > 0;
+    // Offload puts model states in the CPU ledger; what a GPU run keeps in host memory beside them
+    // (deepspeed.checkpointing's size tensors) DeepSpeed's side keeps apart too.
+    auto holds_model_states = [](const MemoryLedger& l) {
+      for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::master, MemCategory::optimizer_states}) {
+        if (l.peak()[static_cast<std::size_t>(c)] > 0) return true;
+      }
+      return false;
+    };
+    const bool offload = holds_model_states(cpu.construction) || holds_model_states(cpu.steps);
     auto add = [&](std::string what, std::int64_t z, std::int64_t dsb) {
       out.figures.push_back({fmt::format("rank {} {}", rank, what), z, dsb});
     };

@@ -21,7 +21,7 @@ Each allocation gets one category, first match wins:
 3. the allocating call site: SITE_CATEGORIES maps DeepSpeed's functions to a category
    (comm_buffers for the flattened buckets and reduce-scatter staging, gathered_params for ZeRO-3's
    all-gather outputs); the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
-   and autograd's backward, to activations; torch's RNG state to HOST_RNG (kept apart);
+   and autograd's backward, to activations; torch's RNG state to HOST (kept apart);
 4. the rest is temporaries (0-dim norms and flags, casts).
 
 The recorder's own reads (the twin's full grads, params and states) run inside excluded(): what they
@@ -40,12 +40,13 @@ CATEGORIES = ("params", "grads", "master", "optimizer_states", "ipg_buckets", "c
 # or on gloo's own thread with no Python frame at all). NCCL on a GPU writes into the caller's
 # tensors: a CPU-path difference, kept apart from the total that is compared and reported on its own.
 CPU_BACKEND = "cpu_backend"
-# The RNG states an activation checkpoint keeps and restores (torch.get_rng_state() in
+# What a GPU run keeps in host memory too, so not the device memory the engine's ledger and a plan
+# count: the RNG states an activation checkpoint keeps and restores (torch.get_rng_state() in
 # torch.utils.checkpoint's CheckpointFunction and fork_rng, and in deepspeed.checkpointing's, whose
-# accelerator state is torch's CPU state here): byte tensors in host memory on a GPU run as well,
-# so not the device memory the engine's ledger and a plan count. Kept apart like CPU_BACKEND.
-HOST_RNG = "host_rng"
-KEPT_APART = (CPU_BACKEND, HOST_RNG)
+# accelerator state is torch's CPU state here), and deepspeed.checkpointing's size tensors under
+# partition_activations (torch.tensor(arg.size()), always a CPU tensor). Kept apart like CPU_BACKEND.
+HOST = "host"
+KEPT_APART = (CPU_BACKEND, HOST)
 # The transformer twin's code and the functions that run a checkpointed layer: what they allocate
 # (every intermediate of the forward, kept or not, the layers' outputs under no_grad, the
 # recomputation) is an activation, as the engine counts its models' forward and backward, unless
@@ -71,6 +72,9 @@ SITE_CATEGORIES = [
     ("runtime/zero/partition_parameters.py", "_allgather_params_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "all_gather_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "_all_gather_dtype", "gathered_params"),
+    # Each argument's size (host) and the 0-dim placeholder its .data becomes (device: a scalar,
+    # temporaries by size in analyse()).
+    ("runtime/activation_checkpointing/checkpointing.py", "get_partitioned_activations_for_backward", HOST),
 ]
 
 MARK = "zc:mark:"
@@ -325,18 +329,17 @@ def category_by_site(ctx):
     if innermost.endswith(("torch/distributed/distributed_c10d.py", "deepspeed/comm/torch.py", "deferred_comm.py")):
         return CPU_BACKEND
     if innermost.endswith("torch/random.py"):
-        return HOST_RNG
+        return HOST
     inside_deepspeed = False  # a DeepSpeed frame inside the model's (ZeRO-3's hooks)
     for c in reversed(frames):
         path, _, fn = _frame_file(c)
+        if "deepspeed/" in c:
+            for suffix, func, cat in SITE_CATEGORIES:
+                if path.endswith(suffix) and (func is None or fn == func):
+                    return cat
         if path.endswith(MODEL_FILES) or os.path.basename(path) == MODEL_TWIN:
             return None if inside_deepspeed else "activations"
-        if "deepspeed/" not in c:
-            continue
-        inside_deepspeed = True
-        for suffix, func, cat in SITE_CATEGORIES:
-            if path.endswith(suffix) and (func is None or fn == func):
-                return cat
+        inside_deepspeed = inside_deepspeed or "deepspeed/" in c
     return None
 
 
@@ -439,8 +442,8 @@ def analyse(rec):
     for a in events:
         if a["size"] > 0 and "cat" not in a:
             cat = category_by_site(a["ctx"])
-            if cat == "activations" and a["size"] <= SCALAR_BYTES:
-                cat = "temporaries"  # a 0-dim scalar of the model's code: the engine keeps those on the host
+            if cat in ("activations", HOST) and a["size"] <= SCALAR_BYTES:
+                cat = "temporaries"  # a 0-dim scalar: the engine keeps the model's on the host
             elif cat is None and any(c.startswith("autograd::engine::evaluate_function") for c in a["ctx"]):
                 cat = "activations"  # an activation's gradient, alive between two backward ops
             a["cat"], a["how"] = cat or "temporaries", "site" if cat else "rest"

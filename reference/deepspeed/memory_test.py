@@ -6,7 +6,7 @@ Checks that events the profiler put out of the allocator's order (gloo's threads
 the order of the allocator's running total, while a lost event still fails the chain; and the
 categories by call site: the transformer twin's code and the checkpoint functions are
 activations, unless a DeepSpeed frame inside them decides (ZeRO-3's gathers); torch's RNG state
-is kept apart (host_rng); gloo's staging is kept apart (cpu_backend). Exits 0 when every check
+is kept apart (host); gloo's staging is kept apart (cpu_backend). Exits 0 when every check
 holds, else prints the first that failed and exits 1.
 """
 import os
@@ -62,7 +62,12 @@ def main():
     check(memory.category_by_site([run, twin, ckpt, twin]) == "activations", "a checkpoint's recomputation: activations")
     check(memory.category_by_site([run, twin, gather]) == "gathered_params", "ZeRO-3's gather inside the model")
     check(memory.category_by_site([run, twin, hook]) is None, "a DeepSpeed hook inside the model is not an activation")
-    check(memory.category_by_site([run, twin, ckpt, rng]) == memory.HOST_RNG, "a checkpoint's RNG state: host_rng")
+    check(memory.category_by_site([run, twin, ckpt, rng]) == memory.HOST, "a checkpoint's RNG state: host")
+    ds_ckpt = "/venv/lib/python3.11/site-packages/deepspeed/runtime/activation_checkpointing/checkpointing.py"
+    check(memory.category_by_site([run, twin, ds_ckpt + "(578): forward", twin]) == "activations",
+          "deepspeed.checkpointing's forward of the layer: activations")
+    check(memory.category_by_site([run, twin, ds_ckpt + "(578): forward", ds_ckpt + "(442): get_partitioned_activations_for_backward"])
+          == memory.HOST, "deepspeed.checkpointing's size tensors: host")
     check(memory.category_by_site([run, c10d]) == memory.CPU_BACKEND, "gloo's staging: cpu_backend")
     check(memory.category_by_site([run]) is None, "the loop's own allocations: no site")
     if failures:
