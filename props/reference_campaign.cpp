@@ -122,7 +122,12 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
       v.unlisted.push_back(d.field);
     } else {
       if (std::find(v.classes.begin(), v.classes.end(), by->id) == v.classes.end()) v.classes.push_back(by->id);
-      if (d.max_ulps >= 0) v.class_ulps[by->id] = std::max(v.class_ulps[by->id], d.max_ulps);
+      // A max_rel class says how far it was from its bound in max_rel (ulps near zero mean nothing there).
+      if (by->max_rel >= 0 && d.max_rel >= 0) {
+        v.class_rel[by->id] = std::max(v.class_rel.contains(by->id) ? v.class_rel[by->id] : 0.0, d.max_rel);
+      } else if (d.max_ulps >= 0) {
+        v.class_ulps[by->id] = std::max(v.class_ulps[by->id], d.max_ulps);
+      }
     }
   }
   if (v.verdict.holds && !c.diffs.empty()) {
@@ -635,15 +640,23 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   save_unlisted_classes(j, opts.out, saved_cases);
   std::map<std::string, int> seen;
   std::map<std::string, std::int64_t> ulps_seen;
+  std::map<std::string, double> rel_seen;
   for (const auto& [id, n] : j["listed_by_class"].items()) seen[id] = n.get<int>();
   for (const auto& [id, u] : j["class_ulps"].items()) ulps_seen[id] = u.get<std::int64_t>();
+  const nlohmann::json class_rel = j.value("class_rel", nlohmann::json::object());
+  for (const auto& [id, r] : class_rel.items()) rel_seen[id] = r.get<double>();
   j["classes"] = check_witnesses(classes, pools, opts.out, seen, saved_cases);
   for (nlohmann::json& k : j["classes"]) {
     const std::string id = k.value("id", "");
-    k["max_ulps_seen"] = ulps_seen.contains(id) ? ulps_seen.at(id) : -1;
     for (const DivergenceClass& dc : classes) {
-      if (dc.id == id && dc.max_ulps >= 0) k["max_ulps"] = dc.max_ulps;
+      if (dc.id != id) continue;
+      if (dc.max_ulps >= 0) k["max_ulps"] = dc.max_ulps;
+      if (dc.max_rel >= 0) {
+        k["max_rel"] = dc.max_rel;
+        k["max_rel_seen"] = rel_seen.contains(id) ? rel_seen.at(id) : -1.0;
+      }
     }
+    if (!k.contains("max_rel")) k["max_ulps_seen"] = ulps_seen.contains(id) ? ulps_seen.at(id) : -1;
   }
   j["invariants_on_deepspeed"] = nlohmann::json::array();
   const std::vector<Invariant> on_ds = reference_invariants(pools);

@@ -190,7 +190,8 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
   };
   nlohmann::json j = {{"seeds", {seed}}, {"cases", 0}, {"matched", 0}, {"values_bit_for_bit", 0}, {"listed", 0},
                       {"refused_by_both", 0}, {"unlisted", 0}, {"listed_by_class", nlohmann::json::object()},
-                      {"class_ulps", nlohmann::json::object()}, {"unlisted_classes", nlohmann::json::array()},
+                      {"class_ulps", nlohmann::json::object()}, {"class_rel", nlohmann::json::object()},
+                      {"unlisted_classes", nlohmann::json::array()},
                       {"conformance", nlohmann::json::array()}, {"coverage", nlohmann::json::array()},
                       {"deepspeed_seconds", 0.0}, {"scenario_hashes", nlohmann::json::array()}, {"errors", 0},
                       {"error_cases", nlohmann::json::array()}, {"memory", empty_memory_count()}};
@@ -221,6 +222,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
     for (const auto& [id, u] : v.class_ulps) {
       j["class_ulps"][id] = std::max(j["class_ulps"].value(id, std::int64_t{-1}), u);
     }
+    for (const auto& [id, r] : v.class_rel) j["class_rel"][id] = std::max(j["class_rel"].value(id, -1.0), r);
     for (const std::string& f : features(s)) {
       add_row(j["conformance"], "feature", f, kTableColumns,
               {1, v.values_match, v.comm_match, listed, v.refused, !v.verdict.holds});
@@ -279,6 +281,10 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
   }
   for (const auto& [id, u] : more.at("class_ulps").items()) {
     into["class_ulps"][id] = std::max(into["class_ulps"].value(id, std::int64_t{-1}), u.get<std::int64_t>());
+  }
+  const nlohmann::json more_rel = more.value("class_rel", nlohmann::json::object());
+  for (const auto& [id, r] : more_rel.items()) {
+    into["class_rel"][id] = std::max(into["class_rel"].value(id, -1.0), r.get<double>());
   }
   for (const nlohmann::json& row : more.at("conformance")) {
     std::array<int, kTableColumns.size()> counts{};
