@@ -101,6 +101,8 @@ class MemoryRecorder:
         self.identity = []  # {ptr: category} per snapshot, at the time of marker snap:<i>
         self.saved = []     # ptr of each tensor saved for backward, at the time of marker saved:<i>
         self.grads = []     # ptr of each param's gradient from autograd, at the time of marker grad:<i>
+        self.hooks = []     # watch_grads()'s, removed by finish(): a hook would keep this recorder, and
+                            # the profiler's whole record, alive as long as the model
         self.error = ""
 
     def start(self):
@@ -156,7 +158,7 @@ class MemoryRecorder:
                 self.mark(f"grad:{len(self.grads) - 1}")
         for p in module.parameters():
             if p.requires_grad:
-                p.register_hook(seen)
+                self.hooks.append(p.register_hook(seen))
 
     def snapshot(self, engine=None, module=None):
         """The storages DeepSpeed holds now, by category (identity); before deepspeed.initialize,
@@ -175,10 +177,16 @@ class MemoryRecorder:
     def finish(self):
         import gc
         self.prof.__exit__(None, None, None)
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
         gc.enable()
-        if self.error:
-            raise RuntimeError(self.error)
-        return analyse(self)
+        try:
+            if self.error:
+                raise RuntimeError(self.error)
+            return analyse(self)
+        finally:
+            self.prof = None  # the record (millions of events in a long run) goes with this scenario
 
 
 def _storage(t):

@@ -312,7 +312,9 @@ def run_scenario(directory, counter, measure_memory=True):
         mem.start()
     mem.mark("begin:construction")
     model = build_twin(spec)
-    mem.watch_grads(model)
+    transformer = spec["model"]["kind"] == "transformer"
+    if transformer:  # the engine's transformer takes autograd's grad as .grad, as AccumulateGrad does
+        mem.watch_grads(model)
     with mem.excluded():  # the twin's own staging of zerocheck's values
         load_init(model, spec, directory)
         batches = load_batches(spec, directory, rank, dtype)
@@ -329,10 +331,12 @@ def run_scenario(directory, counter, measure_memory=True):
     if spec["coalesce"]:
         watch_flush(engine, stage, msids)
     ga, n = spec["ga"], spec["n"]
-    # The last micro-step's loss, and the autograd graph behind it, live until the next forward,
-    # as in a loop that rebinds `loss = engine(batch)`; the engine's models assume so (under torch's
-    # checkpoint each layer's run_function keeps what Hugging Face passes it by keyword as long:
-    # Note [Gradient checkpointing] in models/transformer.h).
+    # Under torch's checkpoint the last micro-step's loss, and the autograd graph behind it, live
+    # until the next forward, as in a loop that rebinds `loss = engine(batch)`: each layer's
+    # run_function keeps what Hugging Face passes it by keyword as long, as the engine's
+    # transformer models it (Note [Gradient checkpointing] in models/transformer.h). Otherwise the
+    # loss goes after the backward, as the engine's loop frees it.
+    hold_loss = spec["model"].get("checkpointing", "") == "torch"
     held = {}
     for s in range(spec["steps"]):
         mem.mark(f"begin:step{s}")
@@ -350,7 +354,8 @@ def run_scenario(directory, counter, measure_memory=True):
                     if m == 0 and c == 0:
                         mem.mark("after_forward")
                     engine.backward(loss)
-                    held["loss"] = loss
+                    if hold_loss:
+                        held["loss"] = loss
                     del mine, loss  # the batch freed after backward, as the engine's loop frees its Batch
                     mem.snapshot(engine)
             if spec["coalesce"]:
