@@ -47,11 +47,13 @@ CPU_BACKEND = "cpu_backend"
 # partition_activations (torch.tensor(arg.size()), always a CPU tensor). Kept apart like CPU_BACKEND.
 HOST = "host"
 KEPT_APART = (CPU_BACKEND, HOST)
-# The transformer twin's code and the functions that run a checkpointed layer: what they allocate
+# The transformer twin's code, the functions that run a checkpointed layer and ZeRO-3's linear
+# (DeepSpeed's replacement of F.linear under ZeRO-3, the model's own matmuls): what they allocate
 # (every intermediate of the forward, kept or not, the layers' outputs under no_grad, the
 # recomputation) is an activation, as the engine counts its models' forward and backward, unless
 # a DeepSpeed frame inside them (ZeRO-3's hooks) decides it.
-MODEL_FILES = ("torch/utils/checkpoint.py", "deepspeed/runtime/activation_checkpointing/checkpointing.py")
+MODEL_FILES = ("torch/utils/checkpoint.py", "deepspeed/runtime/activation_checkpointing/checkpointing.py",
+               "deepspeed/runtime/zero/linear.py")
 # A 0-dim tensor (the loss, a Python number wrapped as a tensor) is at most 8 bytes; every
 # activation of the twin's models is larger.
 SCALAR_BYTES = 8
@@ -481,7 +483,7 @@ def phases(timeline, marks):
     names = [n for _, n in marks]
     live = dict.fromkeys(CATEGORIES + KEPT_APART, 0)
 
-    def compared():  # the total the engine's is compared with: gloo's staging and host RNG states apart
+    def compared():  # the total the engine's is compared with: gloo's staging and host memory apart
         return sum(v for c, v in live.items() if c not in KEPT_APART)
     out, cur = {}, None
     mi = 0

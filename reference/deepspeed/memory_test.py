@@ -62,6 +62,9 @@ def main():
     check(memory.category_by_site([run, twin, ckpt, twin]) == "activations", "a checkpoint's recomputation: activations")
     check(memory.category_by_site([run, twin, gather]) == "gathered_params", "ZeRO-3's gather inside the model")
     check(memory.category_by_site([run, twin, hook]) is None, "a DeepSpeed hook inside the model is not an activation")
+    zlinear = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/linear.py(84): forward"
+    check(memory.category_by_site([run, twin, zlinear]) == "activations",
+          "ZeRO-3's linear (DeepSpeed's F.linear) inside the model: activations")
     check(memory.category_by_site([run, twin, ckpt, rng]) == memory.HOST, "a checkpoint's RNG state: host")
     ds_ckpt = "/venv/lib/python3.11/site-packages/deepspeed/runtime/activation_checkpointing/checkpointing.py"
     check(memory.category_by_site([run, twin, ds_ckpt + "(578): forward", twin]) == "activations",
