@@ -74,6 +74,10 @@ SITE_CATEGORIES = [
     ("runtime/zero/partition_parameters.py", "_allgather_params_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "all_gather_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "_all_gather_dtype", "gathered_params"),
+    # AllGatherCoalescedHandle.wait (:795): each param's full data cut out of the gathered flat
+    # buffer (torch.cat), in a module's pre-forward or pre-backward fetch and in a checkpoint's
+    # recomputation, where autograd's rule would otherwise call it an activation.
+    ("runtime/zero/partition_parameters.py", "wait", "gathered_params"),
     # Each argument's size (host) and the 0-dim placeholder its .data becomes (device: a scalar,
     # temporaries by size in analyse()).
     ("runtime/activation_checkpointing/checkpointing.py", "get_partitioned_activations_for_backward", HOST),

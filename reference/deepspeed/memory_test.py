@@ -62,6 +62,10 @@ def main():
     check(memory.category_by_site([run, twin, ckpt, twin]) == "activations", "a checkpoint's recomputation: activations")
     check(memory.category_by_site([run, twin, gather]) == "gathered_params", "ZeRO-3's gather inside the model")
     check(memory.category_by_site([run, twin, hook]) is None, "a DeepSpeed hook inside the model is not an activation")
+    wait = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/partition_parameters.py(795): wait"
+    nvtx = "/venv/lib/python3.11/site-packages/deepspeed/utils/nvtx.py(30): wrapped_fn"
+    check(memory.category_by_site([run, twin, ckpt, twin, hook, wait, nvtx]) == "gathered_params",
+          "ZeRO-3's fetch in a recomputation: the params it gathers")
     zlinear = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/linear.py(84): forward"
     check(memory.category_by_site([run, twin, zlinear]) == "activations",
           "ZeRO-3's linear (DeepSpeed's F.linear) inside the model: activations")
