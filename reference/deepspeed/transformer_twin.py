@@ -3,7 +3,7 @@ for DeepSpeed to train (twin.py builds it for the transformer presets).
 
 A file of its own so that DeepSpeed's measured memory can tell the model's allocations by their
 Python frames: what this code allocates, in the forward or in a checkpoint's recomputation, is an
-activation as the engine counts it (memory.py, MODEL_FILES), unless a DeepSpeed frame inside it
+activation as the engine counts it (memory.py, MODEL_TWIN), unless a DeepSpeed frame inside it
 (ZeRO-3's hooks) says otherwise.
 """
 import functools
