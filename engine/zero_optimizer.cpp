@@ -87,8 +87,9 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     if (!plan.sum_sq_before_overflow) prep.local_sum_sq = groups[i]->norm_sum_sq(prep);
     sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
-  const double norm =
-      lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype, plan.torch_root);
+  const double norm = groups.size() > 1 && plan.norm_partitioned
+                          ? moe_global_norm(groups, preps, plan)
+                          : lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype, plan.torch_root);
   // is_invalid_grad_norm: overflow, the step is skipped. DeepSpeed updates the loss scale after
   // this test, with the overflow; here it was updated without it, which differs only for a
   // dynamic (fp16) scale, whose finite grads cannot give an f32 norm that is not finite.
@@ -162,6 +163,33 @@ double ZeroOptimizer::norm_root(double sum_sq, DType dtype, bool torch_root) con
   if (dtype != DType::f32) return std::sqrt(sum_sq);
   const float x = static_cast<float>(sum_sq);
   return static_cast<double>(torch_root ? torch_sqrt_f32(x, opts_.torch_sqrt) : std::sqrt(x));
+}
+
+// Note [MoE's gradient norm]
+// DeepSpeed's ZeRO-1/2 with MoE (stage_1_and_2.py scaled_global_norm) takes each param group's
+// norm over the whole data-parallel world (get_grad_norm_direct: one all_reduce SUM of the
+// group's partition squares, the root in f32), averages an expert group's norm over its
+// expert-data-parallel group (_average_expert_grad_norms: norm * 1.0 / size in f32, one
+// all_reduce SUM there), and combines the groups' norms as the root of their sum of squares
+// (combine_grad_norm_groups: torch.linalg.vector_norm over the f32 norms, taken here in f64 and
+// rounded to f32). groups[0] is the dense group, the rest expert groups (Engine's order).
+double ZeroOptimizer::moe_global_norm(const std::vector<ZeroOptimizer*>& groups,
+                                      const std::vector<StepPrep>& preps, const StepPlan& plan) {
+  ZeroOptimizer& lead = *groups[0];
+  double sum_sq = 0.0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    double n = lead.global_norm(preps[i].local_sum_sq, true, plan.norm_dtype, plan.torch_root);
+    if (i > 0) {
+      ZeroOptimizer& g = *groups[i];
+      Tensor t = g.dev_.alloc(DType::f32, {1}, "expert_norm", MemCategory::temporaries);  // [1]
+      g.dev_.fill(t, static_cast<double>(static_cast<float>(n) / static_cast<float>(g.comm_.size())));
+      g.comm_.all_reduce(t);
+      n = item(g.dev_, t, 0.0);  // meta: a norm of 0
+    }
+    const auto f = static_cast<double>(static_cast<float>(n));
+    sum_sq += f * f;
+  }
+  return static_cast<double>(static_cast<float>(std::sqrt(sum_sq)));
 }
 
 double ZeroOptimizer::global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype,

@@ -201,6 +201,10 @@ class ZeroOptimizer {
   // is norm_root's.
   double global_norm(double local_sum_sq, bool partitioned, DType reduce_dtype = DType::f32,
                      bool torch_root = false);
+  // Several param groups' norm as DeepSpeed's ZeRO-1/2 takes it with MoE (Note [MoE's gradient
+  // norm]): one world all_reduce per group, one expert-data-parallel all_reduce per expert group.
+  static double moe_global_norm(const std::vector<ZeroOptimizer*>& groups, const std::vector<StepPrep>& preps,
+                                const StepPlan& plan);
   // A norm's root as DeepSpeed takes it: in `dtype` (f32 or f64), through torch on a tensor
   // (Options::torch_sqrt: Note [torch's f32 sqrt on a CPU]; f64: correctly rounded, MKL's dSqrt is
   // not modelled) or in Python floats (correctly rounded).

@@ -113,7 +113,7 @@ std::string reference_unexpressible(const Scenario& s) {
   if (s.world > 4) return fmt::format("world {}: the reference pools hold 1-4 ranks", s.world);
   if (s.model != "synthetic" && s.model != "mlp" && !is_transformer(s)) {
     return fmt::format("model '{}': the twin has Synthetic, MLP and the tiny transformers (gpt2-tiny, llama-tiny, "
-                       "llama-gqa-tiny) only", s.model);
+                       "llama-gqa-tiny, mixtral-tiny) only", s.model);
   }
   if (s.dtype == "f16") {
     return "dtype f16: DeepSpeed 0.19.8 refuses fp16 on a CPU without mkldnn fp16 support (this machine's accelerator "
@@ -199,7 +199,13 @@ void write_reference_input(const Scenario& s, const std::filesystem::path& dir, 
                {"bias", t.bias},
                {"eps", t.eps},
                {"rope_base", t.rope_base},
-               {"checkpointing", s.checkpointing}};
+               {"checkpointing", s.checkpointing},
+               // Note [MoE routing]: DeepSpeed's MoE layer with zerocheck's gating
+               {"experts", t.experts},
+               {"top_k", t.top_k},
+               {"capacity_factor", t.capacity_factor},
+               {"min_capacity", t.min_capacity},
+               {"ep_size", is_moe(s) ? s.ep_size : 1}};
   } else {
     model_j = {{"kind", "mlp"}, {"dims", s.shape}, {"relu", s.shape.size() > 2}};
   }

@@ -58,6 +58,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (s.round_robin) j["round_robin_gradients"] = true;
   if (!s.multi_rank_bucket_allreduce) j["use_multi_rank_bucket_allreduce"] = false;
   if (!s.checkpointing.empty()) j["checkpointing"] = s.checkpointing;
+  if (is_moe(s)) j["ep_size"] = s.ep_size;
   return j;
 }
 
@@ -169,7 +170,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
       "check_grad_overflow",
       "prescale_gradients", "gradient_predivide_factor", "reduce_scatter", "zero_allow_untested_optimizer",
       "allgather_bucket_size", "communication_data_type", "round_robin_gradients",
-      "use_multi_rank_bucket_allreduce", "extra_optimizer_params", "checkpointing"};
+      "use_multi_rank_bucket_allreduce", "extra_optimizer_params", "checkpointing", "ep_size"};
   for (const auto& [k, v] : j.items()) {
     if (!known.contains(k)) {
       throw ConfigError(fmt::format("unknown scenario key '{}': the keys are {}", k, fmt::join(known, ", ")));
@@ -230,6 +231,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   read(j, "round_robin_gradients", s.round_robin);
   read(j, "use_multi_rank_bucket_allreduce", s.multi_rank_bucket_allreduce);
   read(j, "checkpointing", s.checkpointing);
+  read_int(j, "ep_size", s.ep_size, 1, kMaxWorld);
   if (!(s.predivide > 0) || !std::isfinite(s.predivide)) {
     throw ConfigError(fmt::format("scenario key 'gradient_predivide_factor': {} must be a positive number", s.predivide));
   }
@@ -241,12 +243,23 @@ Scenario scenario_from_json(const nlohmann::json& j) {
   check_one_of("grad_accum_dtype", s.grad_accum_dtype, {"", "f32"});
   check_one_of("communication_data_type", s.comm_dtype, {"", "f32", "f16", "bf16"});
   check_one_of("offload", s.offload, {"none", "optimizer", "param", "both"});
-  check_one_of("model", s.model, {"synthetic", "mlp", "tree", "gpt2-tiny", "llama-tiny", "llama-gqa-tiny"});
+  check_one_of("model", s.model, {"synthetic", "mlp", "tree", "gpt2-tiny", "llama-tiny", "llama-gqa-tiny", "mixtral-tiny"});
   check_one_of("domain", s.domain, {"exact", "gaussian"});
   check_one_of("checkpointing", s.checkpointing, {"", "torch", "deepspeed", "deepspeed-partition"});
   if (!s.checkpointing.empty() && !is_transformer(s)) {
     throw ConfigError(fmt::format("scenario key 'checkpointing': {} has no decoder layers to checkpoint; only the "
-                                  "transformer presets (gpt2-tiny, llama-tiny, llama-gqa-tiny) take it", s.model));
+                                  "transformer presets (gpt2-tiny, llama-tiny, llama-gqa-tiny, mixtral-tiny) take it", s.model));
+  }
+  if (j.contains("ep_size") && !is_moe(s)) {
+    throw ConfigError(fmt::format("scenario key 'ep_size': {} has no experts to spread; only mixtral-tiny takes it",
+                                  s.model));
+  }
+  if (is_moe(s)) {
+    const int experts = transformer_preset(s.model).experts;
+    if (experts % s.ep_size != 0 || s.world % s.ep_size != 0) {
+      throw ConfigError(fmt::format("scenario key 'ep_size': {} must divide the experts ({}) and the world ({})",
+                                    s.ep_size, experts, s.world));
+    }
   }
   if (is_transformer(s)) {
     if (!s.shape.empty()) throw ConfigError(fmt::format("scenario key 'shape': the transformer preset {} takes none ([])", s.model));
@@ -272,8 +285,10 @@ Scenario scenario_from_json(const nlohmann::json& j) {
 DType dtype_of(const Scenario& s) { return parse_dtype(s.dtype); }
 
 bool is_transformer(const Scenario& s) {
-  return s.model == "gpt2-tiny" || s.model == "llama-tiny" || s.model == "llama-gqa-tiny";
+  return s.model == "gpt2-tiny" || s.model == "llama-tiny" || s.model == "llama-gqa-tiny" || is_moe(s);
 }
+
+bool is_moe(const Scenario& s) { return s.model == "mixtral-tiny"; }
 
 std::string describe(const Scenario& s) {
   std::string out = fmt::format("z{} w{} n{} ga{} steps{} {}", s.stage, s.world, s.n, s.ga, s.steps, s.dtype);
@@ -307,6 +322,7 @@ std::string describe(const Scenario& s) {
   if (!s.comm_dtype.empty()) out += fmt::format(" comm {}", s.comm_dtype);
   if (s.round_robin) out += " round_robin_gradients";
   if (!s.multi_rank_bucket_allreduce) out += " use_multi_rank_bucket_allreduce false";
+  if (is_moe(s)) out += fmt::format(" ep_size {}", s.ep_size);
   out += fmt::format(" seed {} sched {}", s.seed, s.sched_seed);
   return out;
 }
@@ -331,6 +347,7 @@ nlohmann::json ds_config(const Scenario& s) {
   if (s.allgather_bucket_size >= 0) j["zero_optimization"]["allgather_bucket_size"] = s.allgather_bucket_size;
   if (s.round_robin) j["zero_optimization"]["round_robin_gradients"] = true;
   if (!s.multi_rank_bucket_allreduce) j["zero_optimization"]["use_multi_rank_bucket_allreduce"] = false;
+  if (is_moe(s)) j["moe"] = {{"ep_size", s.ep_size}};  // zerocheck's key; DeepSpeed's MoE layer takes it as an argument
   if (s.checkpointing == "deepspeed" || s.checkpointing == "deepspeed-partition") {
     j["activation_checkpointing"] = {{"partition_activations", s.checkpointing == "deepspeed-partition"}};
   }
@@ -460,7 +477,11 @@ RunSpec to_run_spec(const Scenario& s, const BugSet& bugs, const RunHooks& hooks
     t.gradient_checkpointing = !s.checkpointing.empty();
     if (s.checkpointing != "torch") t.checkpoint_function = CheckpointFunction::deepspeed;
     t.ds_partition_activations = s.checkpointing == "deepspeed-partition";
-    spec.make_model = [t] { return std::make_unique<Transformer>(t); };
+    spec.make_model = [t] { return std::make_unique<Transformer>(t); };  // MoE: every expert, for names and init
+    if (is_moe(s)) {  // Note [MoE routing]: experts over groups of ep_size ranks
+      spec.ep_size = s.ep_size;
+      spec.make_moe_model = [t](Comm& ep) { return std::make_unique<Transformer>(t, "transformer", &ep); };
+    }
   } else {
     const MlpSpec m{s.shape, s.shape.size() > 2, LossKind::linear};
     spec.make_model = [m] { return std::make_unique<Mlp>(m); };

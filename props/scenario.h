@@ -43,6 +43,10 @@ struct Scenario {
   // block (its defaults); "deepspeed-partition": the same with partition_activations. Written to
   // the JSON only when set.
   std::string checkpointing;
+  // MoE transformers only (mixtral-tiny, Note [MoE routing] in models/transformer.h): the config's
+  // moe.ep_size, which DeepSpeed's MoE layer takes as its ep_size; experts over groups of that
+  // many consecutive ranks. Written to the JSON only for an MoE model.
+  int ep_size = 1;
   std::vector<std::string> passes;       // compile passes; empty = no compile()
   bool deepcompile = true;               // compile's deepcompile flag (with passes)
   std::string domain = "exact";          // exact | gaussian
@@ -116,6 +120,8 @@ inline constexpr std::int64_t kScenarioMicroBatch = 2;
 DType dtype_of(const Scenario& s);
 // The scenario's model is one of the transformer presets (Scenario::model).
 bool is_transformer(const Scenario& s);
+// A transformer preset with experts (mixtral-tiny).
+bool is_moe(const Scenario& s);
 // The DeepSpeed config the scenario trains with.
 nlohmann::json ds_config(const Scenario& s);
 // The exact-domain data spec for the scenario (scale and grad multiple).

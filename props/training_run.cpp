@@ -156,19 +156,33 @@ void init_model(const RunSpec& spec, Model& model, Device& dev, DType dtype) {
   model.init_params(dev, dtype, spec.domain, spec.exact, init_rng);
 }
 
-// Adds what `body` issued on `world` to `into` (the record's getters, which DeepSpeed's reference
+// into += sign * s, kind by kind.
+void add(CommStats& into, const CommStats& s, std::int64_t sign = 1) {
+  for (std::size_t k = 0; k < into.by_kind.size(); ++k) {
+    into.by_kind[k].calls += sign * s.by_kind[k].calls;
+    into.by_kind[k].bytes += sign * s.by_kind[k].bytes;
+  }
+}
+
+// The calls of every group the engine issues on (the world, and MoE's groups when present),
+// summed: DeepSpeed's reference counts every call whatever its group.
+using Groups = std::vector<const Comm*>;
+CommStats summed(const Groups& groups) {
+  CommStats s;
+  for (const Comm* c : groups) {
+    if (c != nullptr) add(s, c->stats());
+  }
+  return s;
+}
+
+// Adds what `body` issued on `groups` to `into` (the record's getters, which DeepSpeed's reference
 // does not count either).
 template <class F>
-auto counted_apart(Comm& world, CommStats& into, F&& body) {
-  const CommStats before = world.stats();
+auto counted_apart(const Groups& groups, CommStats& into, F&& body) {
+  const CommStats before = summed(groups);
   auto result = body();
-  const CommStats after = world.stats();
-  for (int k = 0; k < kCollectiveKinds; ++k) {
-    into.by_kind[static_cast<std::size_t>(k)].calls += after.by_kind[static_cast<std::size_t>(k)].calls -
-                                                       before.by_kind[static_cast<std::size_t>(k)].calls;
-    into.by_kind[static_cast<std::size_t>(k)].bytes += after.by_kind[static_cast<std::size_t>(k)].bytes -
-                                                       before.by_kind[static_cast<std::size_t>(k)].bytes;
-  }
+  add(into, summed(groups));
+  add(into, before, -1);
   return result;
 }
 
@@ -190,27 +204,17 @@ void finish(DeviceMemory& m, const Device& dev) {
 }
 
 // The MoE groups' collectives, summed (nothing without them).
-CommStats group_stats(const Comm* ep, const Comm* edp) {
-  CommStats s;
-  for (const Comm* c : {ep, edp}) {
-    if (c == nullptr) continue;
-    for (std::size_t k = 0; k < s.by_kind.size(); ++k) {
-      s.by_kind[k].calls += c->stats().by_kind[k].calls;
-      s.by_kind[k].bytes += c->stats().by_kind[k].bytes;
-    }
-  }
-  return s;
-}
+CommStats group_stats(const Comm* ep, const Comm* edp) { return summed({ep, edp}); }
 
 // Every param's fp32 master and optimizer state, by DeepSpeed's names, counted apart.
-void record_state(const Config& cfg, Engine& engine, Comm& world, RankRecord& rec) {
+void record_state(const Config& cfg, Engine& engine, const Groups& groups, RankRecord& rec) {
   const bool sgd = cfg.optimizer.type == OptimizerType::sgd;
   const std::pair<const char*, OptimizerState> kinds[] = {
       {"fp32", OptimizerState::fp32_master},
       {sgd ? "momentum_buffer" : "exp_avg", OptimizerState::exp_avg},
       {"exp_avg_sq", OptimizerState::exp_avg_sq}};
   for (const auto& [name, what] : kinds) {
-    std::vector<double> v = counted_apart(world, rec.getter_comm, [&] { return engine.full_optimizer_state(what); });
+    std::vector<double> v = counted_apart(groups, rec.getter_comm, [&] { return engine.full_optimizer_state(what); });
     if (!v.empty()) rec.state[name].push_back(std::move(v));
   }
 }
@@ -256,6 +260,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   opts.deepcompile_loader = loader.get();
   Engine engine(cfg, *model, dev, world, opts);
   rec.group_comm_after_init = group_stats(ep.get(), edp.get());
+  const Groups groups = {&world, ep.get(), edp.get()};  // what the record's getters issue, counted apart
   if (spec.after_init) spec.after_init(rank, engine);
   if (spec.compile) engine.compile(*spec.compile);
   rec.memory.device = snapshot(dev);
@@ -298,7 +303,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
         chunks();
       }
       if (m + 1 == ga) {
-        if (spec.collect_grads && read_back) rec.grads.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_grads(); }));
+        if (spec.collect_grads && read_back) rec.grads.push_back(counted_apart(groups, rec.getter_comm, [&] { return engine.full_grads(); }));
         rec.loss_scales.push_back(engine.loss_scale());
       }
       engine.step();
@@ -308,9 +313,9 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     rec.memory.device.per_step.push_back(step_memory);
     rec.skipped_steps.push_back(engine.skipped_steps());
     if (read_back) {  // a meta run has no values to read back
-      rec.params.push_back(counted_apart(world, rec.getter_comm, [&] { return engine.full_params(); }));
+      rec.params.push_back(counted_apart(groups, rec.getter_comm, [&] { return engine.full_params(); }));
       rec.masters.push_back(to_f64(dev, engine.master_partitions().at(0)));
-      if (spec.collect_optimizer_state) record_state(cfg, engine, world, rec);
+      if (spec.collect_optimizer_state) record_state(cfg, engine, groups, rec);
     }
     const double mean_loss = loss_sum / static_cast<double>(ga * spec.n_backward);
     rec.losses.push_back(mean_loss);
@@ -404,11 +409,9 @@ RunResult run_on_sim(const RunSpec& spec) {
     result.comm.push_back(r.comm);
     result.group_comm.push_back(r.group_comm);
     result.group_comm_after_init.push_back(r.group_comm_after_init);
-    CommStats engine_only = r.comm;
-    for (int k = 0; k < kCollectiveKinds; ++k) {
-      engine_only.by_kind[static_cast<std::size_t>(k)].calls -= r.getter_comm.by_kind[static_cast<std::size_t>(k)].calls;
-      engine_only.by_kind[static_cast<std::size_t>(k)].bytes -= r.getter_comm.by_kind[static_cast<std::size_t>(k)].bytes;
-    }
+    CommStats engine_only = r.comm;  // with MoE's groups' calls: DeepSpeed's counter sees every group
+    add(engine_only, r.group_comm);
+    add(engine_only, r.getter_comm, -1);
     result.engine_comm.push_back(engine_only);
   }
   // The first element where a rank differs from rank 0, named by its param (MoE experts, which

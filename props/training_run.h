@@ -98,7 +98,7 @@ struct RunResult {
   bool ranks_agree = true;                  // every rank held rank 0's params and grads
   std::string disagreement;                 // the first difference, if any
   std::vector<CommStats> comm;              // per rank, at the end
-  std::vector<CommStats> engine_comm;       // per rank: comm less the record's own getters (full grads/params)
+  std::vector<CommStats> engine_comm;       // per rank: comm and group_comm less the record's own getters (full grads/params)
   // The simulated ranks (every rank, or SimOptions::simulated_ranks); every per-rank vector
   // here is indexed like it (by rank in a full run).
   std::vector<int> ranks;

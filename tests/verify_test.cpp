@@ -81,6 +81,37 @@ TEST(ScenarioJson, CheckpointingIsATransformersAndNamesWhatItTakes) {
   EXPECT_THROW(scenario_from_json(j), ConfigError);
 }
 
+// The MoE transformer's ep_size: it round-trips, reaches the ds_config as zerocheck's moe block and
+// the description, and is refused with the reason on a model without experts or when it does not
+// divide the experts and the world.
+TEST(ScenarioJson, EpSizeIsAnMoeModelsAndMustDivideItsExperts) {
+  Scenario s;
+  s.model = "mixtral-tiny", s.shape = {}, s.domain = "gaussian", s.ep_size = 2;
+  EXPECT_EQ(scenario_from_json(to_json(s)), s);
+  EXPECT_NE(describe(s).find("ep_size 2"), std::string::npos) << describe(s);
+  EXPECT_EQ(ds_config(s).at("moe").at("ep_size"), 2);
+  EXPECT_FALSE(to_json(Scenario{}).contains("ep_size")) << "written only for an MoE model";
+  EXPECT_FALSE(ds_config(Scenario{}).contains("moe"));
+  auto refusal = [](const nlohmann::json& j) -> std::string {
+    try {
+      scenario_from_json(j);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  nlohmann::json j = to_json(Scenario{});
+  j["ep_size"] = 2;
+  EXPECT_NE(refusal(j).find("has no experts to spread"), std::string::npos) << refusal(j);
+  j = to_json(s);
+  j["ep_size"] = 3;  // 4 experts, world 2
+  EXPECT_NE(refusal(j).find("must divide the experts (4) and the world (2)"), std::string::npos) << refusal(j);
+  j["ep_size"] = 4;
+  EXPECT_NE(refusal(j).find("must divide"), std::string::npos) << refusal(j);
+  j["world"] = 4;
+  EXPECT_EQ(refusal(j), "accepted");
+}
+
 // Note [Scenario limits]. Found by fuzz/scenario_fuzz.cpp under UBSan: integers were read with
 // get<int>, which casts a float or a too-large integer (4294967298 became world 2), and sizes had
 // no bound (a shape of 10^12 elements, an MLP whose exact-domain sizing overflowed int64).

@@ -7,10 +7,12 @@ activation as the engine counts it (memory.py, MODEL_TWIN), unless a DeepSpeed f
 (ZeRO-3's hooks) says otherwise.
 """
 import functools
+import re
 
 import torch
 import torch.utils.checkpoint
 
+from deepspeed.moe.layer import MoE
 from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
 
 
@@ -31,6 +33,10 @@ def _rotate_half(x):
 def _gelu_new(x):
     # transformers' NewGELUActivation
     return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+# zerocheck's names of an MoE block's router and experts (Note [MoE routing]).
+_MOE_NAME = re.compile(r"router|expert\d+_w_(gate|up|down)")
 
 
 class _Part(torch.nn.Module):
@@ -59,8 +65,34 @@ class _Embed(_Part):
         return x
 
 
+class _Expert(torch.nn.Module):
+    """Mixtral's expert MLP as Hugging Face writes it (MixtralBlockSparseTop2MLP): w2(silu(w1 x) * w3 x),
+    under zerocheck's names w_gate (w1), w_up (w3), w_down (w2)."""
+
+    def __init__(self, d, f):
+        super().__init__()
+        self.w_gate = torch.nn.Parameter(torch.zeros(f, d))
+        self.w_up = torch.nn.Parameter(torch.zeros(f, d))
+        self.w_down = torch.nn.Parameter(torch.zeros(d, f))
+
+    def forward(self, x):
+        F = torch.nn.functional
+        return F.linear(F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+
+
 class _Block(_Part):
-    """GPT2Block or LlamaDecoderLayer, eager attention, dropout 0."""
+    """GPT2Block or LlamaDecoderLayer, eager attention, dropout 0; with experts, the MLP is
+    DeepSpeed's own MoE layer (deepspeed.moe.layer.MoE: TopKGate and MOELayer's dispatch and
+    combine, sharded_moe.py) over Mixtral's experts, gated as zerocheck gates (Note [MoE routing] in
+    models/transformer.h): top-2 without the Gumbel noise on the second choice
+    (top2_2nd_expert_sampling=False), drop_tokens, and the load-balancing loss left unused."""
+
+    def __init__(self, m):
+        super().__init__(m)
+        if m.get("experts", 0):
+            self.moe = MoE(m["dim"], _Expert(m["dim"], m["ffn"]), num_experts=m["experts"], ep_size=m["ep_size"],
+                           k=m["top_k"], capacity_factor=m["capacity_factor"], min_capacity=m["min_capacity"],
+                           top2_2nd_expert_sampling=False)
 
     def forward(self, x, mask, rope, position_ids=None):
         # position_ids: what Hugging Face passes a decoder layer beside the hidden states; the
@@ -111,6 +143,9 @@ class _Block(_Part):
         return self.linear("wo", "bo", o)
 
     def mlp(self, h):
+        if self.m.get("experts", 0):
+            out, _l_aux, _counts = self.moe(h)
+            return out
         if self.m["mlp"] == "gelu":
             return self.linear("w_proj", "b_proj", _gelu_new(self.linear("w_fc", "b_fc", h)))
         gate = torch.nn.functional.linear(h, self.w_gate)
@@ -144,9 +179,28 @@ class TransformerTwin(torch.nn.Module):
         self.lm_head = _Head(m)
         for p in params:
             owner, name = p["name"].rsplit(".", 1)
+            if _MOE_NAME.fullmatch(name):  # DeepSpeed's MoE layer holds its own (zc_named_parameters)
+                continue
             self.get_submodule(owner).register_parameter(name, torch.nn.Parameter(torch.zeros(p["shape"])))
         if m["tied_embeddings"]:  # Hugging Face ties lm_head.weight to the token embedding
             self.lm_head.weight = self.embed.tok
+
+    def zc_named_parameters(self, ep_rank):
+        """(zerocheck's name, param) in named_parameters() order. DeepSpeed's MoE layer names its
+        router moe.deepspeed_moe.gate.wg.weight and this rank's experts
+        moe.deepspeed_moe.experts.deepspeed_experts.<j>.<w>; zerocheck names them router and
+        expert<e>_<w> by global id e = ep_rank * local experts + j (Note [MoE routing])."""
+        local = self.m.get("experts", 0) // self.m.get("ep_size", 1)
+        out = []
+        for name, p in self.named_parameters():
+            r = re.fullmatch(r"(layers\.\d+)\.moe\.deepspeed_moe\.gate\.wg\.weight", name)
+            e = re.fullmatch(r"(layers\.\d+)\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(\w+)", name)
+            if r:
+                name = f"{r.group(1)}.router"
+            elif e:
+                name = f"{e.group(1)}.expert{ep_rank * local + int(e.group(2))}_{e.group(3)}"
+            out.append((name, p))
+        return out
 
     def forward(self, ids, labels):
         m = self.m

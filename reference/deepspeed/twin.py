@@ -19,13 +19,17 @@ comm/<kind> (calls, bytes) over the whole run, getters excluded.
 """
 import contextlib
 import json
+import math
 import os
+import re
 
 import torch
 
 import deepspeed
 import deepspeed.comm as dist
 from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+from deepspeed.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
+from deepspeed.utils import groups as ds_groups
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
 
 import memory
@@ -130,23 +134,69 @@ def build_twin(spec):
         model = TransformerTwin(m, spec["params"])
     else:
         raise ValueError(f"the twin has no model kind {m['kind']!r}")
-    names = [n for n, _ in model.named_parameters()]
+    names = [n for n, _ in zc_named_parameters(model, spec)]
     want = [p["name"] for p in spec["params"]]
+    if moe_ep_size(spec):  # this rank's experts only (Note [MoE routing])
+        have = set(names)
+        want = [n for n in want if not re.fullmatch(r".*\.expert\d+_\w+", n) or n in have]
     if names != want:
         raise ValueError(f"twin params {names} differ from zerocheck's {want}")
     return model
 
 
+def moe_ep_size(spec):
+    """The MoE layers' ep_size, or 0 for a model without experts."""
+    m = spec["model"]
+    return m.get("ep_size", 1) if m.get("experts", 0) else 0
+
+
+def zc_named_parameters(model, spec):
+    """(zerocheck's name, param) in the twin's param order: an MoE twin maps DeepSpeed's names."""
+    if moe_ep_size(spec):
+        return model.zc_named_parameters(dist.get_rank() % moe_ep_size(spec))
+    return list(model.named_parameters())
+
+
+def moe_param_groups(model):
+    """The optimizer's param groups DeepSpeed's ZeRO-1/2 needs for MoE: the dense params, then the
+    experts in a group marked moe (split_params_into_different_moe_groups_for_optimizer)."""
+    return split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "dense"})
+
+
+def record_order(params, spec):
+    """The params in the order zerocheck records them (Engine::full_params): the dense ones in model
+    order, then the experts (this rank's, in model order; gathered over the expert-parallel group
+    by record_flat)."""
+    if not moe_ep_size(spec):
+        return params
+    return [p for p in params if not is_moe_param(p)] + [p for p in params if is_moe_param(p)]
+
+
+def record_flat(tensors, params, spec):
+    """flat(tensors), with an MoE model's expert part gathered over the expert-parallel group in
+    rank order, as Engine::append_experts does (torch.distributed directly: not a counted call)."""
+    ep = moe_ep_size(spec)
+    if ep <= 1:
+        return flat(tensors)
+    n_dense = sum(1 for p in params if not is_moe_param(p))
+    dense, mine = flat(tensors[:n_dense]), flat(tensors[n_dense:])
+    parts = [torch.empty_like(mine) for _ in range(ep)]
+    torch.distributed.all_gather(parts, mine, group=ds_groups._get_expert_parallel_group(f"ep_size_{ep}"))
+    return torch.cat([dense] + parts)
+
+
 def load_init(model, spec, directory):
     values = record.read_f64(os.path.join(directory, "init.f64"))
-    at = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.copy_(torch.tensor(values[at:at + n], dtype=torch.float64).reshape(p.shape))
-            at += n
+    offsets, at = {}, 0
+    for p in spec["params"]:
+        offsets[p["name"]] = at
+        at += math.prod(p["shape"])
     if at != len(values):
         raise ValueError(f"init.f64 has {len(values)} values, the params {at}")
+    with torch.no_grad():
+        for name, p in zc_named_parameters(model, spec):
+            at = offsets[name]
+            p.copy_(torch.tensor(values[at:at + p.numel()], dtype=torch.float64).reshape(p.shape))
 
 
 def load_batches(spec, directory, rank, dtype):
@@ -214,6 +264,15 @@ def full_masters(engine, params, stage):
 def full_optimizer_state(engine, params, stage, key):
     """Every param's full optimizer state `key` in param order, or None where the optimizer keeps
     none (before its first step, SGD without momentum)."""
+    if stage in (1, 2) and len(engine.optimizer.optimizer.param_groups) > 1:
+        # DeepSpeed 0.19.8 steps ZeRO-1/2's param groups one at a time and links every group's
+        # optimizer state to its params after the first group's step, once
+        # (_optimizer_step -> _lazy_init_hp_params_optimizer_state, stage_1_and_2.py:2987): the
+        # later groups (MoE's experts) are linked to no state, and safe_get_full_optimizer_state
+        # raises "exp_avg not found" for their params forever after (docs/fidelity.md). Linking
+        # again once every group has stepped is the getter's fix; training is not affected.
+        engine.optimizer._hp_optimizer_states_linked = False
+        engine.optimizer._lazy_init_hp_params_optimizer_state()
     if stage > 0:
         states = [safe_get_full_optimizer_state(p, key) for p in params]
         return states if all(t is not None for t in states) else None
@@ -321,10 +380,10 @@ def run_scenario(directory, counter, measure_memory=True):
     mem.snapshot(module=model)
     counter.reset()
     counter.counting = True
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=spec["ds_config"])
+    groups = moe_param_groups(model) if moe_ep_size(spec) else model.parameters()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=spec["ds_config"])
     mem.snapshot(engine)
-    params = list(engine.module.parameters())
+    params = record_order(list(engine.module.parameters()), spec)
     if params[0].dtype != dtype:
         raise ValueError(f"DeepSpeed holds the model in {params[0].dtype}, the scenario says {dtype}")
     entries, msids = [], []
@@ -366,7 +425,7 @@ def run_scenario(directory, counter, measure_memory=True):
             if m + 1 == ga:
                 counter.counting = False
                 with mem.reading():
-                    entries.append((f"grads/{s}", flat(full_grads(engine, params, stage))))
+                    entries.append((f"grads/{s}", record_flat(full_grads(engine, params, stage), params, spec)))
                     entries.append((f"loss_scale/{s}", [loss_scale_of(engine)]))
                 counter.counting = True
             engine.step()
@@ -374,13 +433,13 @@ def run_scenario(directory, counter, measure_memory=True):
         mem.mark("after_step")
         counter.counting = False
         with mem.reading():
-            entries.append((f"params/{s}", flat(gathered(engine, params, stage))))
-            entries.append((f"masters/{s}", flat(full_masters(engine, params, stage))))
+            entries.append((f"params/{s}", record_flat(gathered(engine, params, stage), params, spec)))
+            entries.append((f"masters/{s}", record_flat(full_masters(engine, params, stage), params, spec)))
             entries.append((f"skipped/{s}", [float(engine.skipped_steps)]))
             for key in spec.get("optimizer_state_keys", []):
                 states = full_optimizer_state(engine, params, stage, key)
                 if states is not None:
-                    entries.append((f"opt/{key}/{s}", flat(states)))
+                    entries.append((f"opt/{key}/{s}", record_flat(states, params, spec)))
         counter.counting = True
     counter.counting = False
     held.clear()
