@@ -95,8 +95,12 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
   std::vector<std::string> out;
   if (!c.memory.measured) return {"not measured: " + c.memory.error};
   std::vector<std::string> exact = {"steps peak of params", "steps peak of optimizer_states", "steps peak of master"};
-  if (s.stage > 0) exact.push_back("steps peak of ipg_buckets");
-  if (s.stage < 3 && s.model != "gpt2-tiny") exact.push_back("steps peak of activations");
+  // MoE (mixtral-tiny): DeepSpeed's MoE layer routes with tensors of its own (int64 masks and
+  // locations, the gate in f32, the routed rows saved for the combine) and holds one
+  // grads_in_partition over both param groups, where the engine's expert group has its own:
+  // only the model states are DeepSpeed's bytes yet (docs/deepspeed-reference.md).
+  if (s.stage > 0 && !is_moe(s)) exact.push_back("steps peak of ipg_buckets");
+  if (s.stage < 3 && s.model != "gpt2-tiny" && !is_moe(s)) exact.push_back("steps peak of activations");
   for (const int rank : {0, 1}) {
     for (const std::string& what : exact) {
       const std::string name = fmt::format("rank {} {}", rank, what);
@@ -113,7 +117,8 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
 }
 
 // The tiny transformers through the twin (reference/deepspeed/twin.py: Hugging Face's eager GPT-2
-// and Llama blocks, the engine's module tree) at world 2, stages 0-3, f32 and bf16. Values: every
+// and Llama blocks, the engine's module tree; Mixtral's experts in DeepSpeed's MoE layer) at world 2,
+// stages 0-3, f32 and bf16. Values: every
 // difference is a grads/params/masters/optimizer-state one within the float classes' stated bound
 // (transformer-float-arithmetic-*); collectives, loss scale and skipped steps are DeepSpeed's
 // exactly. Memory: transformer_memory_mismatches. With activation checkpointing too.
@@ -137,6 +142,13 @@ TEST(DeepSpeedReference, TinyTransformersMatchDeepSpeedWithinTheFloatBoundAndHol
   }
   cases.push_back(tiny_transformer("gpt2-tiny", 2, "bf16"));
   cases.back().checkpointing = "deepspeed-partition";
+  // Mixtral-style MoE through DeepSpeed's own MoE layer (deepspeed.moe.layer.MoE), at the stages
+  // DeepSpeed allows it: experts spread over both ranks (ep 2: the all_to_alls), and over one
+  // (ep 1: the experts' grads reduced over both ranks as a second param group).
+  cases.push_back(tiny_transformer("mixtral-tiny", 1, "f32"));
+  cases.back().ep_size = 2;
+  cases.push_back(tiny_transformer("mixtral-tiny", 2, "bf16"));
+  cases.back().ep_size = 1;
   for (const Scenario& s : cases) {
     SCOPED_TRACE(describe(s));
     ReferenceComparison c = compare_with_deepspeed(s, pools(), /*memory=*/true);

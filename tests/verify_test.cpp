@@ -342,7 +342,8 @@ namespace {
 
 // Note [Reaching every cell]: the DeepSpeed comparison's generator draws only cells of the coverage
 // space, and 3,000 draws reach every one of its 270 (the old independent draws left a third of them
-// out of a 100-case campaign, among them the two clip + bf16 communication scenarios).
+// out of a 100-case campaign, among them the two clip + bf16 communication scenarios). Every draw is
+// a scenario the parser accepts; the MoE ones train at ZeRO-1/2 with every ep_size.
 TEST(ReferenceCoverage, TheGeneratorReachesEveryCellOfTheCoverageSpace) {
   const std::vector<std::string> cells = reference_coverage_cells();
   ASSERT_EQ(cells.size(), 270u);
@@ -350,13 +351,21 @@ TEST(ReferenceCoverage, TheGeneratorReachesEveryCellOfTheCoverageSpace) {
   ASSERT_EQ(space.size(), cells.size()) << "cells are distinct";
   const rc::Gen<Scenario> gen = gen_reference_scenario();
   std::set<std::string> drawn;
+  std::set<int> moe_stages, moe_ep_sizes;
   for (int i = 0; i < 3000; ++i) {
     const Scenario s = gen(rc::Random(rc::Random::Key{20261204u, static_cast<std::uint64_t>(i), 0, 0}), 100).value();
     const std::string cell = coverage_cell(s);
     ASSERT_TRUE(space.contains(cell)) << "drawn outside the space: " << cell;
     drawn.insert(cell);
+    ASSERT_EQ(scenario_from_json(to_json(s)), s) << "a drawn scenario is a valid one: " << describe(s);
+    if (is_moe(s)) {  // at the stages DeepSpeed's MoE trains at, experts over 1, 2 or 4 ranks
+      moe_stages.insert(s.stage);
+      moe_ep_sizes.insert(s.ep_size);
+    }
   }
   EXPECT_EQ(drawn.size(), space.size());
+  EXPECT_EQ(moe_stages, (std::set<int>{1, 2}));
+  EXPECT_EQ(moe_ep_sizes, (std::set<int>{1, 2, 4}));
 }
 
 // A soak adds its rounds' counts: sums, every cell kept, an unlisted class seen twice counted once
