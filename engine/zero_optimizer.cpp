@@ -222,6 +222,18 @@ std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& mo
     throw NotImplementedError(fmt::format("MoE expert params with ZeRO stage {} are not modelled; use "
                                           "stage 1 or 2", stage));
   }
+  if (select != ParamSelect::all) {  // DeepSpeed's asserts (stage_1_and_2.py _configure_moe_settings)
+    // DeepSpeed turns contiguous_gradients on under offload_optimizer (stage_1_and_2.py:300).
+    if (stage == 2 && !cfg.zero.contiguous_gradients && cfg.zero.offload_optimizer != OffloadDevice::cpu) {
+      throw ConfigError("MoE at ZeRO stage 2 needs zero_optimization.contiguous_gradients true: DeepSpeed asserts "
+                        "\"Contiguous Gradients in ZeRO Stage 2 must be set to True for MoE\" (stage_1_and_2.py "
+                        "_configure_moe_settings)");
+    }
+    if (!cfg.zero.reduce_scatter) {
+      throw ConfigError("MoE needs zero_optimization.reduce_scatter true: DeepSpeed asserts \"Reduce Scatter in ZeRO "
+                        "Stage 2 must be set to True for MoE\" (stage_1_and_2.py _configure_moe_settings)");
+    }
+  }
   if (stage >= 3) return std::make_unique<Zero3Optimizer>(cfg, model, dev, comm, opts);
   if (stage == 0) return std::make_unique<DenseOptimizer>(cfg, model, dev, comm, opts, false);
   // DeepSpeed: ZeRO-1 + bf16 + fp32 grad accumulation without offload uses BF16_Optimizer.

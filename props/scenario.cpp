@@ -58,7 +58,7 @@ nlohmann::json to_json(const Scenario& s) {
   if (s.round_robin) j["round_robin_gradients"] = true;
   if (!s.multi_rank_bucket_allreduce) j["use_multi_rank_bucket_allreduce"] = false;
   if (!s.checkpointing.empty()) j["checkpointing"] = s.checkpointing;
-  if (is_moe(s)) j["ep_size"] = s.ep_size;
+  j["ep_size"] = s.ep_size;
   return j;
 }
 
@@ -250,7 +250,7 @@ Scenario scenario_from_json(const nlohmann::json& j) {
     throw ConfigError(fmt::format("scenario key 'checkpointing': {} has no decoder layers to checkpoint; only the "
                                   "transformer presets (gpt2-tiny, llama-tiny, llama-gqa-tiny, mixtral-tiny) take it", s.model));
   }
-  if (j.contains("ep_size") && !is_moe(s)) {
+  if (s.ep_size != 1 && !is_moe(s)) {
     throw ConfigError(fmt::format("scenario key 'ep_size': {} has no experts to spread; only mixtral-tiny takes it",
                                   s.model));
   }

@@ -45,7 +45,7 @@ struct Scenario {
   std::string checkpointing;
   // MoE transformers only (mixtral-tiny, Note [MoE routing] in models/transformer.h): the config's
   // moe.ep_size, which DeepSpeed's MoE layer takes as its ep_size; experts over groups of that
-  // many consecutive ranks. Written to the JSON only for an MoE model.
+  // many consecutive ranks; 1 (the default) for every other model.
   int ep_size = 1;
   std::vector<std::string> passes;       // compile passes; empty = no compile()
   bool deepcompile = true;               // compile's deepcompile flag (with passes)
