@@ -6,7 +6,9 @@ Twins (the same params, in the same order, with the same names as zerocheck's mo
 - mlp: Linear layers layers.0, layers.1, ... (weight [out, in], bias [out]), ReLU between layers
   when enabled, linear loss sum(c * out) / B (models/mlp.h).
 - transformer: the tiny presets of models/transformer.h, op by op as Hugging Face's eager GPT-2 and
-  Llama compute them (TransformerTwin), on zerocheck's module tree and param names.
+  Llama compute them (TransformerTwin), on zerocheck's module tree and param names; mixtral-tiny's
+  MLPs are DeepSpeed's own MoE layer, its router and experts mapped to zerocheck's names
+  (zc_named_parameters) and recorded in zerocheck's order (record_order, record_flat).
 Initial weights and every global batch come from zerocheck's files, already rounded to the model
 dtype, so every conversion here is exact.
 
@@ -269,7 +271,7 @@ def full_optimizer_state(engine, params, stage, key):
         # optimizer state to its params after the first group's step, once
         # (_optimizer_step -> _lazy_init_hp_params_optimizer_state, stage_1_and_2.py:2987): the
         # later groups (MoE's experts) are linked to no state, and safe_get_full_optimizer_state
-        # raises "exp_avg not found" for their params forever after (docs/fidelity.md). Linking
+        # raises "exp_avg not found" for their params forever after (docs/deepspeed-reference.md, defects). Linking
         # again once every group has stepped is the getter's fix; training is not affected.
         engine.optimizer._hp_optimizer_states_linked = False
         engine.optimizer._lazy_init_hp_params_optimizer_state()
