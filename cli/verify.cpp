@@ -474,6 +474,10 @@ int run_replay(const ReplayOptions& o) {
   fmt::print("replaying {}\n  invariant {}\n  known bugs switched on: {}\n  scenario: {}\n", o.file, saved.invariant,
              saved.bugs.str(), props::describe(saved.scenario));
   const props::Verdict v = inv->check(saved.scenario, ctx);
+  if (!v.applies) {  // a discarded scenario holds vacuously: say so instead of "holds"
+    throw ConfigError(fmt::format("{}: the scenario is outside {}'s domain here{}", o.file, saved.invariant,
+                                  v.failure.empty() ? "" : ": " + v.failure));
+  }
   fmt::print("verdict: {}\ntrace hash: 0x{:016x}\n", v.holds ? "holds" : "FAILS", v.trace_hash);
   if (!v.failure.empty()) fmt::print("first divergence: {}\n", v.failure);
   const bool same = v.holds == saved.holds && v.trace_hash == saved.trace_hash;

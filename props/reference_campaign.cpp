@@ -244,7 +244,7 @@ Invariant conformance_invariant(ReferencePools& pools, std::vector<DivergenceCla
       "reference/deepspeed/known_divergences.json (DeepSpeed's file:line and the scenarios it covers).";
   inv.gen = gen_reference_scenario;
   inv.check = [&pools, classes](const Scenario& s, const CheckContext&) {
-    if (!reference_comparable(s)) return Verdict{false, true, "", 0};
+    if (!reference_comparable(s)) return Verdict{false, true, reference_unexpressible(s), 0};
     return classify(s, compare_with_deepspeed(s, pools), classes).verdict;
   };
   return inv;
@@ -318,7 +318,9 @@ Invariant i1_on_deepspeed(ReferencePools& pools) {
       "in the installed DeepSpeed, would break it.";
   inv.gen = gen_coalescible_reference;
   inv.check = [&pools](const Scenario& s, const CheckContext&) {
-    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
+    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) {
+      return Verdict{false, true, reference_unexpressible(s) + exact_infeasible(s), 0};
+    }
     Scenario per_backward = s, coalesced = s;  // an engine counterexample may carry either setting
     per_backward.coalesce = false;
     coalesced.coalesce = true;
@@ -366,7 +368,9 @@ Invariant i2_on_deepspeed(ReferencePools& pools) {
     });
   };
   inv.check = [&pools](const Scenario& s, const CheckContext&) {
-    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) return Verdict{false, true, "", 0};
+    if (!reference_unexpressible(s).empty() || !exact_infeasible(s).empty()) {
+      return Verdict{false, true, reference_unexpressible(s) + exact_infeasible(s), 0};
+    }
     const std::vector<ReferenceRecord> recs = run_on_deepspeed(s, pools);
     Verdict v;
     v.trace_hash = hash_records(recs, 0xcbf29ce484222325ull);

@@ -181,7 +181,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
   inv.name = kConformanceInvariant;
   inv.gen = gen_reference_scenario;
   inv.check = [&pools, &classes, last, last_memory](const Scenario& s, const CheckContext&) {
-    if (!reference_comparable(s)) return Verdict{false, true, "", 0};
+    if (!reference_comparable(s)) return Verdict{false, true, reference_unexpressible(s), 0};
     last->reset();
     const ReferenceComparison c = compare_with_deepspeed(s, pools, /*memory=*/true);
     *last = std::make_pair(classify(s, c, classes), c.ds_seconds);

@@ -22,6 +22,12 @@ expect() {
     grep -Eq "$want" <<<"$out" || fail "$what on $target: the output does not say: $want"
   done
 }
+# The saved scenario clips; where torch's f32 root is neither model the comparison refuses it,
+# naming the root, and a replay on another release has nothing to compare (ctest's SKIP_RETURN_CODE 77).
+out=$("$zc" replay "$case_file" --against deepspeed 2>&1)
+if grep -q "torch's f32 sqrt on this CPU is neither" <<<"$out"; then
+  printf '%s\n' "$out"; echo "SKIPPED: the saved scenario clips and torch's f32 sqrt on this CPU is not modelled"; exit 77
+fi
 for run in 1 2; do  # DeepSpeed reads a param before its all-gather, every run
   expect "run $run" "$case_file" deepspeed==0.19.2 1 'verdict: FAILS' \
     'layers\.0\.weight\[0\]: zerocheck -0\.004150390625 .* vs DeepSpeed nan' 'replayed exactly'

@@ -16,6 +16,11 @@ case_file="$work/v/counterexamples/B7-I1-coalesced-bit-exact.json"
 
 out=$("$zc" replay "$case_file" --against deepspeed 2>&1); rc=$?
 printf '%s\n' "$out"
+# The B7 scenario clips; where torch's f32 root is neither model the comparison refuses it, naming
+# the root: nothing to replay on this CPU (ctest's SKIP_RETURN_CODE 77).
+if [ $rc -eq 2 ] && grep -q "torch's f32 sqrt on this CPU is neither" <<<"$out"; then
+  echo "SKIPPED: the saved scenario clips and torch's f32 sqrt on this CPU is not modelled"; exit 77
+fi
 [ $rc -eq 0 ] || fail "replay --against deepspeed exited $rc (DeepSpeed holds I1: 0 expected)"
 for want in 'verdict: FAILS' 'replayed exactly' 'deepspeed-I1-coalesced-bit-exact on DeepSpeed: holds' \
             'the engine \(no known bug switched on\) against DeepSpeed on this scenario: the same values and collectives, bit for bit'; do
