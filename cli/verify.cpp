@@ -87,8 +87,14 @@ void print_unlisted_classes(const nlohmann::json& r) {
   }
 }
 
-// Comparisons that raised (a DeepSpeed worker crashed or hung): counted, the first few named.
+// Comparisons that raised (a DeepSpeed worker crashed or hung): counted, the first few named. Workers
+// that died between scenarios (replaced before the next one was sent): named, not errors.
 void print_errors(const nlohmann::json& r) {
+  const nlohmann::json deaths = r.value("worker_deaths_while_idle", nlohmann::json::array());
+  if (!deaths.empty()) {
+    fmt::print("  {} DeepSpeed workers died between scenarios and were replaced (no scenario was lost):\n", deaths.size());
+    for (const nlohmann::json& d : deaths) fmt::print("    {}\n", d.get<std::string>());
+  }
   if (r.value("errors", 0) == 0) return;
   fmt::print("  {} comparisons raised (a worker crashed or hung); the first:\n", r.value("errors", 0));
   for (const nlohmann::json& e : r.value("error_cases", nlohmann::json::array())) {

@@ -175,6 +175,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
   // The check stashes each evaluation's full verdict; on_case (once per case, before any shrink)
   // counts the case's. None stashed: the comparison raised (a worker crashed or hung, a RankFailure
   // naming it), which is counted as an error, never as a verdict.
+  const std::size_t deaths_before = pools.idle_deaths().size();
   auto last = std::make_shared<std::optional<std::pair<ReferenceVerdict, double>>>();
   auto last_memory = std::make_shared<DeepSpeedMemoryComparison>();
   Invariant inv;
@@ -259,6 +260,8 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
   sort_rows(j["conformance"], "feature");
   sort_rows(j["memory"]["rows"], "row");
   sort_rows(j["memory"]["categories"], "category");
+  const std::vector<std::string> deaths = pools.idle_deaths();
+  j["worker_deaths_while_idle"] = std::vector<std::string>(deaths.begin() + static_cast<std::ptrdiff_t>(deaths_before), deaths.end());
   return j;
 }
 
@@ -273,6 +276,9 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
   }
   into["deepspeed_seconds"] = into.value("deepspeed_seconds", 0.0) + more.value("deepspeed_seconds", 0.0);
   for (const auto& s : more.at("seeds")) into["seeds"].push_back(s);
+  for (const auto& d : more.value("worker_deaths_while_idle", nlohmann::json::array())) {
+    into["worker_deaths_while_idle"].push_back(d);
+  }
   for (const auto& e : more.value("error_cases", nlohmann::json::array())) {
     if (into["error_cases"].size() < kMaxErrorCases) into["error_cases"].push_back(e);
   }

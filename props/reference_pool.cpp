@@ -348,6 +348,18 @@ void ReferencePool::stop(bool force) {
   }
 }
 
+std::string how_it_ended(int wait_status) {
+  if (!WIFSIGNALED(wait_status)) return fmt::format("exited with status {}", WEXITSTATUS(wait_status));
+  const int sig = WTERMSIG(wait_status);
+  // Nothing here sends SIGKILL to a live worker (stop() does, to one past its deadline, and reaps
+  // it there), so a worker killed by it was killed from outside, most often by the kernel when
+  // memory ran out.
+  return fmt::format("was killed by signal {} ({}){}", sig, strsignal(sig),
+                     sig == SIGKILL ? ", from outside zerocheck: the kernel's OOM killer when memory runs out "
+                                      "(`dmesg` names it)"
+                                    : "");
+}
+
 std::string ReferencePool::log_tail(int rank) const {
   std::ifstream in(logs_ / fmt::format("rank{}.log", rank));
   std::vector<std::string> lines;
@@ -400,9 +412,7 @@ std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, c
         int status = 0;
         ::waitpid(w.pid, &status, 0);
         w.pid = -1;
-        const std::string how = WIFSIGNALED(status) ? fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)))
-                                                    : fmt::format("exited with status {}", WEXITSTATUS(status));
-        fail(ranks[i], fmt::format("{} during '{}' (crashed)", how, what));
+        fail(ranks[i], fmt::format("{} during '{}' (crashed)", how_it_ended(status), what));
       }
       w.pending.append(buf, static_cast<std::size_t>(got_bytes));
       const std::size_t nl = w.pending.find('\n');
@@ -423,14 +433,39 @@ std::vector<std::string> ReferencePool::replies(const std::vector<int>& ranks, c
   return got;
 }
 
+std::string ReferencePool::reap(Worker& w) {
+  int status = 0;
+  const Deadline deadline(2);  // a closed pipe with the process still there: give it a moment to end
+  pid_t got = 0;
+  while ((got = ::waitpid(w.pid, &status, WNOHANG)) == 0 && !deadline.passed()) ::usleep(10000);
+  if (got != w.pid) return "closed its pipe but is still running";
+  w.pid = -1;
+  return how_it_ended(status);
+}
+
+void ReferencePool::replace_idle_dead() {
+  for (int r = 0; r < world_ && !workers_.empty(); ++r) {
+    Worker& w = workers_[static_cast<std::size_t>(r)];
+    int status = 0;
+    if (w.pid <= 0 || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.pid = -1;
+    idle_deaths_.push_back(fmt::format("world {} rank {} {} while idle, after its last scenario had answered; its "
+                                       "log ends{}", world_, r, how_it_ended(status), log_tail(r)));
+    stop(true);
+    start();
+  }
+}
+
 void ReferencePool::broadcast_command(const std::string& line, const std::string& what) {
   if (workers_.empty()) start();
+  replace_idle_dead();
   std::vector<int> all;
   for (int r = 0; r < world_; ++r) {
     all.push_back(r);
-    const Worker& w = workers_[static_cast<std::size_t>(r)];
+    Worker& w = workers_[static_cast<std::size_t>(r)];
     if (::write(w.to_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-      fail(r, fmt::format("could not be sent '{}' ({})", what, std::strerror(errno)));
+      const std::string why = std::strerror(errno);
+      fail(r, fmt::format("could not be sent '{}' ({}): it {}", what, why, reap(w)));
     }
   }
   const std::vector<std::string> got = replies(all, what);
@@ -459,11 +494,25 @@ void ReferencePool::probe(const std::string& name, const std::filesystem::path& 
 void ReferencePool::command_one(int rank, const std::string& json_line) {
   if (workers_.empty()) start();
   const std::string line = json_line + "\n";
-  const Worker& w = workers_.at(static_cast<std::size_t>(rank));
+  Worker& w = workers_.at(static_cast<std::size_t>(rank));
   if (::write(w.to_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-    fail(rank, fmt::format("could not be sent a command ({})", std::strerror(errno)));
+    const std::string why = std::strerror(errno);
+    fail(rank, fmt::format("could not be sent a command ({}): it {}", why, reap(w)));
   }
   replies({rank}, json_line);
+}
+
+void ReferencePools::retire(int world) {
+  const auto it = pools_.find(world);
+  if (it == pools_.end()) return;
+  retired_deaths_.insert(retired_deaths_.end(), it->second->idle_deaths().begin(), it->second->idle_deaths().end());
+  pools_.erase(it);
+}
+
+std::vector<std::string> ReferencePools::idle_deaths() const {
+  std::vector<std::string> all = retired_deaths_;
+  for (const auto& [world, pool] : pools_) all.insert(all.end(), pool->idle_deaths().begin(), pool->idle_deaths().end());
+  return all;
 }
 
 ReferencePool& ReferencePools::get(int world) {

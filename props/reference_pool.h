@@ -78,6 +78,13 @@ class ReferencePool {
   void set_timeout(double seconds) { env_.timeout_s = seconds; }
   int world() const { return world_; }
   int starts() const { return starts_; }  // how many times the workers were (re)started
+  // Workers found dead before a command was sent (killed between scenarios: the kernel's OOM
+  // killer, a signal from outside), each with how it ended and its log's tail. The pool replaced
+  // them and ran the command on fresh workers: what they had answered was complete, and the
+  // command they missed had not been sent. Reported by the campaign, never silent.
+  const std::vector<std::string>& idle_deaths() const { return idle_deaths_; }
+  // A rank's process id, -1 when the pool is not running (the pool's tests signal one).
+  pid_t pid(int rank) const { return workers_.empty() ? -1 : workers_.at(static_cast<std::size_t>(rank)).pid; }
   const ReferenceEnv& env() const { return env_; }
 
  private:
@@ -90,6 +97,10 @@ class ReferencePool {
   };
   void start();
   void stop(bool force);
+  // Restarts the pool when a worker has died since its last answer (idle_deaths()).
+  void replace_idle_dead();
+  // Waits briefly for a worker whose pipe closed and says how it ended.
+  std::string reap(Worker& w);
   // Sends one line to every rank and checks every reply is ok.
   void broadcast_command(const std::string& line, const std::string& what);
   // One reply line from each rank in `ranks`, by the deadline; RankFailure otherwise.
@@ -103,7 +114,11 @@ class ReferencePool {
   int port_ = 0;  // the workers' MASTER_PORT
   std::filesystem::path logs_;
   std::vector<Worker> workers_;
+  std::vector<std::string> idle_deaths_;
 };
+
+// "exited with status N" or "was killed by signal N (name)", from waitpid's status.
+std::string how_it_ended(int wait_status);
 
 // One pool per world size, started on first use.
 class ReferencePools {
@@ -112,11 +127,14 @@ class ReferencePools {
   ReferencePool& get(int world);
   // Stops that world's pool (its workers quit); the next get() starts fresh ones. For a probe that
   // leaves process-wide DeepSpeed state behind (the I3 probe's AutoTP groups).
-  void retire(int world) { pools_.erase(world); }
+  void retire(int world);
   const ReferenceEnv& env() const { return env_; }
+  // Every pool's idle_deaths(), retired pools' first.
+  std::vector<std::string> idle_deaths() const;
 
  private:
   ReferenceEnv env_;
+  std::vector<std::string> retired_deaths_;
   std::map<int, std::unique_ptr<ReferencePool>> pools_;
 };
 

@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 namespace zc::props {
@@ -424,6 +425,33 @@ TEST(DeepSpeedReference, ACrashedWorkerEndsTheComparisonWithANamedErrorAndThePoo
   const ReferenceComparison c = compare_with_deepspeed(sgd(1, 2), one);  // the run goes on
   EXPECT_NE(c.hash, 0u);
   EXPECT_EQ(pool.starts(), 1);
+}
+
+// A worker killed between scenarios (CI's kernel killed one for memory): the next scenario runs on a
+// fresh pool, with the same record, and the death is named (how it ended, its log).
+TEST(DeepSpeedReference, AWorkerKilledBetweenScenariosIsReplacedAndNamed) {
+  ReferencePools mine(reference_env());
+  const ReferenceComparison first = compare_with_deepspeed(sgd(1, 2), mine);
+  ASSERT_TRUE(first.ds_error.empty()) << first.ds_error;
+  ReferencePool& pool = mine.get(2);
+  const pid_t victim = pool.pid(1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  // Dead (a zombie, not yet reaped by the pool) before the next scenario is sent.
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", victim));
+    std::string pid_field, comm, state;
+    stat >> pid_field >> comm >> state;
+    if (state == "Z") break;
+    ::usleep(10000);
+  }
+  const ReferenceComparison second = compare_with_deepspeed(sgd(1, 2), mine);
+  EXPECT_TRUE(second.ds_error.empty()) << second.ds_error;
+  EXPECT_EQ(second.hash, first.hash);
+  EXPECT_EQ(pool.starts(), 2);
+  ASSERT_EQ(mine.idle_deaths().size(), 1u);
+  EXPECT_NE(mine.idle_deaths()[0].find("world 2 rank 1 was killed by signal 9"), std::string::npos) << mine.idle_deaths()[0];
+  EXPECT_NE(mine.idle_deaths()[0].find("OOM killer"), std::string::npos) << mine.idle_deaths()[0];
 }
 
 TEST(DeepSpeedReference, AHungWorkerEndsWithinItsTimeout) {

@@ -14,6 +14,8 @@ The model is a torch twin of the zerocheck model (twin.py). Between scenarios th
 keeps in a process is reset (reset_process_state), so a scenario gives the same record in a fresh
 pool and in a reused one (a test checks it).
 """
+import ctypes
+import ctypes.util
 import gc
 import os
 import sys
@@ -64,6 +66,17 @@ def poison_uninitialized_memory():
     running."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+def release_free_heap():
+    """Hands the heap's free pages back to the system. glibc keeps what a scenario freed (its arenas'
+    top and the mmap threshold it raised), so without this an idle worker holds its largest
+    scenario's peak: 2.8 GB for each world-3 worker where the live data is 0.76 GB, 22 GB for a
+    campaign's ten workers, and CI's kernel killed one for memory between two scenarios."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
+        pass
 
 
 def main():
@@ -138,6 +151,7 @@ def main():
             # The scenario's engine, model and optimizer sit in reference cycles: freed now, not
             # when the collector next runs (several scenarios' worth at once ran pools out of memory).
             gc.collect()
+            release_free_heap()
     if profiler:
         profiler.dump_stats(os.path.join(os.environ["ZC_DS_PROFILE"], f"rank{ds_comm.get_rank()}.prof"))
     ds_comm.destroy_process_group()
