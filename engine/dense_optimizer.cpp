@@ -98,11 +98,10 @@ std::string_view DenseOptimizer::name() const {
 // max_norm (Tensor.__rtruediv__), two roundings; a norm that is not finite skips the step.
 // Each param's f32 norm in torch's kernel, squared, and the squares summed as torch sums a stacked
 // f32 tensor (Note [torch's f32 norm] in engine/torch_reductions.h): get_global_norm_of_tensors
-// and clip_grad_norm_ both take it so. `flat` holds the params at the layout's offsets, in f32.
-float DenseOptimizer::torch_sum_of_norms_squared(const Tensor& flat) {
+// and clip_grad_norm_ both take it so. `grads`: each param's f32 grad, in param order.
+float DenseOptimizer::torch_sum_of_norms_squared(const std::vector<Tensor>& grads) {
   std::vector<float> squares;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = flat.narrow(layout_.offsets[i], params_[i]->numel());
+  for (const Tensor& g : grads) {
     const double sum_sq = dev_.sum_sq(g);  // the kernel's cost; its value only in meta mode (0)
     float norm = std::sqrt(static_cast<float>(sum_sq));
     if (!g.is_meta()) {
@@ -116,7 +115,7 @@ float DenseOptimizer::torch_sum_of_norms_squared(const Tensor& flat) {
 }
 
 double DenseOptimizer::norm_sum_sq(const StepPrep& prep) {
-  if (use_hp_) return torch_sum_of_norms_squared(hp_);
+  if (use_hp_) return torch_sum_of_norms_squared(per_param(hp_));
   if (dtype_ == DType::f32) return ZeroOptimizer::norm_sum_sq(prep);
   if (!unfused_) {
     const float norm = std::sqrt(static_cast<float>(prep.where->sum_sq(prep.grads)));
@@ -184,8 +183,9 @@ void DenseOptimizer::buffered_allreduce() {
       while (j < params_.size() && (j == i || total + params_[j]->numel() <= kMemoryOptAllreduceSize)) {
         total += params_[j++]->numel();
       }
+      // engine.allreduce_bucket's flatten: a buffer for this call, freed when it returns.
       Tensor flat = dev_.alloc(dtype_, {total}, "allreduce_bucket",
-                               MemCategory::ipg_buckets);  // [total] model dtype
+                               MemCategory::comm_buffers);  // [total] model dtype
       std::int64_t at = 0;
       for (std::size_t k = i; k < j; ++k) {
         Parameter& p = *params_[k];
@@ -264,18 +264,44 @@ StepPrep DenseOptimizer::prepare_step() {
 // An fp32 model without ZeRO and with clipping has no wrapper: DeepSpeed's engine clips the fp32
 // grads itself (engine.py _take_model_step: clip_fp32_gradients) and steps the torch optimizer;
 // nothing is tested for overflow and there is no loss scale. Every other case is a wrapper's step.
+//
+// Note [Stage 0 fp32: the torch optimizer steps the .grad tensors]
+// That model's optimizer is torch's over model.parameters() (no wrapper): it steps each param with
+// its own .grad, and clip_grad_norm_ multiplies each .grad in place. No flat or f32 copy of the
+// grads exists (measured on DeepSpeed: grads peak at the .grad tensors themselves, where the
+// engine's two copies made it three times that), and no norm is taken without clipping.
 bool DenseOptimizer::step() {
-  const bool engine_clips =
-      !partitioned_ && !use_hp_ && dtype_ == DType::f32 && cfg_.gradient_clipping > 0.0;
-  if (!engine_clips) return step_param_groups({this});
-  const StepPrep prep = prepare_step();
-  Tensor grads32 = dev_.alloc(DType::f32, prep.grads.shape(), "fp32_grad",
-                              MemCategory::grads);  // [pn] f32
-  dev_.cast(grads32, prep.grads);
-  const float coef = clip_grad_norm_coef(grads32);
-  dev_.scale(grads32, static_cast<double>(coef));
-  finish_step(grads32, fmt::format("clip_grad_norm_ coef {:.9g}", coef));
+  if (!masters_are_params()) return step_param_groups({this});
+  if (!have_grads_) {
+    throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
+  }
+  micro_step_id_ = -1;
+  std::vector<Tensor> grads;
+  for (Parameter* p : params_) {
+    // Reduced grads are all defined (buffered_allreduce gives a missing one zeros); an unreduced
+    // step (KnownBug::B8) steps a missing one as zeros, as grads_flat() did.
+    if (!p->grad.defined()) {
+      p->grad = dev_.alloc(dtype_, p->shape, p->name + ".grad", MemCategory::grads);
+      dev_.fill(p->grad, 0.0);
+    }
+    grads.push_back(p->grad.view({p->numel()}));
+  }
+  std::string how = "torch optimizer, no norm (unclipped)";
+  if (cfg_.gradient_clipping > 0.0) {
+    const float coef = clip_grad_norm_coef(grads);
+    for (const Tensor& g : grads) dev_.scale(g, static_cast<double>(coef));
+    how = fmt::format("clip_grad_norm_ coef {:.9g}", coef);
+  }
+  base_->step(master_, grads);
+  zero_grad();
+  record(fmt::format("step {}: {}", base_->steps(), how));
   return true;
+}
+
+std::vector<Tensor> DenseOptimizer::per_param(const Tensor& flat) const {
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < params_.size(); ++i) out.push_back(flat.narrow(layout_.offsets[i], params_[i]->numel()));
+  return out;
 }
 
 void DenseOptimizer::update(const Tensor& grads32, double norm, double combined) {
@@ -298,8 +324,8 @@ void DenseOptimizer::finish_step(const Tensor& grads32, std::string_view how) {
 // Note [torch's f32 sqrt on a CPU]), divided by the data-parallel world and SUM-all-reduced (one
 // f32 element, at world 1 too), then coef = clip / (norm + 1e-6), min(1, coef); every gradient is
 // multiplied by coef, even when it is 1.
-float DenseOptimizer::clip_grad_norm_coef(const Tensor& grad32) {
-  const float total = torch_sum_of_norms_squared(grad32);
+float DenseOptimizer::clip_grad_norm_coef(const std::vector<Tensor>& grads) {
+  const float total = torch_sum_of_norms_squared(grads);
   const float scaled = torch_sqrt_f32(total, opts_.torch_sqrt) * 1.0f / static_cast<float>(world_);
   Tensor t = dev_.alloc(DType::f32, {1}, "clip_total_norm", MemCategory::temporaries);  // [1] f32
   dev_.fill(t, static_cast<double>(scaled));

@@ -41,8 +41,9 @@ class DenseOptimizer final : public ZeroOptimizer {
   // 16-bit params' refresh, and the trace record ending in `how`.
   void finish_step(const Tensor& grads32, std::string_view how);
   Tensor grads_flat();  // [padded] accumulation dtype: the reduced grads, flattened
-  float torch_sum_of_norms_squared(const Tensor& flat);
-  float clip_grad_norm_coef(const Tensor& grad32);  // DeepSpeed's clip_grad_norm_ (fp32, no ZeRO)
+  float torch_sum_of_norms_squared(const std::vector<Tensor>& grads);
+  float clip_grad_norm_coef(const std::vector<Tensor>& grads);  // DeepSpeed's clip_grad_norm_ (fp32, no ZeRO)
+  std::vector<Tensor> per_param(const Tensor& flat) const;  // each param's slice of a flat at the layout's offsets
   void buffered_allreduce();
   // engine.allreduce_bucket: the sum and its scaling (Note [Stage 0 post-scaling]).
   void allreduce_bucket(const Tensor& t);

@@ -128,14 +128,21 @@ double scheduled_lr(const OptimizerConfig& cfg, std::int64_t engine_step) {
 }
 
 void BaseOptimizer::step(const Tensor& master, const Tensor& grad, bool engine_step) {
+  std::vector<Tensor> grads;
+  for (const auto& [off, len] : segments_) grads.push_back(grad.narrow(off, len));
+  step(master, grads, engine_step);
+}
+
+void BaseOptimizer::step(const Tensor& master, const std::vector<Tensor>& segment_grads, bool engine_step) {
+  ZC_ASSERT(segment_grads.size() == segments_.size(), "{} grads for {} segments", segment_grads.size(), segments_.size());
   if (steps_ == 0) create_states();
   ++steps_;
   const double lr = engine_step ? scheduled_lr(cfg_, engine_steps_++) : cfg_.lr;
   if (cfg_.type == OptimizerType::sgd) {
     SgdParams p{lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, steps_ == 1};
-    for (const auto& [off, len] : segments_) {
-      dev_.sgd_step(master.narrow(off, len), grad.narrow(off, len),
-                    state_a_.defined() ? state_a_.narrow(off, len) : Tensor(), p);
+    for (std::size_t i = 0; i < segments_.size(); ++i) {
+      const auto& [off, len] = segments_[i];
+      dev_.sgd_step(master.narrow(off, len), segment_grads[i], state_a_.defined() ? state_a_.narrow(off, len) : Tensor(), p);
     }
     return;
   }
@@ -156,9 +163,9 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad, bool engine_s
   beta2_pow_ = steps_ == 1 ? b2 : beta2_pow_ * b2;
   p.beta1_pow = beta1_pow_;
   p.beta2_pow = beta2_pow_;
-  for (const auto& [off, len] : segments_) {
-    dev_.adam_step(master.narrow(off, len), grad.narrow(off, len), state_a_.narrow(off, len),
-                   state_b_.narrow(off, len), p);
+  for (std::size_t i = 0; i < segments_.size(); ++i) {
+    const auto& [off, len] = segments_[i];
+    dev_.adam_step(master.narrow(off, len), segment_grads[i], state_a_.narrow(off, len), state_b_.narrow(off, len), p);
   }
 }
 

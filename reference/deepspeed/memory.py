@@ -61,6 +61,9 @@ MODEL_TWIN = "transformer_twin.py"  # its frames name it as the worker imported 
 
 # (file suffix, function) of the innermost DeepSpeed frame -> category; None matches any function.
 SITE_CATEGORIES = [
+    # Stage 0 and the bf16 wrapper's boundary all-reduce: the flattened bucket (and its cast to the
+    # communication dtype), one per call.
+    ("runtime/engine.py", "allreduce_bucket", "comm_buffers"),
     ("runtime/zero/stage_1_and_2.py", "setup_buckets", "ipg_buckets"),
     ("runtime/zero/stage_1_and_2.py", "allreduce_bucket", "comm_buffers"),
     ("runtime/zero/stage_1_and_2.py", "average_tensor", "comm_buffers"),
