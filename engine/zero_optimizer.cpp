@@ -80,16 +80,21 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
                                      MemCategory::grads);  // [partition_numel]
     prep.where->cast(prep.grads32, prep.grads);
   };
-  double sum_sq = 0.0;
   for (std::size_t i = 0; i < groups.size(); ++i) {
     StepPrep& prep = preps[i];
     if (plan.fp32_grads_before_norm) make_fp32(prep);
     if (!plan.sum_sq_before_overflow) prep.local_sum_sq = groups[i]->norm_sum_sq(prep);
-    sum_sq = i == 0 ? prep.local_sum_sq : sum_sq + prep.local_sum_sq;
   }
+  // MoE's groups each reduce their own sum (Note [MoE's gradient norm]); otherwise the groups'
+  // sums are added in group order and reduced once.
+  auto summed = [&preps] {
+    double sum_sq = preps[0].local_sum_sq;
+    for (std::size_t i = 1; i < preps.size(); ++i) sum_sq = sum_sq + preps[i].local_sum_sq;
+    return sum_sq;
+  };
   const double norm = groups.size() > 1 && plan.norm_partitioned
                           ? moe_global_norm(groups, preps, plan)
-                          : lead.global_norm(sum_sq, plan.norm_partitioned, plan.norm_dtype, plan.torch_root);
+                          : lead.global_norm(summed(), plan.norm_partitioned, plan.norm_dtype, plan.torch_root);
   // is_invalid_grad_norm: overflow, the step is skipped. DeepSpeed updates the loss scale after
   // this test, with the overflow; here it was updated without it, which differs only for a
   // dynamic (fp16) scale, whose finite grads cannot give an f32 norm that is not finite.
