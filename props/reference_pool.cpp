@@ -319,9 +319,8 @@ void ReferencePool::stop(bool force) {
   }
   const Deadline deadline(force ? 0 : 5);
   for (Worker& w : workers_) {
-    if (w.pid <= 0) continue;
     int status = 0;
-    while (::waitpid(w.pid, &status, WNOHANG) == 0) {
+    while (w.pid > 0 && ::waitpid(w.pid, &status, WNOHANG) == 0) {
       if (deadline.passed()) {
         ::kill(-w.pid, SIGKILL);
         ::kill(w.pid, SIGKILL);
@@ -330,8 +329,10 @@ void ReferencePool::stop(bool force) {
       }
       ::usleep(10000);
     }
-    ::close(w.to_fd);
-    ::close(w.from_fd);
+    // A worker already reaped (crashed, or found dead) still has its pipes open here.
+    if (w.to_fd >= 0) ::close(w.to_fd);
+    if (w.from_fd >= 0) ::close(w.from_fd);
+    w.to_fd = w.from_fd = -1;
     w.pid = -1;
   }
   workers_.clear();
@@ -351,9 +352,8 @@ void ReferencePool::stop(bool force) {
 std::string how_it_ended(int wait_status) {
   if (!WIFSIGNALED(wait_status)) return fmt::format("exited with status {}", WEXITSTATUS(wait_status));
   const int sig = WTERMSIG(wait_status);
-  // Nothing here sends SIGKILL to a live worker (stop() does, to one past its deadline, and reaps
-  // it there), so a worker killed by it was killed from outside, most often by the kernel when
-  // memory ran out.
+  // The pool sends SIGKILL only in stop(), which reaps the worker itself: a worker found killed
+  // by it was killed from outside, most often by the kernel when memory ran out.
   return fmt::format("was killed by signal {} ({}){}", sig, strsignal(sig),
                      sig == SIGKILL ? ", from outside zerocheck: the kernel's OOM killer when memory runs out "
                                       "(`dmesg` names it)"
