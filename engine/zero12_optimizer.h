@@ -85,6 +85,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void fill_grad_accum(Parameter& p);
   void accumulate_partition();
   void build_averaged();
+  Tensor flatten_averaged();  // [partition_numel] accum dtype: averaged_parts_ in one tensor, for the step
   void release_ipg_buffers();
   void reset_accumulators();
   void check_partition_buffers() const;  // Note [Coverage at step time]
@@ -113,7 +114,10 @@ class Zero12Optimizer final : public ZeroOptimizer {
   Tensor grads_in_partition_;            // [sum of numels in partition] model dtype
   std::vector<Tensor> accum_;            // per in_partition_ param, accum dtype ("all_grad_tensors")
   bool accum_set_ = false;
-  Tensor averaged_;                      // [partition_numel] accum dtype
+  // Note [averaged_gradients are views]: this rank's partition as views of accum_ (and a zero tail
+  // where the partition is padding), set at the boundary; flattened into averaged_ by the step.
+  std::vector<Tensor> averaged_parts_;
+  Tensor averaged_;                      // [partition_numel] accum dtype, from prepare_step to update
   // The ipg bucket.
   std::int64_t bucket_capacity_ = 0;     // reduce_bucket_size, as DeepSpeed allocates it
   std::vector<Tensor> buffers_;          // 1, or 2 with contiguous + overlap_comm

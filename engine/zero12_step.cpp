@@ -49,10 +49,16 @@ void Zero12Optimizer::accumulate_partition() {
     Tensor& from = compact_src_[static_cast<std::size_t>(in_partition_[k])];  // the comm-dtype result
     const Tensor g = from.defined() ? from : p.grad.defined() ? p.grad.view({p.numel()}) : Tensor();
     from = Tensor();
-    if (!accum_set_) {
+    if (!accum_set_ && g.defined() && g.dtype() == accum_dtype_ && !compact_) {
+      accum_[k] = g;  // get_all_grad_tensors: the grad itself, no copy (Note [averaged_gradients are views])
+    } else if (!accum_set_) {
       accum_[k] = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".all_grad_tensors",
                              MemCategory::grads);
-      if (g.defined()) dev_.cast(accum_[k], g);
+      if (g.defined()) {
+        dev_.cast(accum_[k], g);
+      } else {
+        dev_.fill(accum_[k], 0.0);  // torch.zeros_like
+      }
     } else if (g.defined()) {
       dev_.axpy(accum_[k], 1.0, g);
     }
@@ -60,20 +66,47 @@ void Zero12Optimizer::accumulate_partition() {
   accum_set_ = true;
 }
 
-// averaged_gradients = this rank's flat partition of the accumulators, zero-padded tail.
+// Note [averaged_gradients are views]
+// DeepSpeed 0.19.8's boundary epilogue keeps the reduced grads where they are: all_grad_tensors
+// are the params' grads themselves (get_all_grad_tensors, stage_1_and_2.py:2703; zeros only for a
+// param without one), averaged_gradients this rank's slices of them (get_flat_partition with
+// return_tensor_list, plus a zero tail where the partition is padding), and the step flattens
+// them into one tensor (flatten_dense_tensors_aligned in step, :3013), after which the views are
+// dropped (free_grad_in_param_list). The engine copied both (all_grad_tensors and a flat
+// averaged_gradients at the epilogue): on llama-tiny ZeRO-1, 64,032 B of grads against
+// DeepSpeed's 48,128. Later epilogues of an accumulation add into the first one's grads in place.
 void Zero12Optimizer::build_averaged() {
   const std::int64_t start = layout_.partition_start(rank_);
   const std::int64_t end = start + layout_.partition_numel;
-  averaged_ = dev_.alloc(accum_dtype_, {layout_.partition_numel}, "averaged_gradients",
-                         MemCategory::grads);
+  averaged_parts_.clear();
+  std::int64_t covered = 0;
   for (std::size_t k = 0; k < in_partition_.size(); ++k) {
     const int i = in_partition_[k];
     const std::int64_t off = layout_.offsets[static_cast<std::size_t>(i)];
     const std::int64_t lo = std::max(off, start);
     const std::int64_t hi = std::min(off + layout_.numels[static_cast<std::size_t>(i)], end);
     ZC_ASSERT(lo <= hi, "param {} in partition {} has no elements in it", i, rank_);
-    dev_.copy(averaged_.narrow(lo - start, hi - lo), accum_[k].narrow(lo - off, hi - lo));
+    ZC_ASSERT(lo - start == covered, "partition {}'s pieces are not contiguous at {}", rank_, lo - start);
+    averaged_parts_.push_back(accum_[k].narrow(lo - off, hi - lo));
+    covered += hi - lo;
   }
+  if (covered < layout_.partition_numel) {
+    Tensor tail = dev_.alloc(accum_dtype_, {layout_.partition_numel - covered}, "averaged_gradients.padding",
+                             MemCategory::grads);
+    dev_.fill(tail, 0.0);
+    averaged_parts_.push_back(tail);
+  }
+}
+
+Tensor Zero12Optimizer::flatten_averaged() {
+  Tensor flat = dev_.alloc(accum_dtype_, {layout_.partition_numel}, "single_grad_partition_flat",
+                           MemCategory::temporaries);
+  std::int64_t at = 0;
+  for (const Tensor& t : averaged_parts_) {
+    dev_.copy(flat.narrow(at, t.numel()), t);
+    at += t.numel();
+  }
+  return flat;
 }
 
 void Zero12Optimizer::release_ipg_buffers() {
@@ -87,6 +120,7 @@ void Zero12Optimizer::release_ipg_buffers() {
 void Zero12Optimizer::reset_accumulators() {
   for (Tensor& t : accum_) t = Tensor();
   accum_set_ = false;
+  averaged_parts_.clear();
   averaged_ = Tensor();
   if (cpu_offload_ && offload_grads_ready_) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
   offload_grads_ready_ = false;
@@ -151,13 +185,15 @@ StepPlan Zero12Optimizer::step_plan() const {
 StepPrep Zero12Optimizer::prepare_step() {
   micro_step_id_ = -1;
   check_partition_buffers();  // paired with FlatLayout::build (Note [Coverage at step time])
-  if (!(cpu_offload_ ? offload_grads_ready_ : averaged_.defined())) {
+  if (!(cpu_offload_ ? offload_grads_ready_ : !averaged_parts_.empty())) {
     throw UsageError(fmt::format("rank {}: step() at an accumulation boundary without reduced "
                                  "gradients ({}, {} params): call backward() at the boundary first",
                                  rank_, name(), params_.size()));
   }
   if (cpu_offload_) return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
-  return StepPrep{.grads = averaged_, .where = &dev_};
+  averaged_ = flatten_averaged();
+  // An fp32 flat is the step's fp32 grads itself (`.to(float32)` returns it).
+  return StepPrep{.grads = averaged_, .where = &dev_, .grads_are_fp32_copies = averaged_.dtype() == DType::f32};
 }
 
 void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
@@ -183,8 +219,7 @@ void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
 
 std::vector<Tensor> Zero12Optimizer::averaged_gradients() {
   if (cpu_offload_) return offload_grads_ready_ ? std::vector<Tensor>{fp32_grad_cpu_} : std::vector<Tensor>{};
-  if (!averaged_.defined()) return {};
-  return {averaged_};
+  return averaged_parts_;
 }
 
 std::vector<double> Zero12Optimizer::gathered_grads() {
@@ -195,8 +230,12 @@ std::vector<double> Zero12Optimizer::gathered_grads() {
   Tensor mine = full.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_ && offload_grads_ready_) {
     cpu_->to_device(mine, fp32_grad_cpu_);
-  } else if (!cpu_offload_ && averaged_.defined()) {
-    dev_.copy(mine, averaged_);
+  } else if (!cpu_offload_) {
+    std::int64_t at = 0;
+    for (const Tensor& t : averaged_parts_) {
+      dev_.copy(mine.narrow(at, t.numel()), t);
+      at += t.numel();
+    }
   }
   comm_.all_gather(full, mine);
   return layout_.to_param_order(to_f64(dev_, full));

@@ -101,9 +101,14 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
   // grads_in_partition over both param groups, where the engine's expert group has its own:
   // only the model states are DeepSpeed's bytes yet (docs/deepspeed-reference.md).
   if (s.stage > 0 && !is_moe(s)) exact.push_back("steps peak of ipg_buckets");
-  // Stage 0 fp32: the torch optimizer steps the .grad tensors themselves (Note [Stage 0 fp32: the
-  // torch optimizer steps the .grad tensors]); the engine's flat and f32 copies made it 3x.
-  if (s.stage == 0 && s.dtype == "f32") exact.push_back("steps peak of grads");
+  // Grads: stage 0 fp32's torch optimizer steps the .grad tensors themselves (Note [Stage 0 fp32:
+  // the torch optimizer steps the .grad tensors]; the engine's flat and f32 copies made it 3x), and
+  // ZeRO-1/2's epilogue keeps views of them until the step flattens its partition (Note
+  // [averaged_gradients are views]; its copies made llama-tiny's ZeRO-1 grads 64,032 B against
+  // 48,128). In bf16 not yet: the ZeRO-2 step's fp32 partition is DeepSpeed's `.to(float32)`,
+  // which its side counts as a temporary, and at ZeRO-1 rank 1 holds 256 B more than DeepSpeed's
+  // (gpt2-tiny: 24,448 against 24,192; rank 0 equal), not yet taken apart.
+  if (s.dtype == "f32" && s.stage <= 2 && !is_moe(s)) exact.push_back("steps peak of grads");
   if (s.stage < 3 && s.model != "gpt2-tiny" && !is_moe(s)) exact.push_back("steps peak of activations");
   for (const int rank : {0, 1}) {
     for (const std::string& what : exact) {
