@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace zc::props {
@@ -445,14 +446,15 @@ TEST(DeepSpeedReference, AWorkerKilledBetweenScenariosIsReplacedAndNamed) {
   const pid_t victim = pool.pid(1);
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  // Dead (a zombie, not yet reaped by the pool) before the next scenario is sent.
-  for (int i = 0; i < 500; ++i) {
-    std::ifstream stat(fmt::format("/proc/{}/stat", victim));
-    std::string pid_field, comm, state;
-    stat >> pid_field >> comm >> state;
-    if (state == "Z") break;
-    ::usleep(10000);
+  // Dead, every thread of it (waitid with WNOWAIT leaves it for the pool to reap), before the next
+  // scenario is sent. /proc's "Z" is not enough: the main thread shows it while a large process's
+  // other threads are still being torn down, and waitpid does not return it yet (CI saw that).
+  siginfo_t info{};
+  for (int i = 0; i < 3000 && info.si_pid != victim; ++i) {
+    ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(victim), &info, WEXITED | WNOHANG | WNOWAIT), 0) << std::strerror(errno);
+    if (info.si_pid != victim) ::usleep(10000);
   }
+  ASSERT_EQ(info.si_pid, victim) << "the killed worker did not exit within 30 s";
   const ReferenceComparison second = compare_with_deepspeed(sgd(1, 2), mine);
   EXPECT_TRUE(second.ds_error.empty()) << second.ds_error;
   EXPECT_EQ(second.hash, first.hash);
