@@ -248,13 +248,17 @@ StepPlan DenseOptimizer::step_plan() const {
                   .fp32_grads_label = "fp32_grad"};
 }
 
+void DenseOptimizer::require_grads() const {
+  if (!have_grads_) {
+    throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
+  }
+}
+
 // Unreduced grads (a skipped reduction, as KnownBug::B8 skips it) are stepped on as they are,
 // as DeepSpeed's stage-0 optimizers would: every rank then diverges.
 StepPrep DenseOptimizer::prepare_step() {
   micro_step_id_ = -1;
-  if (!have_grads_) {
-    throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
-  }
+  require_grads();
   const std::int64_t start = layout_.partition_start(partitioned_ ? rank_ : 0);
   // this rank's slice of the reduced grads
   return StepPrep{.grads = grads_flat().narrow(start, layout_.partition_numel), .where = &dev_,
@@ -272,9 +276,7 @@ StepPrep DenseOptimizer::prepare_step() {
 // engine's two copies made it three times that), and no norm is taken without clipping.
 bool DenseOptimizer::step() {
   if (!masters_are_params()) return step_param_groups({this});
-  if (!have_grads_) {
-    throw UsageError(fmt::format("rank {}: step() without gradients ({}): call backward() first", rank_, name()));
-  }
+  require_grads();
   micro_step_id_ = -1;
   std::vector<Tensor> grads;
   for (Parameter* p : params_) {

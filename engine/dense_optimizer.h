@@ -37,6 +37,7 @@ class DenseOptimizer final : public ZeroOptimizer {
   }
 
  private:
+  void require_grads() const;  // a UsageError naming step() without backward()
   // The base optimizer's step on grads32 ([partition_numel] f32, unscaled and clipped), the
   // 16-bit params' refresh, and the trace record ending in `how`.
   void finish_step(const Tensor& grads32, std::string_view how);

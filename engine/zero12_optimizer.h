@@ -86,6 +86,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void accumulate_partition();
   void build_averaged();
   Tensor flatten_averaged();  // [partition_numel] accum dtype: averaged_parts_ in one tensor, for the step
+  void copy_averaged_into(const Tensor& dst);  // averaged_parts_ end to end into dst [partition_numel]
   void release_ipg_buffers();
   void reset_accumulators();
   void check_partition_buffers() const;  // Note [Coverage at step time]

@@ -101,12 +101,16 @@ void Zero12Optimizer::build_averaged() {
 Tensor Zero12Optimizer::flatten_averaged() {
   Tensor flat = dev_.alloc(accum_dtype_, {layout_.partition_numel}, "single_grad_partition_flat",
                            MemCategory::temporaries);
+  copy_averaged_into(flat);
+  return flat;
+}
+
+void Zero12Optimizer::copy_averaged_into(const Tensor& dst) {
   std::int64_t at = 0;
   for (const Tensor& t : averaged_parts_) {
-    dev_.copy(flat.narrow(at, t.numel()), t);
+    dev_.copy(dst.narrow(at, t.numel()), t);
     at += t.numel();
   }
-  return flat;
 }
 
 void Zero12Optimizer::release_ipg_buffers() {
@@ -231,11 +235,7 @@ std::vector<double> Zero12Optimizer::gathered_grads() {
   if (cpu_offload_ && offload_grads_ready_) {
     cpu_->to_device(mine, fp32_grad_cpu_);
   } else if (!cpu_offload_) {
-    std::int64_t at = 0;
-    for (const Tensor& t : averaged_parts_) {
-      dev_.copy(mine.narrow(at, t.numel()), t);
-      at += t.numel();
-    }
+    copy_averaged_into(mine);
   }
   comm_.all_gather(full, mine);
   return layout_.to_param_order(to_f64(dev_, full));
