@@ -461,7 +461,7 @@ void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory w
     for (Shard* s : params) {
       Parameter& p = *s->p;
       if (offload) {
-        s->gather_buf = dev_.alloc(dtype_, {s->numel}, p.name + ".on_device", held_as(*s, why));
+        s->gather_buf = dev_.alloc(dtype_, {s->numel}, p.name + ".on_device", why);
         cpu_->to_device(s->gather_buf, p.ds_shard.narrow(0, s->numel));
         p.data = s->gather_buf.view(p.shape);
       } else {
@@ -482,12 +482,13 @@ void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory w
       cpu_->to_device(src, s.p->ds_shard);
     }
     g->in = src;
-    s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, s.p->name + ".gathered", held_as(s, why));
+    s.gather_buf = dev_.alloc(dtype_, {s.shard_numel * world_}, s.p->name + ".gathered", why);
     g->work = comm_.all_gather(s.gather_buf, src, {.async_op = true});
-  } else {  // _all_gather_dtype: one flat buffer
+  } else {  // _all_gather_dtype: one flat buffer, gathered in place (Note [ZeRO-3's coalesced gather is in place])
     std::int64_t psz = 0;
     for (Shard* s : params) psz += s->shard_numel;
-    g->in = dev_.alloc(dtype_, {psz}, "allgather_partition", MemCategory::comm_buffers);
+    g->flat = dev_.alloc(dtype_, {psz * world_}, "allgather_flat", MemCategory::comm_buffers);
+    g->in = g->flat.narrow(psz * rank_, psz);
     std::int64_t at = 0;
     for (Shard* s : params) {
       Tensor dst = g->in.narrow(at, s->shard_numel);
@@ -498,7 +499,6 @@ void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory w
       }
       at += s->shard_numel;
     }
-    g->flat = dev_.alloc(dtype_, {psz * world_}, "allgather_flat", MemCategory::comm_buffers);
     g->work = comm_.all_gather(g->flat, g->in, {.async_op = true});
   }
   for (Shard* s : params) {
@@ -511,6 +511,12 @@ void Zero3Optimizer::all_gather_params(std::vector<Shard*> params, MemCategory w
     finish_gather(*params.front());
   }
 }
+
+// Note [ZeRO-3's coalesced gather is in place]
+// _all_gather_dtype (partition_parameters.py:1329-1361) allocates one flat buffer of every rank's
+// shards, writes this rank's shards into its own slice (torch.cat(..., out=partitions[rank])) and
+// all-gathers from that slice in place: no separate input buffer (the engine had one, 1/world of
+// the flat more at each coalesced fetch). NCCL takes the in-place form as DeepSpeed passes it.
 
 // Waits for the gather `s` is part of, and makes each of its params AVAILABLE (a coalesced
 // gather's params are cut out of the flat buffer: the chunks of ranks whose shard is all real,
@@ -526,7 +532,7 @@ void Zero3Optimizer::finish_gather(Shard& s) {
   for (Shard* t : g->params) {
     Parameter& p = *t->p;
     if (g->flat.defined()) {
-      t->gather_buf = dev_.alloc(dtype_, {t->numel}, p.name + ".gathered", held_as(*t, g->why));
+      t->gather_buf = dev_.alloc(dtype_, {t->numel}, p.name + ".gathered", g->why);
       const std::int64_t full = t->numel / t->shard_numel;  // ranks whose chunk is all real
       dev_.copy_2d(t->gather_buf, g->flat.narrow(col, g->flat.numel() - col), full, t->shard_numel,
                    t->shard_numel, psz);
@@ -555,6 +561,15 @@ void Zero3Optimizer::partition_all_parameters() {
   }
   inflight_.clear();
 }
+
+// Note [A fetched persistent param is a gathered param]
+// A persistent param is re-gathered by _post_step below and then stays gathered: persistent. But
+// while the first step records the trace, every module's release partitions its persistent params
+// too, and the next fetch gathers them again; those copies live from a fetch to a release, as any
+// fetched param does, and count as gathered_params (prefetch when prefetched). Measured on
+// DeepSpeed (llama-tiny, ZeRO-3, world 2): step 0's pre-backward fetch of a decoder layer holds its
+// flat buffer and the params cut out of it at once, 11,904 B of each; the steps' gathered_params
+// peak is those 11,904 B on both sides now (0 on the engine's, which counted them persistent).
 
 // _post_step: persistent_parameters[0].all_gather(persistent_parameters) (Init._all_gather): one
 // persistent param is a single gather at any world; several are one call each, none at world 1.

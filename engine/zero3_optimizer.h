@@ -110,8 +110,8 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
     init_many,    // Init._all_gather of several (_allgather_params_coalesced): one call each, none at world 1
   };
   void all_gather_params(std::vector<Shard*> params, MemCategory why, bool async, GatherVia via);
-  // A full param's buffer: persistent whatever the gather's reason, else `why`.
-  static MemCategory held_as(const Shard& s, MemCategory why) { return s.persistent ? MemCategory::persistent : why; }
+  // `why` is what the gathered buffers count as (Note [A fetched persistent param is a gathered
+  // param]): gathered_params or prefetch for the coordinator's fetches, persistent for _post_step's.
   void finish_gather(Shard& s);
   void release_param(Shard& s);
   void partition_all_parameters();

@@ -102,6 +102,13 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
   // grads_in_partition over both param groups, where the engine's expert group has its own:
   // only the model states are DeepSpeed's bytes yet (docs/deepspeed-reference.md).
   if (s.stage > 0 && !is_moe(s)) exact.push_back("steps peak of ipg_buckets");
+  // ZeRO-3's fetches: the coalesced gather's flat buffer, gathered in place (Note [ZeRO-3's
+  // coalesced gather is in place]), and the params cut out of it, persistent ones included while
+  // the first step records the trace (Note [A fetched persistent param is a gathered param]).
+  if (s.stage == 3) {
+    exact.push_back("steps peak of gathered_params");
+    exact.push_back("steps peak of comm_buffers");
+  }
   // Grads: stage 0 fp32's torch optimizer steps the .grad tensors themselves (Note [Stage 0 fp32:
   // the torch optimizer steps the .grad tensors]; the engine's flat and f32 copies made it 3x), and
   // ZeRO-1/2's epilogue keeps views of them until the step flattens its partition (Note

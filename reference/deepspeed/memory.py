@@ -76,7 +76,9 @@ SITE_CATEGORIES = [
     ("runtime/zero/partition_parameters.py", "_allgather_params", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "_allgather_params_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "all_gather_coalesced", "gathered_params"),
-    ("runtime/zero/partition_parameters.py", "_all_gather_dtype", "gathered_params"),
+    # The coalesced fetch's flat buffer of every rank's shards (gathered in place, freed once the
+    # params are cut out of it): all-gather staging, as the engine counts it.
+    ("runtime/zero/partition_parameters.py", "_all_gather_dtype", "comm_buffers"),
     # AllGatherCoalescedHandle.wait (:795): each param's full data cut out of the gathered flat
     # buffer (torch.cat), in a module's pre-forward or pre-backward fetch and in a checkpoint's
     # recomputation, where autograd's rule would otherwise call it an activation.
@@ -439,9 +441,11 @@ def analyse(rec):
             a = owner(ptr, t)
             if a is not None and "cat" not in a:
                 a["cat"], a["how"] = cat, "identity"
+    # A gathered ZeRO-3 param that autograd saves (ZeRO-3's linear saves its weight) is still the
+    # param: the coordinator's release frees it, not the backward. Its site decides, below.
     for i, ptr in enumerate(rec.saved):
         a = owner(ptr, at[f"saved:{i}"])
-        if a is not None and "cat" not in a:
+        if a is not None and "cat" not in a and category_by_site(a["ctx"]) != "gathered_params":
             a["cat"], a["how"] = "activations", "saved for backward"
     for i, ptr in enumerate(rec.grads):
         a = owner(ptr, at[f"grad:{i}"])
