@@ -37,20 +37,24 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     shards_.push_back(s);
   }
   const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
-  fp16_partition_ = offload_par ? cpu_->alloc(dtype_, {pn}, "fp16_partitioned_groups_flat",
-                                              MemCategory::params)
-                                : dev_.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat",
-                                             MemCategory::params);
+  Device& param_dev = offload_par ? cpu_->cpu() : dev_;
   // zero.Init's conversion of a model built outside it (partition_parameters.py:1204,
   // _zero_init_param): each param is broadcast from rank 0 once more (the engine's own
   // _broadcast_model did it already), then partitioned; the optimizer's set-up then places three
   // barriers (stage3.py:914, :765, :774).
   for (Shard& s : shards_) comm_.broadcast(s.p->data, {.root = 0});
+  // Note [ZeRO-3's partitions are defragmented]: each param is partitioned into a tensor of its
+  // own, its full data freed (_partition_param, partition_parameters.py:1777), and only then are
+  // the partitions copied into one flat buffer and dropped (_create_fp16_partitions_with_
+  // defragmentation, stage3.py; defragment, zero/utils.py:215). Construction's peak is the same
+  // either way (the full params and a partition's worth), but at that peak DeepSpeed holds the
+  // partitions as tensors the flat will replace, not as the flat.
+  std::vector<Tensor> partitions;
   for (Shard& s : shards_) {
     Parameter& p = *s.p;
     const std::int64_t lo = decide::zero3_shard_real_begin<std::int64_t>(s.numel, world_, rank_);
     const std::int64_t len = decide::zero3_shard_real_numel<std::int64_t>(s.numel, world_, rank_);
-    Tensor mine = fp16_partition_.narrow(s.offset, s.shard_numel);
+    Tensor mine = param_dev.alloc(dtype_, {s.shard_numel}, p.name + ".ds_tensor", MemCategory::temporaries);
     if (len > 0) {
       if (offload_par) {
         cpu_->to_cpu(mine.narrow(0, len), p.data.view({s.numel}).narrow(lo, len));
@@ -58,11 +62,20 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
         dev_.copy(mine.narrow(0, len), p.data.view({s.numel}).narrow(lo, len));
       }
     }
-    p.ds_shard = mine;
+    partitions.push_back(mine);
     p.data = Tensor();  // partitioned: the full tensor is freed
     p.ds_status = ZeroStatus::not_available;
   }
   comm_.barrier();  // _create_fp16_partitions_with_defragmentation
+  fp16_partition_ = param_dev.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat", MemCategory::params);
+  for (std::size_t k = 0; k < shards_.size(); ++k) {
+    Shard& s = shards_[k];
+    const std::int64_t len = decide::zero3_shard_real_numel<std::int64_t>(s.numel, world_, rank_);
+    Tensor mine = fp16_partition_.narrow(s.offset, s.shard_numel);
+    if (len > 0) param_dev.copy(mine.narrow(0, len), partitions[k].narrow(0, len));
+    s.p->ds_shard = mine;
+    partitions[k] = Tensor();
+  }
   Device& opt_dev = offload_opt ? cpu_->cpu() : dev_;
   master_ = opt_dev.alloc(DType::f32, {pn}, "fp32_partitioned_groups_flat", MemCategory::master);
   if (offload_opt == offload_par) {  // both on the CPU, or both on the device

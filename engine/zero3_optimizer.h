@@ -58,6 +58,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   StepPrep prepare_step() override;
   void skip_step() override;
   void update(const Tensor& grads32, double norm, double combined) override;
+  void post_step() override;
   const BaseOptimizer& base_optimizer() const override { return *base_; }
   std::vector<double> gather_f32_partition(const Tensor& src) override;
 

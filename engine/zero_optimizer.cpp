@@ -114,6 +114,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
       if (clip) prep.where->scale(prep.grads32, static_cast<double>(coef));
       prep.grads = Tensor();  // the wrappers drop their 16-bit grads before the optimizer steps
       groups[i]->update(prep.grads32, norm, clip ? 1.0 / static_cast<double>(coef) : 1.0);
+      prep.grads32 = Tensor();  // _release_sub_group: the fp32 grads go before _post_step
+      groups[i]->post_step();
     }
     return true;
   }
@@ -126,6 +128,8 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     prep.where->scale(prep.grads32, 1.0 / combined);
     prep.grads = Tensor();  // as above
     groups[i]->update(prep.grads32, norm, combined);
+    prep.grads32 = Tensor();  // as above
+    groups[i]->post_step();
   }
   return true;
 }

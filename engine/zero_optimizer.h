@@ -179,6 +179,9 @@ class ZeroOptimizer {
   // The base optimizer's step on `grads32` (already divided by the combined scale), the refresh
   // of the 16-bit params from the master, and the step's trace record.
   virtual void update(const Tensor& grads32, double norm, double combined) = 0;
+  // After update() and once the step's fp32 grads are freed (stage3.py step: _release_sub_group,
+  // then _post_step): ZeRO-3's re-gather of its persistent params.
+  virtual void post_step() {}
 
   // This rank's sum of squares of `prep.grads` as the norm sees it before the root.
   virtual double norm_sum_sq(const StepPrep& prep) { return prep.where->sum_sq(prep.grads); }

@@ -72,8 +72,15 @@ SITE_CATEGORIES = [
     # A frame names its function as written (co_name): __avg_scatter_grads, never the mangled
     # _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads that attribute access uses.
     ("runtime/zero/stage3.py", "__avg_scatter_grads", "comm_buffers"),
+    # The step's fp32 gradient partition: averaged_gradients flattened (and cast) into the tensor
+    # the optimizer steps as fp32_partitioned_groups_flat[i].grad, freed by _release_sub_group
+    # before any snapshot sees it. The engine's step holds the same tensor as grads.
+    ("runtime/zero/stage3.py", "_prepare_fp32_grad_for_sub_group", "grads"),
     ("runtime/zero/stage3.py", "__avg_scatter_contiguous_grads", "comm_buffers"),
     ("runtime/zero/partition_parameters.py", "_allgather_params", "gathered_params"),
+    # Init._all_gather of one param (construction's create_reduce_and_remove_grad_hooks gathers
+    # each param once so): its full data, a gathered param until it is partitioned again.
+    ("runtime/zero/partition_parameters.py", "_allgather_params_sequential", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "_allgather_params_coalesced", "gathered_params"),
     ("runtime/zero/partition_parameters.py", "all_gather_coalesced", "gathered_params"),
     # The coalesced fetch's flat buffer of every rank's shards (gathered in place, freed once the
