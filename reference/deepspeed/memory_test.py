@@ -60,7 +60,13 @@ def main():
     check(memory.category_by_site([run, "transformer_twin.py(12): forward"]) == "activations",
           "the twin's forward named without a directory: activations")
     check(memory.category_by_site([run, twin, ckpt, twin]) == "activations", "a checkpoint's recomputation: activations")
-    check(memory.category_by_site([run, twin, gather]) == "gathered_params", "ZeRO-3's gather inside the model")
+    check(memory.category_by_site([run, twin, gather]) == "comm_buffers",
+          "ZeRO-3's coalesced gather inside the model: its flat buffer is staging")
+    sequential = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/partition_parameters.py(2132): _allgather_params_sequential"
+    check(memory.category_by_site([run, sequential]) == "gathered_params", "Init._all_gather of one param: a gathered param")
+    fp32_grad = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/stage3.py(2686): _prepare_fp32_grad_for_sub_group"
+    flatten = "/venv/lib/python3.11/site-packages/torch/_utils.py(500): _flatten_dense_tensors"
+    check(memory.category_by_site([run, fp32_grad, flatten]) == "grads", "ZeRO-3's step: its fp32 grad partition is grads")
     check(memory.category_by_site([run, twin, hook]) is None, "a DeepSpeed hook inside the model is not an activation")
     wait = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/partition_parameters.py(795): wait"
     nvtx = "/venv/lib/python3.11/site-packages/deepspeed/utils/nvtx.py(30): wrapped_fn"
