@@ -19,8 +19,9 @@ Each allocation gets one category, first match wins:
    allocated in the forward (activations), and each param's gradient as autograd hands it to
    AccumulateGrad (a tensor hook on the param: grads);
 3. the allocating call site: SITE_CATEGORIES maps DeepSpeed's functions to a category
-   (comm_buffers for the flattened buckets and reduce-scatter staging, gathered_params for ZeRO-3's
-   all-gather outputs); the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
+   (comm_buffers for the flattened buckets, reduce-scatter staging and the coalesced all-gather's
+   flat buffer; gathered_params for the params ZeRO-3 gathers; grads for ZeRO-3's step partition);
+   a gathered param that autograd saves stays a gathered param; the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
    and autograd's backward, to activations; torch's RNG state to HOST (kept apart);
 4. the rest is temporaries (0-dim norms and flags, casts).
 
