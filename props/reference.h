@@ -96,6 +96,8 @@ DeepSpeedMemory read_deepspeed_memory(const std::filesystem::path& file);
 struct MemoryFigure {
   std::string what;
   std::int64_t zerocheck = 0, deepspeed = 0;
+  std::string category = "total";  // a MemCategory's name, or "total" for a peak or a mark of every category
+  std::string listed;              // the divergence class that explains the difference, if one does
   bool exact() const { return zerocheck == deepspeed; }
   bool within_1pct() const;  // |zerocheck - deepspeed| <= 1 % of DeepSpeed's (exact when it is 0)
 };
@@ -104,13 +106,18 @@ struct DeepSpeedMemoryComparison {
   bool measured = false;    // both sides ran and DeepSpeed's memory was read
   std::string error;        // why not (a profiler failure, a missing file)
   std::vector<MemoryFigure> figures;
-  // "exact", "within 1%", "beyond" over every figure; "" when not measured.
+  // "exact", "listed" (every difference explained by a class: list_memory_differences),
+  // "within 1%" (the unexplained ones within 1 %), "beyond" over every figure; "" when not measured.
   std::string verdict() const;
-  // The figures that differ, worst first, at most `n`, one line each.
+  std::vector<std::string> classes() const;  // the classes that explained a figure, each once
+  // The figures that differ and no class explains, worst first, at most `n`, one line each.
   std::vector<std::string> differences(std::size_t n) const;
 };
 struct RunResult;
 DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector<DeepSpeedMemory>& ds);
+struct DivergenceClass;
+// Names, on each differing figure of `c`, the first class that covers it (class_covers_memory).
+void list_memory_differences(const Scenario& s, DeepSpeedMemoryComparison& c, const std::vector<DivergenceClass>& classes);
 
 struct ReferenceComparison {
   std::vector<FieldDiff> diffs;   // empty: bit for bit the same
@@ -158,11 +165,18 @@ struct DivergenceClass {
   std::vector<std::string> affects;    // fields (a "comm:" prefix covers every kind)
   std::int64_t max_ulps = -1;          // >= 0: a value field is covered only within this many ulps
   double max_rel = -1;                 // >= 0: a value field is covered only within this FieldDiff::max_rel
+  // A memory class affects "memory:<category>" (a MemCategory's name, or "total") and must bound
+  // what it covers, by one of these or both (the list is refused otherwise: an unbounded memory
+  // class would hide any accounting bug of its category):
+  std::int64_t max_bytes = -1;  // >= 0: a figure is covered only when |zerocheck - DeepSpeed| <= this
+  bool deepspeed_none = false;  // a figure is covered only when DeepSpeed allocated none of it (0 B)
   Scenario witness;
+  bool is_memory() const;       // affects memory figures (its witness is measured)
 };
 std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path& file);
 std::filesystem::path divergence_classes_file();  // the source tree's reference/deepspeed/known_divergences.json
 bool class_covers(const DivergenceClass& c, const Scenario& s, const FieldDiff& diff);
+bool class_covers_memory(const DivergenceClass& c, const Scenario& s, const MemoryFigure& f);
 
 // The comparison's verdict: holds when every differing field is covered by a class that applies.
 struct ReferenceVerdict {

@@ -46,6 +46,8 @@ std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path
       d.affects = c.at("affects").get<std::vector<std::string>>();
       d.max_ulps = c.value("max_ulps", std::int64_t{-1});
       d.max_rel = c.value("max_rel", -1.0);
+      d.max_bytes = c.value("max_bytes", std::int64_t{-1});
+      d.deepspeed_none = c.value("deepspeed_none", false);
       d.witness = scenario_from_json(c.at("witness"));
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("{}: class {}: {}", file.string(), c.dump().substr(0, 80), e.what()));
@@ -55,9 +57,30 @@ std::vector<DivergenceClass> load_divergence_classes(const std::filesystem::path
     for (const auto& [key, cond] : d.when.items()) {
       if (!keys.contains(key)) throw ConfigError(fmt::format("{}: class {}: 'when' names no scenario key '{}'", file.string(), d.id, key));
     }
+    for (const std::string& a : d.affects) {
+      if (!a.starts_with("memory:")) continue;
+      const std::string cat = a.substr(7);
+      try {
+        if (cat != "total") parse_mem_category(cat);
+      } catch (const UsageError&) {
+        throw ConfigError(fmt::format("{}: class {}: '{}' names no memory category (a MemCategory's name, or total)",
+                                      file.string(), d.id, a));
+      }
+    }
+    if (d.is_memory() && d.max_bytes < 0 && !d.deepspeed_none) {
+      throw ConfigError(fmt::format("{}: class {}: a memory class must bound what it covers (max_bytes, deepspeed_none)",
+                                    file.string(), d.id));
+    }
+    if (d.is_memory() && std::any_of(d.affects.begin(), d.affects.end(), [](const std::string& a) { return !a.starts_with("memory:"); })) {
+      throw ConfigError(fmt::format("{}: class {}: a class affects memory figures or record fields, not both", file.string(), d.id));
+    }
     out.push_back(std::move(d));
   }
   return out;
+}
+
+bool DivergenceClass::is_memory() const {
+  return std::any_of(affects.begin(), affects.end(), [](const std::string& a) { return a.starts_with("memory:"); });
 }
 
 namespace {
@@ -78,6 +101,15 @@ bool condition_holds(const nlohmann::json& value, const nlohmann::json& cond) {
   return cond == value;
 }
 
+// The class's `when` holds for the scenario.
+bool class_applies(const DivergenceClass& c, const Scenario& s) {
+  const nlohmann::json j = to_json(s);
+  for (const auto& [key, cond] : c.when.items()) {
+    if (!condition_holds(j.at(key), cond)) return false;
+  }
+  return true;
+}
+
 bool field_affected(const DivergenceClass& c, const std::string& field) {
   for (const std::string& a : c.affects) {
     if (a == field || (a.ends_with(':') && field.starts_with(a))) return true;  // "comm:", "opt:": every kind
@@ -91,11 +123,27 @@ bool class_covers(const DivergenceClass& c, const Scenario& s, const FieldDiff& 
   if (!field_affected(c, diff.field)) return false;
   if (c.max_ulps >= 0 && diff.max_ulps > c.max_ulps) return false;  // past the class's stated bound
   if (c.max_rel >= 0 && !(diff.max_rel >= 0 && diff.max_rel <= c.max_rel)) return false;
-  const nlohmann::json j = to_json(s);
-  for (const auto& [key, cond] : c.when.items()) {
-    if (!condition_holds(j.at(key), cond)) return false;
+  return class_applies(c, s);
+}
+
+bool class_covers_memory(const DivergenceClass& c, const Scenario& s, const MemoryFigure& f) {
+  if (!field_affected(c, "memory:" + f.category)) return false;
+  if (c.max_bytes >= 0 && std::llabs(f.zerocheck - f.deepspeed) > c.max_bytes) return false;
+  if (c.deepspeed_none && f.deepspeed != 0) return false;
+  return class_applies(c, s);
+}
+
+void list_memory_differences(const Scenario& s, DeepSpeedMemoryComparison& c, const std::vector<DivergenceClass>& classes) {
+  for (MemoryFigure& f : c.figures) {
+    f.listed.clear();
+    if (f.exact()) continue;
+    for (const DivergenceClass& k : classes) {
+      if (class_covers_memory(k, s, f)) {
+        f.listed = k.id;
+        break;
+      }
+    }
   }
-  return true;
 }
 
 ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const std::vector<DivergenceClass>& classes) {
@@ -617,13 +665,23 @@ nlohmann::json check_witnesses(const std::vector<DivergenceClass>& classes, Refe
     nlohmann::json r = {{"id", c.id}, {"summary", c.summary}, {"deepspeed", c.deepspeed}, {"affects", c.affects},
                         {"when", c.when}, {"cases", seen.contains(c.id) ? seen.at(c.id) : 0}};
     try {
-      const ReferenceComparison cmp = compare_with_deepspeed(c.witness, pools);
+      const ReferenceComparison cmp = compare_with_deepspeed(c.witness, pools, /*memory=*/c.is_memory());
       std::string detail;
       for (const FieldDiff& d : cmp.diffs) {
         if (class_covers(c, c.witness, d) && detail.empty()) detail = d.field + ": " + d.detail;
       }
+      for (const MemoryFigure& f : cmp.memory.figures) {  // a memory class's witness: a figure it covers
+        if (!f.exact() && class_covers_memory(c, c.witness, f) && detail.empty()) {
+          detail = fmt::format("{}: zerocheck {} B, DeepSpeed {} B", f.what, f.zerocheck, f.deepspeed);
+        }
+      }
       r["witness_diverges"] = !detail.empty();
-      r["witness_detail"] = detail.empty() ? "the witness matches DeepSpeed: remove this entry" : detail;
+      if (c.max_bytes >= 0) r["max_bytes"] = c.max_bytes;
+      if (c.deepspeed_none) r["deepspeed_none"] = true;
+      r["witness_detail"] = !detail.empty() ? detail
+                            : c.is_memory() && !cmp.memory.measured
+                                ? fmt::format("the witness's memory was not measured: {}", cmp.memory.error)
+                                : "the witness matches DeepSpeed: remove this entry";
       const ReferenceVerdict v = classify(c.witness, cmp, classes);
       SavedCase saved{c.witness, kConformanceInvariant, {}, v.verdict.holds, cmp.hash, detail, "", 0};
       r["witness_file"] = keep_case(saved_cases, out, saved, "deepspeed-" + c.id);
@@ -658,6 +716,8 @@ nlohmann::json run_reference_campaigns(const ReferenceOptions& opts, ReferencePo
   std::map<std::string, std::int64_t> ulps_seen;
   std::map<std::string, double> rel_seen;
   for (const auto& [id, n] : j["listed_by_class"].items()) seen[id] = n.get<int>();
+  const nlohmann::json memory_listed = j["memory"].value("listed_by_class", nlohmann::json::object());
+  for (const auto& [id, n] : memory_listed.items()) seen[id] += n.get<int>();
   for (const auto& [id, u] : j["class_ulps"].items()) ulps_seen[id] = u.get<std::int64_t>();
   const nlohmann::json class_rel = j.value("class_rel", nlohmann::json::object());
   for (const auto& [id, r] : class_rel.items()) rel_seen[id] = r.get<double>();

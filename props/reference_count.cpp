@@ -60,8 +60,9 @@ std::vector<std::string> features(const Scenario& s) {
 const std::array<const char*, 6> kTableColumns = {"scenarios", "values_bit_for_bit", "collectives_equal",
                                                    "diverged_in_listed_classes", "refused_by_both", "failed"};
 const std::array<const char*, 4> kCoverageColumns = {"scenarios", "matched", "listed", "unlisted"};
-const std::array<const char*, 5> kMemoryColumns = {"scenarios", "exact", "within_1pct", "beyond", "not_measured"};
-const std::array<const char*, 3> kMemoryCategoryColumns = {"figures", "exact", "within_1pct"};
+const std::array<const char*, 6> kMemoryColumns = {"scenarios", "exact", "listed", "within_1pct", "beyond", "not_measured"};
+// within_1pct counts exact figures too; listed, the differing figures a class explains.
+const std::array<const char*, 4> kMemoryCategoryColumns = {"figures", "exact", "listed", "within_1pct"};
 constexpr std::size_t kMemoryExamples = 6;  // scenarios beyond 1 % whose differences are kept
 
 
@@ -92,23 +93,19 @@ std::string memory_row(const Scenario& s) {
   return fmt::format("stage {} | {} | offload {} | {}", s.stage, model, s.offload, s.dtype);
 }
 
-// The figure's category ("rank 0 steps peak of grads" -> "grads"; a total -> "total").
-std::string figure_category(const std::string& what) {
-  const std::size_t at = what.rfind(" of ");
-  return at == std::string::npos ? "total" : what.substr(at + 4);
-}
-
 // Adds one scenario's memory comparison to a count's "memory" object.
 void count_memory(nlohmann::json& m, const Scenario& s, const DeepSpeedMemoryComparison& c) {
   const std::string v = c.verdict();
-  const std::array<int, kMemoryColumns.size()> counts = {1, v == "exact", v == "within 1%", v == "beyond", !c.measured};
+  const std::array<int, kMemoryColumns.size()> counts = {1,           v == "exact",  v == "listed",
+                                                          v == "within 1%", v == "beyond", !c.measured};
   for (std::size_t k = 0; k < counts.size(); ++k) m[kMemoryColumns[k]] = m.value(kMemoryColumns[k], 0) + counts[k];
   add_row(m["rows"], "row", memory_row(s), kMemoryColumns, counts);
   std::map<std::string, std::array<int, kMemoryCategoryColumns.size()>> by_category;
   for (const MemoryFigure& f : c.figures) {
-    auto& row = by_category[figure_category(f.what)];
-    row[0] += 1, row[1] += f.exact(), row[2] += f.within_1pct();
+    auto& row = by_category[f.category];
+    row[0] += 1, row[1] += f.exact(), row[2] += !f.exact() && !f.listed.empty(), row[3] += f.within_1pct();
   }
+  for (const std::string& id : c.classes()) m["listed_by_class"][id] = m["listed_by_class"].value(id, 0) + 1;
   for (const auto& [cat, row] : by_category) add_row(m["categories"], "category", cat, kMemoryCategoryColumns, row);
   if (v == "beyond" && m["examples"].size() < kMemoryExamples) {
     m["examples"].push_back({{"scenario", describe(s)}, {"differences", c.differences(4)}});
@@ -119,7 +116,7 @@ void count_memory(nlohmann::json& m, const Scenario& s, const DeepSpeedMemoryCom
 }
 
 nlohmann::json empty_memory_count() {
-  return {{"rows", nlohmann::json::array()}, {"categories", nlohmann::json::array()},
+  return {{"rows", nlohmann::json::array()}, {"categories", nlohmann::json::array()}, {"listed_by_class", nlohmann::json::object()},
           {"examples", nlohmann::json::array()}, {"errors", nlohmann::json::array()}};
 }
 
@@ -187,6 +184,7 @@ nlohmann::json count_conformance(ReferencePools& pools, const std::vector<Diverg
     const ReferenceComparison c = compare_with_deepspeed(s, pools, /*memory=*/true);
     *last = std::make_pair(classify(s, c, classes), c.ds_seconds);
     *last_memory = c.memory;
+    list_memory_differences(s, *last_memory, classes);
     return (*last)->first.verdict;
   };
   nlohmann::json j = {{"seeds", {seed}}, {"cases", 0}, {"matched", 0}, {"values_bit_for_bit", 0}, {"listed", 0},
@@ -318,6 +316,8 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
       for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = row.value(kMemoryCategoryColumns[k], 0);
       add_row(m["categories"], "category", row.value("category", ""), kMemoryCategoryColumns, counts);
     }
+    const nlohmann::json listed = o.value("listed_by_class", nlohmann::json::object());
+    for (const auto& [id, n] : listed.items()) m["listed_by_class"][id] = m["listed_by_class"].value(id, 0) + n.get<int>();
     for (const char* list : {"examples", "errors"}) {
       for (const nlohmann::json& e : o.value(list, nlohmann::json::array())) {
         if (m[list].size() < kMemoryExamples) m[list].push_back(e);

@@ -97,15 +97,25 @@ bool MemoryFigure::within_1pct() const {
 
 std::string DeepSpeedMemoryComparison::verdict() const {
   if (!measured) return "";
-  if (std::all_of(figures.begin(), figures.end(), [](const MemoryFigure& f) { return f.exact(); })) return "exact";
-  if (std::all_of(figures.begin(), figures.end(), [](const MemoryFigure& f) { return f.within_1pct(); })) return "within 1%";
+  auto all = [&](auto pred) { return std::all_of(figures.begin(), figures.end(), pred); };
+  if (all([](const MemoryFigure& f) { return f.exact(); })) return "exact";
+  if (all([](const MemoryFigure& f) { return f.exact() || !f.listed.empty(); })) return "listed";
+  if (all([](const MemoryFigure& f) { return f.within_1pct() || !f.listed.empty(); })) return "within 1%";
   return "beyond";
+}
+
+std::vector<std::string> DeepSpeedMemoryComparison::classes() const {
+  std::vector<std::string> out;
+  for (const MemoryFigure& f : figures) {
+    if (!f.listed.empty() && std::find(out.begin(), out.end(), f.listed) == out.end()) out.push_back(f.listed);
+  }
+  return out;
 }
 
 std::vector<std::string> DeepSpeedMemoryComparison::differences(std::size_t n) const {
   std::vector<const MemoryFigure*> diff;
   for (const MemoryFigure& f : figures) {
-    if (!f.exact()) diff.push_back(&f);
+    if (!f.exact() && f.listed.empty()) diff.push_back(&f);
   }
   std::stable_sort(diff.begin(), diff.end(), [](const MemoryFigure* a, const MemoryFigure* b) {
     return std::llabs(a->zerocheck - a->deepspeed) > std::llabs(b->zerocheck - b->deepspeed);
@@ -145,15 +155,16 @@ DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector
       return false;
     };
     const bool offload = holds_model_states(cpu.construction) || holds_model_states(cpu.steps);
-    auto add = [&](std::string what, std::int64_t z, std::int64_t dsb) {
-      out.figures.push_back({fmt::format("rank {} {}", rank, what), z, dsb});
+    auto add = [&](std::string what, std::int64_t z, std::int64_t dsb, std::string category = "total") {
+      out.figures.push_back({fmt::format("rank {} {}", rank, what), z, dsb, std::move(category), ""});
     };
     auto categories = [&](const std::string& phase, const MemoryLedger& z, const MemoryLedger& zc_cpu,
                           const MemBytes& dsb) {
       for (std::size_t c = 0; c + 1 < kMemCategories; ++c) {  // unattributed last: the engine names every allocation
         const std::int64_t zb = z.peak()[c] + (offload ? zc_cpu.peak()[c] : 0);
         if (zb == 0 && dsb[c] == 0) continue;
-        add(fmt::format("{} peak of {}", phase, mem_category_name(static_cast<MemCategory>(c))), zb, dsb[c]);
+        const std::string name(mem_category_name(static_cast<MemCategory>(c)));
+        add(fmt::format("{} peak of {}", phase, name), zb, dsb[c], name);
       }
     };
     if (!offload) add("construction peak", dev.construction.peak_total(), d.construction.peak);

@@ -494,8 +494,52 @@ TEST(DeepSpeedMemoryRecord, ComparesTotalsCategoriesAndStepsRankByRank) {
   EXPECT_EQ(c.verdict(), "beyond");
   ASSERT_FALSE(c.differences(1).empty());
   EXPECT_EQ(c.differences(1)[0], "rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B");
-  EXPECT_TRUE((MemoryFigure{"x", 1010, 1000}.within_1pct()));
-  EXPECT_FALSE((MemoryFigure{"x", 1011, 1000}.within_1pct()));
+  EXPECT_TRUE((MemoryFigure{"x", 1010, 1000, "total", ""}.within_1pct()));
+  EXPECT_FALSE((MemoryFigure{"x", 1011, 1000, "total", ""}.within_1pct()));
+}
+
+// A divergence list of one class, `extra` merged into a memory class's entry.
+std::filesystem::path write_classes(const std::string& name, const nlohmann::json& extra) {
+  nlohmann::json c = {{"id", "late-temporary"}, {"summary", "s"}, {"deepspeed", "x.py:1"}, {"when", {{"stage", {0}}}},
+                      {"affects", {"memory:temporaries"}}, {"witness", {{"world", 1}}}};
+  c.merge_patch(extra);
+  return write_mem(name, {{"classes", {c}}});
+}
+
+TEST(DeepSpeedMemoryRecord, AListedClassExplainsOnlyTheFiguresItBoundsAndItsScenarios) {
+  DeepSpeedMemory ds;
+  ds.construction = read_deepspeed_memory(write_mem("c.json", {{"phases", {mem_phase("construction", 24, 0)}}})).construction;
+  ds.steps = read_deepspeed_memory(write_mem("s.json", {{"phases", {mem_phase("step0", 44, 16)}}})).steps;
+  const DeepSpeedMemoryComparison late = compare_memory(ledger_run(true), {ds});  // total and temporaries 1 B over
+  Scenario s;
+  s.stage = 0;
+  auto listed = [&](const nlohmann::json& extra) {
+    DeepSpeedMemoryComparison c = late;
+    list_memory_differences(s, c, load_divergence_classes(write_classes("classes.json", extra)));
+    return c;
+  };
+  DeepSpeedMemoryComparison c = listed({{"max_bytes", 1}});
+  EXPECT_EQ(c.classes(), std::vector<std::string>{"late-temporary"});
+  EXPECT_EQ(c.verdict(), "beyond");  // the total's 1 B is not the class's
+  ASSERT_EQ(c.differences(5).size(), 1u);
+  EXPECT_EQ(c.differences(5)[0], "rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B");
+  EXPECT_EQ(listed({{"max_bytes", 1}, {"affects", {"memory:temporaries", "memory:total"}}}).verdict(), "listed");
+  // Past its bound, outside its scenarios, or where DeepSpeed allocated some: not explained.
+  EXPECT_TRUE(listed({{"max_bytes", 0}}).classes().empty());
+  EXPECT_TRUE(listed({{"deepspeed_none", true}}).classes().empty());
+  EXPECT_TRUE(listed({{"max_bytes", 1}, {"when", {{"stage", {3}}}}}).classes().empty());
+  // A memory class with no bound, a category that is none, one that also affects a value field.
+  for (const auto& [extra, says] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nlohmann::json::object(), "must bound what it covers"},
+           {{{"max_bytes", 1}, {"affects", {"memory:weights"}}}, "names no memory category"},
+           {{{"max_bytes", 1}, {"affects", {"memory:grads", "grads"}}}, "not both"}}) {
+    try {
+      load_divergence_classes(write_classes("bad.json", extra));
+      ADD_FAILURE() << extra.dump() << " was loaded";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
