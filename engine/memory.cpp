@@ -53,6 +53,7 @@ void MemoryLedger::on_alloc(MemCategory c, std::int64_t bytes, const std::string
     peak_label_ = label;
   }
   sample(label);
+  if (also_) also_->on_alloc(c, bytes, label);
 }
 
 void MemoryLedger::on_free(MemCategory c, std::int64_t bytes) {
@@ -64,6 +65,19 @@ void MemoryLedger::on_free(MemCategory c, std::int64_t bytes) {
   live_total_ -= bytes;
   ++events_;
   sample({});
+  if (also_) also_->on_free(c, bytes);
+}
+
+MemoryLedger& MemoryLedger::operator=(const MemoryLedger& o) {
+  if (this == &o) return *this;
+  live_ = o.live_, peak_ = o.peak_, at_peak_ = o.at_peak_;
+  live_total_ = o.live_total_, peak_total_ = o.peak_total_, window_peak_ = o.window_peak_;
+  peak_label_ = o.peak_label_;
+  events_ = o.events_, allocations_ = o.allocations_;
+  max_samples_ = o.max_samples_, stride_ = o.stride_;
+  timeline_ = o.timeline_;
+  also_.reset();  // a snapshot forwards nothing
+  return *this;
 }
 
 void MemoryLedger::reset_peak() {

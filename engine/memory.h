@@ -79,6 +79,14 @@ class MemoryLedger {
   // sampling stride doubles, so the timeline always spans the whole run. 0 turns it off.
   void enable_timeline(std::size_t max_samples);
   const std::vector<MemSample>& timeline() const { return timeline_; }
+  // Every later allocation and free is counted in `also` too (nullptr: no longer): one ledger fed
+  // by two devices is their memory as one (Note [The device and the CPU as one memory] in
+  // props/training_run.cpp). A copy of the ledger forwards nothing.
+  void also_count_in(std::shared_ptr<MemoryLedger> also) { also_ = std::move(also); }
+
+  MemoryLedger() = default;
+  MemoryLedger(const MemoryLedger& o) { *this = o; }
+  MemoryLedger& operator=(const MemoryLedger& o);
 
  private:
   void sample(const std::string& label);
@@ -89,6 +97,7 @@ class MemoryLedger {
   std::size_t max_samples_ = 0;
   std::int64_t stride_ = 1;
   std::vector<MemSample> timeline_;
+  std::shared_ptr<MemoryLedger> also_;
 };
 
 // A backend allocator's own count of the bytes it holds, kept where it really allocates and frees

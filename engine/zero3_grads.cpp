@@ -97,7 +97,9 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   pend.params = std::move(params);
   pend.in = in;  // a real backend reads it asynchronously: keep it alive until the wait
   if (cfg_.zero.reduce_scatter) {
-    pend.out = dev_.alloc(comm_dtype_, {chunks}, "reduce_scatter_out", MemCategory::comm_buffers);
+    // In place, as reduce_scatter_coalesced calls it (coalesced_collectives.py: the output is this
+    // rank's chunk of the flat input): no buffer of its own.
+    pend.out = in.narrow(decide::shard_start<std::int64_t>(chunks, rank_), chunks);
     pend.work = comm_.reduce_scatter(pend.out, in, {.op = ReduceOp::sum, .async_op = overlap_});
   } else {  // all-reduce the whole bucket and keep this rank's section
     pend.work = comm_.all_reduce(in, {.op = ReduceOp::sum, .async_op = overlap_});
@@ -107,13 +109,11 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   bucket_params_.clear();
   bucket_elements_ = 0;
   if (overlap_) {
-    // DeepSpeed issues the reduce-scatter on its reduction stream and lets go of both buffers at
-    // once (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter_coalesced reduces in place
-    // into the input, coalesced_collectives.py), so torch counts them free here, not at the
-    // epilogue's wait (Note [Stream-ordered free]). The engine keeps them until the wait. Not
-    // DeepSpeed's: the separate output of 1/world of the input, live from its alloc to here.
+    // DeepSpeed issues the reduce-scatter on its reduction stream and lets go of its flat input
+    // (the output is a view of it) at once (stage3.py __reduce_and_partition_ipg_grads), so torch
+    // counts it free here, not at the epilogue's wait (Note [Stream-ordered free]). The engine
+    // keeps it until the wait.
     pend.in.storage()->release_accounting();
-    pend.out.storage()->release_accounting();
     pending_.push_back(std::move(pend));
   } else {
     finish(pend);

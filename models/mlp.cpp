@@ -185,6 +185,7 @@ void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
   Tensor dy = dev.alloc(dtype_, out_shape_, "dout",
                         MemCategory::activations);  // [B, out]
   dev.copy(dy, spec_.loss == LossKind::linear ? coeff_ : dlogits_);
+  coeff_ = dlogits_ = Tensor();  // the loss's node has run: what it saved is freed
   dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch
   dev.scale(dy, loss_scale);                   // the fp16 loss scale (a power of two)
   dev.div(dy, static_cast<double>(ga));        // DeepSpeed divides output grads by GA
@@ -222,6 +223,9 @@ void Mlp::backward_from(Device& dev, Tensor dy) {
     // layer's is data (Note [ZeRO-3's parameter coordinator]), and so is the model's.
     if (li > 0) l.run_post_backward();
     dy = dx;
+    // Its Linear's node has run: the saved input is freed (the batch's x for the first layer), but
+    // for a relu's result, which the previous layer's relu node reads too (freed there, above).
+    if (li == 0 || !spec_.relu) acts_[li] = Tensor();
   }
 }
 

@@ -16,8 +16,8 @@
 // step the peak, the live bytes after the first forward and after the optimizer step. The figures
 // compared are those, the total and each category's peak, rank by rank. DeepSpeed runs on the CPU
 // accelerator here: offloaded state lives in the same memory as the rest, so under offload the
-// engine's figure is its device ledger plus its CPU ledger, per category (the total peaks of two
-// ledgers do not add; they are compared only without offload).
+// engine's figures are those of its device and CPU ledgers as one memory (Note [The device and the
+// CPU as one memory] in training_run.cpp: the peaks of two ledgers do not add).
 //
 // The comparison is reported beside the values (ReferenceComparison::memory) and does not decide the
 // verdict: DeepSpeed's CPU path allocates temporaries (0-dim norms and flags, casts) that the engine
@@ -143,11 +143,12 @@ DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector
   for (std::size_t k = 0; k < sim.ranks.size() && k < sim.memory.size(); ++k) {
     const int rank = sim.ranks[k];
     if (rank < 0 || static_cast<std::size_t>(rank) >= ds.size()) continue;
-    const DeviceMemory& dev = sim.memory[k].device;
     const DeviceMemory& cpu = sim.memory[k].cpu;
     const DeepSpeedMemory& d = ds[static_cast<std::size_t>(rank)];
-    // Offload puts model states in the CPU ledger; what a GPU run keeps in host memory beside them
-    // (deepspeed.checkpointing's size tensors) DeepSpeed's side keeps apart too.
+    // Offload puts model states in the CPU ledger, and DeepSpeed's CPU run holds them in its one
+    // memory: the engine's figures are then those of its two devices as one (RankMemory::both).
+    // What a GPU run keeps in host memory beside the model (deepspeed.checkpointing's size
+    // tensors) DeepSpeed's side keeps apart, so without offload the device alone is compared.
     auto holds_model_states = [](const MemoryLedger& l) {
       for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::master, MemCategory::optimizer_states}) {
         if (l.peak()[static_cast<std::size_t>(c)] > 0) return true;
@@ -155,29 +156,27 @@ DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector
       return false;
     };
     const bool offload = holds_model_states(cpu.construction) || holds_model_states(cpu.steps);
+    const DeviceMemory& dev = offload ? sim.memory[k].both : sim.memory[k].device;
     auto add = [&](std::string what, std::int64_t z, std::int64_t dsb, std::string category = "total") {
       out.figures.push_back({fmt::format("rank {} {}", rank, what), z, dsb, std::move(category), ""});
     };
-    auto categories = [&](const std::string& phase, const MemoryLedger& z, const MemoryLedger& zc_cpu,
-                          const MemBytes& dsb) {
+    auto categories = [&](const std::string& phase, const MemoryLedger& z, const MemBytes& dsb) {
       for (std::size_t c = 0; c + 1 < kMemCategories; ++c) {  // unattributed last: the engine names every allocation
-        const std::int64_t zb = z.peak()[c] + (offload ? zc_cpu.peak()[c] : 0);
-        if (zb == 0 && dsb[c] == 0) continue;
+        if (z.peak()[c] == 0 && dsb[c] == 0) continue;
         const std::string name(mem_category_name(static_cast<MemCategory>(c)));
-        add(fmt::format("{} peak of {}", phase, name), zb, dsb[c], name);
+        add(fmt::format("{} peak of {}", phase, name), z.peak()[c], dsb[c], name);
       }
     };
-    if (!offload) add("construction peak", dev.construction.peak_total(), d.construction.peak);
-    categories("construction", dev.construction, cpu.construction, d.construction.peak_by_category);
+    add("construction peak", dev.construction.peak_total(), d.construction.peak);
+    categories("construction", dev.construction, d.construction.peak_by_category);
     MemBytes ds_steps{};
     std::int64_t ds_steps_peak = 0;
     for (const DeepSpeedMemoryPhase& p : d.steps) {
       ds_steps_peak = std::max(ds_steps_peak, p.peak);
       for (std::size_t c = 0; c < kMemCategories; ++c) ds_steps[c] = std::max(ds_steps[c], p.peak_by_category[c]);
     }
-    if (!offload) add("steps peak", dev.steps.peak_total(), ds_steps_peak);
-    categories("steps", dev.steps, cpu.steps, ds_steps);
-    if (offload) continue;
+    add("steps peak", dev.steps.peak_total(), ds_steps_peak);
+    categories("steps", dev.steps, ds_steps);
     for (std::size_t s = 0; s < dev.per_step.size() && s < d.steps.size(); ++s) {
       const StepMemory& z = dev.per_step[s];
       const DeepSpeedMemoryPhase& p = d.steps[s];

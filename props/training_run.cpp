@@ -231,12 +231,42 @@ sim::SplitArgs moe_split(int nth, int rank, int ep_size) {
 
 namespace {
 
+// Note [The device and the CPU as one memory]
+// Under offload the engine keeps two ledgers, the accelerator's and the CPU's, as a GPU run has two
+// memories. DeepSpeed's reference runs on the CPU accelerator, where the two are one: its peak
+// is the peak of their sum, and a category's peak (params at construction: the full params on the
+// device, then the partition on the CPU) is not the sum of the two ledgers' peaks, which need not
+// come at the same moment. So where there is a CPU side, a third ledger counts every allocation
+// and free of both devices from the start of the run (RankMemory::both), with its own per-step
+// figures; the reference's memory comparison reads that one under offload.
+struct OneMemory {
+  std::shared_ptr<MemoryLedger> both;
+  Device *dev = nullptr, *cpu = nullptr;
+  OneMemory(Device& d, Device* c) {
+    if (c == nullptr) return;
+    dev = &d, cpu = c, both = std::make_shared<MemoryLedger>();
+    for (std::size_t k = 0; k < kMemCategories; ++k) {  // what either holds already
+      const std::int64_t live = d.memory().live()[k] + c->memory().live()[k];
+      if (live > 0) both->on_alloc(static_cast<MemCategory>(k), live, "(before the run)");
+    }
+    both->reset_peak();
+    d.memory().also_count_in(both);
+    c->memory().also_count_in(both);
+  }
+  ~OneMemory() {
+    if (dev != nullptr) dev->memory().also_count_in(nullptr), cpu->memory().also_count_in(nullptr);
+  }
+  OneMemory(const OneMemory&) = delete;
+  OneMemory& operator=(const OneMemory&) = delete;
+};
+
 RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
                  BatchCache& cache, Device* cpu) {
   const int W = world.size();
   const bool meta = dev.placement() == Placement::meta;
   const bool read_back = spec.record_values && !meta;
   RankRecord rec;
+  const OneMemory one(dev, cpu);
   const Config cfg = Config::from_json(effective_config(spec), W);
   std::unique_ptr<Comm> ep, edp;
   Options opts;
@@ -272,6 +302,8 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   if (cpu != nullptr) {
     rec.memory.cpu = snapshot(*cpu);
     cpu->reset_peak();
+    rec.memory.both.construction = *one.both;
+    one.both->reset_peak();
   }
   auto batch = [&](int s, int m, int c) {
     if (meta) return upload_batch(dev, model->batch_shapes(spec.micro_batch), cfg.model_dtype());
@@ -281,8 +313,9 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
   for (int s = 0; s < spec.steps; ++s) {
     double loss_sum = 0;
-    StepMemory step_memory;
+    StepMemory step_memory, both_step;
     dev.memory().reset_window_peak();
+    if (one.both) one.both->reset_window_peak();
     for (int m = 0; m < ga; ++m) {
       auto chunks = [&] {
         for (int c = 0; c < spec.n_backward; ++c) {
@@ -291,7 +324,10 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
             engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
           }
           const Engine::Loss loss = engine.forward(mine);
-          if (m == 0 && c == 0) step_memory.after_forward = dev.memory().live_total();
+          if (m == 0 && c == 0) {
+            step_memory.after_forward = dev.memory().live_total();
+            if (one.both) both_step.after_forward = one.both->live_total();
+          }
           loss_sum += loss.value;
           engine.backward(loss);
         }
@@ -311,6 +347,11 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
     step_memory.peak = dev.memory().window_peak();
     step_memory.after_step = dev.memory().live_total();
     rec.memory.device.per_step.push_back(step_memory);
+    if (one.both) {
+      both_step.peak = one.both->window_peak();
+      both_step.after_step = one.both->live_total();
+      rec.memory.both.per_step.push_back(both_step);
+    }
     rec.skipped_steps.push_back(engine.skipped_steps());
     if (read_back) {  // a meta run has no values to read back
       rec.params.push_back(counted_apart(groups, rec.getter_comm, [&] { return engine.full_params(); }));
@@ -325,7 +366,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   rec.comm = world.stats();
   rec.group_comm = group_stats(ep.get(), edp.get());
   finish(rec.memory.device, dev);
-  if (cpu != nullptr) finish(rec.memory.cpu, *cpu);
+  if (cpu != nullptr) finish(rec.memory.cpu, *cpu), rec.memory.both.steps = *one.both;
   rec.step_device_ops = minus(dev.counters(), dev_ops0);
   if (cpu != nullptr) rec.step_cpu_ops = minus(cpu->counters(), cpu_ops0);
   if (const OffloadStats* o = engine.optimizer().offload_stats()) {

@@ -82,6 +82,9 @@ struct DeviceMemory {
 struct RankMemory {
   DeviceMemory device;  // the accelerator (the rank's Device)
   DeviceMemory cpu;     // the CPU side of offload (RankContext::cpu)
+  // Both as one memory, where the run has a CPU side (Note [The device and the CPU as one memory]
+  // in training_run.cpp): what a CPU-only run of the same code holds.
+  DeviceMemory both;
 };
 
 struct RunResult {

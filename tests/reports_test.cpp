@@ -483,17 +483,20 @@ TEST(ReportsText, ReferenceMemoryTableInMarkdownAndHtml) {
   props::VerifyReport r = passing_report();
   r.reference = {{"deepspeed", "0.19.8"}, {"holds", true},
                  {"memory",
-                  {{"scenarios", 7}, {"exact", 1}, {"within_1pct", 2}, {"beyond", 3}, {"not_measured", 1},
-                   {"rows", {{{"row", "stage 1 | synthetic | offload none | f32"}, {"scenarios", 7}, {"exact", 1},
-                              {"within_1pct", 2}, {"beyond", 3}, {"not_measured", 1}}}},
-                   {"categories", {{{"category", "master"}, {"figures", 8}, {"exact", 7}, {"within_1pct", 8}}}},
+                  {{"scenarios", 8}, {"exact", 1}, {"listed", 1}, {"within_1pct", 2}, {"beyond", 3}, {"not_measured", 1},
+                   {"rows", {{{"row", "stage 1 | synthetic | offload none | f32"}, {"scenarios", 8}, {"exact", 1},
+                              {"listed", 1}, {"within_1pct", 2}, {"beyond", 3}, {"not_measured", 1}}}},
+                   {"categories", {{{"category", "master"}, {"figures", 8}, {"exact", 6}, {"listed", 1}, {"within_1pct", 7}}}},
+                   {"listed_by_class", {{"offload-param-cpu-partition-not-copied", 1}}},
                    {"examples", {{{"scenario", "z1 w2"}, {"differences", {"rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B"}}}}},
                    {"errors", {{{"scenario", "z3 w2"}, {"error", "refused by both: x"}}}}}}};
   const std::string md = markdown_report(r);
   EXPECT_NE(md.find("### Memory: DeepSpeed's CPU allocations against the engine's ledger"), std::string::npos) << md;
-  EXPECT_NE(md.find("7 scenarios: every figure"), std::string::npos) << md;
-  EXPECT_NE(md.find("| stage 1 \\| synthetic \\| offload none \\| f32 | 7 | 1 | 2 | 3 | 1 |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| master | 8 | 7 | 8 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("8 scenarios: every figure"), std::string::npos) << md;
+  EXPECT_NE(md.find("equal but for listed memory classes in 1"), std::string::npos) << md;
+  EXPECT_NE(md.find("| stage 1 \\| synthetic \\| offload none \\| f32 | 8 | 1 | 1 | 2 | 3 | 1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| master | 8 | 6 | 1 | 7 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("- memory class `offload-param-cpu-partition-not-copied`: 1 scenarios"), std::string::npos) << md;
   EXPECT_NE(md.find("- z1 w2: rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B;"), std::string::npos) << md;
   EXPECT_NE(md.find("- not measured: z3 w2: refused by both: x"), std::string::npos) << md;
   const std::string html = html_report(r);
@@ -501,6 +504,7 @@ TEST(ReportsText, ReferenceMemoryTableInMarkdownAndHtml) {
   EXPECT_NE(html.find("id=\"reference-memory-categories\""), std::string::npos);
   EXPECT_NE(html.find("stage 1 | synthetic | offload none | f32"), std::string::npos);
   EXPECT_NE(html.find("not measured in 1"), std::string::npos);
+  EXPECT_NE(html.find("equal but for listed memory classes in 1"), std::string::npos);
 }
 
 // ---- errors ----
