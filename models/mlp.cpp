@@ -115,7 +115,10 @@ HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, con
 // before relu is freed once relu has run (relu's backward masks by the result, which is positive
 // exactly where its input is); the last layer's output is saved by nothing (the loss's product
 // saves c, the factor that needs no grad) and lives until the forward returns. A layer output
-// that no backward reads is a temporary, the kept ones activations.
+// that no backward reads is a temporary, the kept ones activations. Each saved tensor is freed
+// once the last node that reads it has run, the batch's x and c included: DeepSpeed's run drops
+// the batch after the backward, and holding them to the next forward was 40 B more after each
+// step on a [3,4,2] MLP.
 Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x, bool kept) {
   l.run_pre_forward();
   Tensor h = dev.alloc(dtype_, {x.dim(0), l.out_features}, l.path() + ".out",
