@@ -53,7 +53,7 @@ void Zero3Optimizer::reduce_independent_p_g_buckets_and_remove_grads(Shard& s) {
   if (!p.grad.defined()) throw UsageError(fmt::format("rank {}: reduce of param {} with a None gradient", rank_, p.name));
   if (contiguous_ && !add.oversize) {  // else the oversize-param path: reduced from its own .grad
     Tensor slot = bucket_.narrow(add.offset, s.numel);
-    dev_.copy(slot, p.grad.view({s.numel}));
+    dev_.cast(slot, p.grad.view({s.numel}));  // into the communication dtype (param.grad.data = the slot)
     p.grad = slot.view(p.shape);
   }
   bucket_params_.push_back(&s);
@@ -68,13 +68,22 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
   std::sort(params.begin(), params.end(), [](Shard* a, Shard* b) { return a->p->id < b->p->id; });
   std::int64_t chunks = 0;
   for (Shard* s : params) chunks += s->shard_numel;
-  Tensor in = dev_.alloc(dtype_, {chunks * world_}, "reduce_scatter_in",
+  // __avg_scatter_grads: each gradient in the communication dtype (the ipg bucket's already are;
+  // another is cast, g.to(communication_data_type), a tensor held until the call returns), then
+  // interleaved into one flat input in that dtype.
+  Tensor in = dev_.alloc(comm_dtype_, {chunks * world_}, "reduce_scatter_in",
                          MemCategory::comm_buffers);  // [world * chunks]
+  std::vector<Tensor> cast_grads;
   // Per param, two strided copies whatever the world: the ranks whose chunk is full, then the
   // one with a partial chunk (the rest of the chunks stay zero padding).
   std::int64_t col = 0;  // the param's offset within each rank's section
   for (Shard* s : params) {
-    const Tensor g = s->p->grad.view({s->numel});
+    Tensor g = s->p->grad.view({s->numel});
+    if (g.dtype() != comm_dtype_) {
+      cast_grads.push_back(dev_.alloc(comm_dtype_, {s->numel}, s->p->name + ".grad_comm", MemCategory::comm_buffers));
+      dev_.cast(cast_grads.back(), g);
+      g = cast_grads.back();
+    }
     const std::int64_t full = s->numel / s->shard_numel;  // ranks whose chunk is all real
     ZC_ASSERT(decide::zero3_shard_real_numel<std::int64_t>(s->numel, world_, 0) ==
                   std::min(s->numel, s->shard_numel), "{}: rank 0's chunk", s->p->name);
@@ -89,9 +98,6 @@ void Zero3Optimizer::reduce_and_partition_ipg_grads() {
     }
     col += s->shard_numel;
   }
-  // __avg_scatter_grads casts each grad to the comm dtype before the pre-division (Note [The
-  // communication dtype]); a cast of the interleaved input is the same elements.
-  in = comm_image(in, "reduce_scatter_in_comm");
   dev_.div(in, static_cast<double>(world_));
   Pending pend;
   pend.params = std::move(params);

@@ -96,8 +96,8 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   grad_partition_ = dev_.alloc(accum_dtype_, {pn}, "grad_partitions", MemCategory::grads);
   if (offload_opt) fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "fp32_grad_partition",
                                                 MemCategory::grads);
-  bucket_capacity_ = bucket_size_;  // reduce_bucket_size elements, as stage3.py:782 allocates
-  if (contiguous_) bucket_ = dev_.alloc(dtype_, {bucket_capacity_}, "ipg_buffer",
+  bucket_capacity_ = bucket_size_;  // reduce_bucket_size elements in the comm dtype: stage3.py:477, :782
+  if (contiguous_) bucket_ = dev_.alloc(comm_dtype_, {bucket_capacity_}, "ipg_buffer",
                                         MemCategory::ipg_buckets);
   already_reduced_.assign(shards_.size(), 0);
   // create_reduce_and_remove_grad_hooks (stage3.py:1487-1531): each trainable param is gathered

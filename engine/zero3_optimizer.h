@@ -144,7 +144,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   Tensor fp32_grad_cpu_;   // [partition_numel] f32, offload_optimizer only
   std::unique_ptr<BaseOptimizer> base_;
   std::int64_t bucket_capacity_ = 0;
-  Tensor bucket_;          // [capacity] model dtype (contiguous_gradients)
+  Tensor bucket_;          // [capacity] communication dtype (contiguous_gradients)
   std::int64_t bucket_elements_ = 0;
   std::vector<Shard*> bucket_params_;
   std::vector<char> already_reduced_;
