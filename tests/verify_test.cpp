@@ -498,6 +498,42 @@ TEST(DeepSpeedMemoryRecord, ComparesTotalsCategoriesAndStepsRankByRank) {
   EXPECT_FALSE((MemoryFigure{"x", 1011, 1000, "total", ""}.within_1pct()));
 }
 
+// Note [The device and the CPU as one memory]: under offload the comparison reads the ledger both
+// devices feed, whose peaks are those of their sum (the full params on the device, then the
+// partition on the CPU: 104 B at once, not 104 + 52).
+TEST(DeepSpeedMemoryRecord, UnderOffloadTheDeviceAndTheCpuAreOneMemory) {
+  MemoryLedger dev, cpu;
+  auto both = std::make_shared<MemoryLedger>();
+  dev.also_count_in(both);
+  cpu.also_count_in(both);
+  dev.on_alloc(MemCategory::params, 104, "full params");
+  cpu.on_alloc(MemCategory::master, 52, "fp32 partition");
+  dev.on_free(MemCategory::params, 104);
+  cpu.on_alloc(MemCategory::params, 52, "partition");
+  EXPECT_EQ(both->peak()[0], 104);
+  EXPECT_EQ(dev.peak()[0] + cpu.peak()[0], 156);
+  EXPECT_EQ(both->peak_total(), 156);
+  MemoryLedger snapshot = cpu;  // a copy forwards nothing
+  snapshot.on_alloc(MemCategory::grads, 8, "g");
+  EXPECT_EQ(both->live_total(), 104);
+  RunResult sim;
+  sim.ranks = {0};
+  sim.memory.resize(1);
+  sim.memory[0].device.construction = dev;
+  sim.memory[0].cpu.construction = cpu;
+  sim.memory[0].both.construction = *both;
+  DeepSpeedMemory ds;
+  ds.construction.peak = 156;
+  ds.construction.peak_by_category[0] = 104;
+  ds.construction.peak_by_category[2] = 52;
+  const DeepSpeedMemoryComparison c = compare_memory(sim, {ds});
+  EXPECT_EQ(c.verdict(), "exact") << fmt::format("{}", fmt::join(c.differences(10), "; "));
+  ASSERT_EQ(c.figures.size(), 4u);  // the totals too, under offload (the steps' 0 against 0)
+  EXPECT_EQ(c.figures[0].what, "rank 0 construction peak");
+  EXPECT_EQ(c.figures[1].what, "rank 0 construction peak of params");
+  EXPECT_EQ(c.figures[2].what, "rank 0 construction peak of master");
+}
+
 // A divergence list of one class, `extra` merged into a memory class's entry.
 std::filesystem::path write_classes(const std::string& name, const nlohmann::json& extra) {
   nlohmann::json c = {{"id", "late-temporary"}, {"summary", "s"}, {"deepspeed", "x.py:1"}, {"when", {{"stage", {0}}}},
