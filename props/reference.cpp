@@ -473,6 +473,7 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     RunSpec quiet = beside_deepspeed();
     quiet.collect_grads = false;
     quiet.record_values = false;
+    quiet.one_memory = s.offload != "none";
     if (std::getenv("ZC_DS_MEMORY_DUMP") != nullptr) {  // the steps' ledger event by event, for the dump below
       quiet.after_init = [](int, Engine& e) { e.device().memory().enable_timeline(1u << 20); };
     }

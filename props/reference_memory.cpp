@@ -143,20 +143,13 @@ DeepSpeedMemoryComparison compare_memory(const RunResult& sim, const std::vector
   for (std::size_t k = 0; k < sim.ranks.size() && k < sim.memory.size(); ++k) {
     const int rank = sim.ranks[k];
     if (rank < 0 || static_cast<std::size_t>(rank) >= ds.size()) continue;
-    const DeviceMemory& cpu = sim.memory[k].cpu;
     const DeepSpeedMemory& d = ds[static_cast<std::size_t>(rank)];
-    // Offload puts model states in the CPU ledger, and DeepSpeed's CPU run holds them in its one
-    // memory: the engine's figures are then those of its two devices as one (RankMemory::both).
-    // What a GPU run keeps in host memory beside the model (deepspeed.checkpointing's size
-    // tensors) DeepSpeed's side keeps apart, so without offload the device alone is compared.
-    auto holds_model_states = [](const MemoryLedger& l) {
-      for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::master, MemCategory::optimizer_states}) {
-        if (l.peak()[static_cast<std::size_t>(c)] > 0) return true;
-      }
-      return false;
-    };
-    const bool offload = holds_model_states(cpu.construction) || holds_model_states(cpu.steps);
-    const DeviceMemory& dev = offload ? sim.memory[k].both : sim.memory[k].device;
+    // Under offload DeepSpeed's CPU run holds the model states in its one memory, and the run
+    // counted its two devices as one too (RunSpec::one_memory): those figures are compared. What
+    // a GPU run keeps in host memory beside the model (deepspeed.checkpointing's size tensors)
+    // DeepSpeed's side keeps apart, so without offload the device alone is compared.
+    const std::optional<DeviceMemory>& both = sim.memory[k].both;
+    const DeviceMemory& dev = both ? *both : sim.memory[k].device;
     auto add = [&](std::string what, std::int64_t z, std::int64_t dsb, std::string category = "total") {
       out.figures.push_back({fmt::format("rank {} {}", rank, what), z, dsb, std::move(category), ""});
     };

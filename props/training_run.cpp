@@ -236,14 +236,14 @@ namespace {
 // memories. DeepSpeed's reference runs on the CPU accelerator, where the two are one: its peak
 // is the peak of their sum, and a category's peak (params at construction: the full params on the
 // device, then the partition on the CPU) is not the sum of the two ledgers' peaks, which need not
-// come at the same moment. So where there is a CPU side, a third ledger counts every allocation
-// and free of both devices from the start of the run (RankMemory::both), with its own per-step
-// figures; the reference's memory comparison reads that one under offload.
+// come at the same moment. So where the run asks for it (RunSpec::one_memory: the reference's
+// memory comparison under offload), a third ledger counts every allocation and free of both
+// devices from the start of the run (RankMemory::both), with its own per-step figures.
 struct OneMemory {
   std::shared_ptr<MemoryLedger> both;
   Device *dev = nullptr, *cpu = nullptr;
-  OneMemory(Device& d, Device* c) {
-    if (c == nullptr) return;
+  OneMemory(Device& d, Device* c, bool wanted) {
+    if (c == nullptr || !wanted) return;
     dev = &d, cpu = c, both = std::make_shared<MemoryLedger>();
     for (std::size_t k = 0; k < kMemCategories; ++k) {  // what either holds already
       const std::int64_t live = d.memory().live()[k] + c->memory().live()[k];
@@ -260,13 +260,32 @@ struct OneMemory {
   OneMemory& operator=(const OneMemory&) = delete;
 };
 
+// One ledger's figures for one step (StepMemory): its peak over the step, its live bytes after
+// the step's first forward and after the optimizer step. A null ledger records nothing.
+struct StepWindow {
+  MemoryLedger* ledger;
+  StepMemory fig{};
+  explicit StepWindow(MemoryLedger* l) : ledger(l) {
+    if (ledger != nullptr) ledger->reset_window_peak();
+  }
+  void after_forward() {
+    if (ledger != nullptr) fig.after_forward = ledger->live_total();
+  }
+  void close(std::vector<StepMemory>& per_step) {
+    if (ledger == nullptr) return;
+    fig.peak = ledger->window_peak();
+    fig.after_step = ledger->live_total();
+    per_step.push_back(fig);
+  }
+};
+
 RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace* trace,
                  BatchCache& cache, Device* cpu) {
   const int W = world.size();
   const bool meta = dev.placement() == Placement::meta;
   const bool read_back = spec.record_values && !meta;
   RankRecord rec;
-  const OneMemory one(dev, cpu);
+  const OneMemory one(dev, cpu, spec.one_memory);
   const Config cfg = Config::from_json(effective_config(spec), W);
   std::unique_ptr<Comm> ep, edp;
   Options opts;
@@ -302,7 +321,9 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   if (cpu != nullptr) {
     rec.memory.cpu = snapshot(*cpu);
     cpu->reset_peak();
-    rec.memory.both.construction = *one.both;
+  }
+  if (one.both) {
+    rec.memory.both.emplace().construction = *one.both;
     one.both->reset_peak();
   }
   auto batch = [&](int s, int m, int c) {
@@ -313,9 +334,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   if (spec.coalesce && ga != 1) throw UsageError("RunSpec: coalesce needs gradient_accumulation_steps 1");
   for (int s = 0; s < spec.steps; ++s) {
     double loss_sum = 0;
-    StepMemory step_memory, both_step;
-    dev.memory().reset_window_peak();
-    if (one.both) one.both->reset_window_peak();
+    StepWindow dev_step(&dev.memory()), both_step(one.both.get());
     for (int m = 0; m < ga; ++m) {
       auto chunks = [&] {
         for (int c = 0; c < spec.n_backward; ++c) {
@@ -324,10 +343,7 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
             engine.set_gradient_accumulation_boundary(m + 1 == ga && c + 1 == spec.n_backward);
           }
           const Engine::Loss loss = engine.forward(mine);
-          if (m == 0 && c == 0) {
-            step_memory.after_forward = dev.memory().live_total();
-            if (one.both) both_step.after_forward = one.both->live_total();
-          }
+          if (m == 0 && c == 0) dev_step.after_forward(), both_step.after_forward();
           loss_sum += loss.value;
           engine.backward(loss);
         }
@@ -344,14 +360,8 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
       }
       engine.step();
     }
-    step_memory.peak = dev.memory().window_peak();
-    step_memory.after_step = dev.memory().live_total();
-    rec.memory.device.per_step.push_back(step_memory);
-    if (one.both) {
-      both_step.peak = one.both->window_peak();
-      both_step.after_step = one.both->live_total();
-      rec.memory.both.per_step.push_back(both_step);
-    }
+    dev_step.close(rec.memory.device.per_step);
+    if (one.both) both_step.close(rec.memory.both->per_step);
     rec.skipped_steps.push_back(engine.skipped_steps());
     if (read_back) {  // a meta run has no values to read back
       rec.params.push_back(counted_apart(groups, rec.getter_comm, [&] { return engine.full_params(); }));
@@ -366,7 +376,8 @@ RankRecord train(const RunSpec& spec, int rank, Device& dev, Comm& world, Trace*
   rec.comm = world.stats();
   rec.group_comm = group_stats(ep.get(), edp.get());
   finish(rec.memory.device, dev);
-  if (cpu != nullptr) finish(rec.memory.cpu, *cpu), rec.memory.both.steps = *one.both;
+  if (cpu != nullptr) finish(rec.memory.cpu, *cpu);
+  if (one.both) rec.memory.both->steps = *one.both;
   rec.step_device_ops = minus(dev.counters(), dev_ops0);
   if (cpu != nullptr) rec.step_cpu_ops = minus(cpu->counters(), cpu_ops0);
   if (const OffloadStats* o = engine.optimizer().offload_stats()) {

@@ -64,6 +64,10 @@ struct RunSpec {
   sim::SimOptions sim;
   // engine.destroy() after the last step (the lifecycle I3 checks).
   bool destroy_at_end = false;
+  // Count the device and the CPU side as one memory too (RankMemory::both; Note [The device and
+  // the CPU as one memory] in training_run.cpp): the DeepSpeed comparison sets it under offload,
+  // whose reference holds both in one memory. One more ledger update per allocation, so off else.
+  bool one_memory = false;
   // Called on every rank once its Engine is built, before compile() and training (e.g. to
   // register_external_parameter).
   std::function<void(int, Engine&)> after_init;
@@ -82,9 +86,9 @@ struct DeviceMemory {
 struct RankMemory {
   DeviceMemory device;  // the accelerator (the rank's Device)
   DeviceMemory cpu;     // the CPU side of offload (RankContext::cpu)
-  // Both as one memory, where the run has a CPU side (Note [The device and the CPU as one memory]
-  // in training_run.cpp): what a CPU-only run of the same code holds.
-  DeviceMemory both;
+  // Both as one memory, where RunSpec::one_memory asked for it (Note [The device and the CPU as
+  // one memory] in training_run.cpp): what a CPU-only run of the same code holds.
+  std::optional<DeviceMemory> both;
 };
 
 struct RunResult {

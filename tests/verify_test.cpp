@@ -521,7 +521,7 @@ TEST(DeepSpeedMemoryRecord, UnderOffloadTheDeviceAndTheCpuAreOneMemory) {
   sim.memory.resize(1);
   sim.memory[0].device.construction = dev;
   sim.memory[0].cpu.construction = cpu;
-  sim.memory[0].both.construction = *both;
+  sim.memory[0].both.emplace().construction = *both;
   DeepSpeedMemory ds;
   ds.construction.peak = 156;
   ds.construction.peak_by_category[0] = 104;
@@ -532,6 +532,33 @@ TEST(DeepSpeedMemoryRecord, UnderOffloadTheDeviceAndTheCpuAreOneMemory) {
   EXPECT_EQ(c.figures[0].what, "rank 0 construction peak");
   EXPECT_EQ(c.figures[1].what, "rank 0 construction peak of params");
   EXPECT_EQ(c.figures[2].what, "rank 0 construction peak of master");
+}
+
+// The engine counts the one memory only where asked (the reference's comparison under offload):
+// ZeRO-3 with offload_param builds the full params on the device and keeps the partition on the
+// CPU, so the one memory's construction peak of params is the device's, not the two peaks summed.
+TEST(DeepSpeedMemoryRecord, TheOneMemoryIsCountedWhereTheRunAsksForIt) {
+  Scenario s;
+  s.world = 1;
+  s.stage = 3;
+  s.model = "mlp";
+  s.shape = {3, 4, 2};
+  s.steps = 1;
+  s.offload = "param";
+  RunSpec spec = to_run_spec(s, {}, {});
+  spec.record_values = false;
+  spec.collect_grads = false;
+  EXPECT_FALSE(run_on_sim(spec).memory.at(0).both.has_value());
+  spec.one_memory = true;
+  const RunResult r = run_on_sim(spec);
+  const RankMemory& m = r.memory.at(0);
+  ASSERT_TRUE(m.both.has_value());
+  const auto params = static_cast<std::size_t>(MemCategory::params);
+  const std::int64_t dev = m.device.construction.peak()[params], cpu = m.cpu.construction.peak()[params];
+  EXPECT_GT(cpu, 0);
+  EXPECT_EQ(m.both->construction.peak()[params], std::max(dev, cpu)) << dev << " + " << cpu;
+  EXPECT_EQ(m.both->steps.live_total(), m.device.steps.live_total() + m.cpu.steps.live_total());
+  EXPECT_EQ(m.both->per_step.size(), 1u);
 }
 
 // A divergence list of one class, `extra` merged into a memory class's entry.
