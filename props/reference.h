@@ -97,7 +97,7 @@ struct MemoryFigure {
   std::string what;
   std::int64_t zerocheck = 0, deepspeed = 0;
   std::string category = "total";  // a MemCategory's name, or "total" for a peak or a mark of every category
-  std::string listed;              // the divergence class that explains the difference, if one does
+  std::string listed;              // the class that explains the difference, if one does (never on an exact figure)
   bool exact() const { return zerocheck == deepspeed; }
   bool within_1pct() const;  // |zerocheck - deepspeed| <= 1 % of DeepSpeed's (exact when it is 0)
 };

@@ -137,12 +137,8 @@ void list_memory_differences(const Scenario& s, DeepSpeedMemoryComparison& c, co
   for (MemoryFigure& f : c.figures) {
     f.listed.clear();
     if (f.exact()) continue;
-    for (const DivergenceClass& k : classes) {
-      if (class_covers_memory(k, s, f)) {
-        f.listed = k.id;
-        break;
-      }
-    }
+    const auto by = std::find_if(classes.begin(), classes.end(), [&](const DivergenceClass& k) { return class_covers_memory(k, s, f); });
+    if (by != classes.end()) f.listed = by->id;
   }
 }
 
@@ -154,14 +150,8 @@ ReferenceVerdict classify(const Scenario& s, const ReferenceComparison& c, const
   v.values_match = v.comm_match = !v.refused;
   for (const FieldDiff& d : c.diffs) (d.field.rfind("comm:", 0) == 0 ? v.comm_match : v.values_match) = false;
   for (const FieldDiff& d : c.diffs) {
-    const DivergenceClass* by = nullptr;
-    for (const DivergenceClass& k : classes) {
-      if (class_covers(k, s, d)) {
-        by = &k;
-        break;
-      }
-    }
-    if (by == nullptr) {
+    const auto by = std::find_if(classes.begin(), classes.end(), [&](const DivergenceClass& k) { return class_covers(k, s, d); });
+    if (by == classes.end()) {
       std::string ulps = d.max_ulps >= 0 ? fmt::format(" ({} ulp at most)", d.max_ulps) : "";
       if (d.max_rel >= 0) ulps += fmt::format(" (max |difference| {:.3g} of the largest value)", d.max_rel);
       if (v.verdict.holds) v.verdict.failure = fmt::format("unlisted divergence in {}{}: {}", d.field, ulps, d.detail);
