@@ -81,8 +81,11 @@ struct DeepSpeedMemoryPhase {
   // from `peak` and the categories: its own peak over the phase.
   std::int64_t cpu_backend_peak = 0;
   // What a GPU run keeps in host memory (checkpoints' RNG states, deepspeed.checkpointing's size
-  // tensors), apart likewise.
+  // tensors, the 0-dim tensors torch wraps Python numbers in), apart likewise.
   std::int64_t host_peak = 0;
+  // What only torch's CPU kernels allocate: the cast of a Python number to the op's dtype
+  // (memory.py's CPU_KERNEL; a CUDA kernel casts it in registers), apart likewise.
+  std::int64_t cpu_kernel_peak = 0;
 };
 struct DeepSpeedMemory {
   DeepSpeedMemoryPhase construction;

@@ -23,7 +23,9 @@ Each allocation gets one category, first match wins:
    flat buffer; gathered_params for the params ZeRO-3 gathers; grads for ZeRO-3's step partition);
    a gathered param that autograd saves stays a gathered param; the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
    and autograd's backward, to activations; torch's RNG state to HOST (kept apart);
-4. the rest is temporaries (0-dim norms and flags, casts).
+4. a Python number an op takes, wrapped in a 0-dim tensor (HOST), and the CPU kernel's cast of it
+   (CPU_KERNEL): kept apart, as a GPU run holds neither in device memory;
+5. the rest is temporaries (0-dim norms and flags, casts).
 
 The recorder's own reads (the twin's full grads, params and states) run inside excluded(): what they
 allocate and free there is not counted; what survives the region (ZeRO-3's re-gather of the params
@@ -47,7 +49,14 @@ CPU_BACKEND = "cpu_backend"
 # accelerator state is torch's CPU state here), and deepspeed.checkpointing's size tensors under
 # partition_activations (torch.tensor(arg.size()), always a CPU tensor). Kept apart like CPU_BACKEND.
 HOST = "host"
-KEPT_APART = (CPU_BACKEND, HOST)
+# A Python number an op takes (tensor.div_(w), loss * scale): torch wraps it in a 0-dim CPU tensor
+# (scalar_to_tensor, no aten op around it), which a GPU run keeps on the host too (HOST). Where
+# the op's dtype differs (an f32 tensor by a Python float), the CPU kernel's TensorIterator casts
+# that scalar through a temporary (aten::to inside the op); a CUDA kernel reads a CPU scalar as an
+# argument and casts it in registers, so on a GPU that temporary does not exist at all: CPU_KERNEL.
+# Both kept apart (the engine keeps the numbers it divides and scales by on the host).
+CPU_KERNEL = "cpu_kernel"
+KEPT_APART = (CPU_BACKEND, HOST, CPU_KERNEL)
 # The transformer twin's code, the functions that run a checkpointed layer and ZeRO-3's linear
 # (DeepSpeed's replacement of F.linear under ZeRO-3, the model's own matmuls): what they allocate
 # (every intermediate of the forward, kept or not, the layers' outputs under no_grad, the
@@ -295,6 +304,37 @@ def _context(e):
     return tuple(out)
 
 
+def _is_alloc(e):
+    return str(e.tag).endswith("Allocation")
+
+
+def _cpu_scalar(e):
+    """HOST for a Python number's wrapped 0-dim tensor, CPU_KERNEL for the CPU kernel's cast of it
+    inside the op that takes it (see CPU_KERNEL), else None. The wrapped number: at most 8 bytes,
+    allocated with no aten op around it, directly under a Python frame or builtin method. Its cast:
+    at most 8 bytes, empty_strided <- _to_copy <- to <- an aten op, whose caller's last allocation
+    before the op is a wrapped number."""
+    size = e.extra_fields.alloc_size
+    if not 0 < size <= SCALAR_BYTES or e.parent is None:
+        return None
+    p = e.parent
+    name = _name(p)
+    if not name.startswith("aten::"):
+        return HOST if (".py(" in name or name.startswith("<built-in")) else None
+    chain = [p]
+    while len(chain) < 4 and chain[-1].parent is not None:
+        chain.append(chain[-1].parent)
+    if len(chain) < 4 or [_name(x) for x in chain[:3]] != ["aten::empty_strided", "aten::_to_copy", "aten::to"]:
+        return None
+    op, caller = chain[3], chain[3].parent
+    if not _name(op).startswith("aten::") or caller is None:
+        return None
+    before = [c for c in caller.children if _is_alloc(c) and c.start_time_ns <= op.start_time_ns]
+    if before and _cpu_scalar(before[-1]) == HOST:
+        return CPU_KERNEL
+    return None
+
+
 def _tree(prof):
     """(allocations, markers, excluded ranges, reading ranges) from the profiler's event tree, in time order."""
     roots = prof.profiler.kineto_results.experimental_event_tree()
@@ -302,11 +342,11 @@ def _tree(prof):
     stack = list(reversed(roots))
     while stack:
         e = stack.pop()
-        if str(e.tag).endswith("Allocation"):
+        if _is_alloc(e):
             ef = e.extra_fields
             if ef.device.type == "cpu":
                 allocs.append({"t": e.start_time_ns, "size": ef.alloc_size, "ptr": ef.ptr, "total": ef.total_allocated,
-                               "ctx": _context(e) if ef.alloc_size > 0 else (),
+                               "ctx": _context(e) if ef.alloc_size > 0 else (), "scalar": _cpu_scalar(e),
                                "op": _name(e.parent) if LOG and e.parent is not None and ef.alloc_size > 0 else ""})
             continue
         name = _name(e)
@@ -468,6 +508,9 @@ def analyse(rec):
     for a in events:
         if a["size"] > 0 and "moved_to" in a and a.get("how") != "identity":
             dropped.add(id(a))
+    for a in events:
+        if a["size"] > 0 and "cat" not in a and a.get("scalar") is not None:
+            a["cat"], a["how"] = a["scalar"], "a Python number's scalar"
     for a in events:
         if a["size"] > 0 and "cat" not in a:
             cat = category_by_site(a["ctx"])

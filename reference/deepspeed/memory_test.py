@@ -1,4 +1,4 @@
-"""Tests memory.py's reading of the profiler's record, without a profiler or DeepSpeed running.
+"""Tests memory.py's reading of the profiler's record, without DeepSpeed running.
 
 Run by ctest (deepspeed_memory_rules, deepspeed label) with the reference environment's python:
     python memory_test.py
@@ -6,7 +6,8 @@ Checks that events the profiler put out of the allocator's order (gloo's threads
 the order of the allocator's running total, while a lost event still fails the chain; and the
 categories by call site: the transformer twin's code and the checkpoint functions are
 activations, unless a DeepSpeed frame inside them decides (ZeRO-3's gathers); torch's RNG state
-is kept apart (host); gloo's staging is kept apart (cpu_backend). Exits 0 when every check
+is kept apart (host); gloo's staging is kept apart (cpu_backend); a Python number an op takes is
+kept apart (host), and the CPU kernel's cast of it (cpu_kernel), read from a real profile. Exits 0 when every check
 holds, else prints the first that failed and exits 1.
 """
 import os
@@ -83,6 +84,23 @@ def main():
           == memory.HOST, "deepspeed.checkpointing's size tensors: host")
     check(memory.category_by_site([run, c10d]) == memory.CPU_BACKEND, "gloo's staging: cpu_backend")
     check(memory.category_by_site([run]) is None, "the loop's own allocations: no site")
+
+    # A Python number an op takes, read from torch's own profiler: the wrapped 0-dim tensor is host
+    # memory, the CPU kernel's cast of it to the op's dtype cpu_kernel; the ops' outputs (a 64 B
+    # product, the 0-dim sum and quotient a GPU holds in device memory too) are neither.
+    import torch
+    t = torch.ones(16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                with_stack=True) as prof:
+        t.div_(2.0)
+        u = t * 3.0
+        n = t.sum() / 4
+    del u, n
+    allocs = memory._tree(prof)[0]
+    seen = [(a["size"], a["scalar"]) for a in allocs if a["size"] > 0]
+    H, K = memory.HOST, memory.CPU_KERNEL
+    want = [(8, H), (4, K), (8, H), (4, K), (64, None), (4, None), (8, H), (4, K), (4, None)]
+    check(seen == want, f"a Python number's scalar and its cast: {seen}, want {want}")
     if failures:
         print("memory_test: " + failures[0])
         return 1
