@@ -308,12 +308,14 @@ def _is_alloc(e):
     return str(e.tag).endswith("Allocation")
 
 
-def _cpu_scalar(e):
+def _cpu_scalar(e, last_under):
     """HOST for a Python number's wrapped 0-dim tensor, CPU_KERNEL for the CPU kernel's cast of it
     inside the op that takes it (see CPU_KERNEL), else None. The wrapped number: at most 8 bytes,
     allocated with no aten op around it, directly under a Python frame or builtin method. Its cast:
     at most 8 bytes, empty_strided <- _to_copy <- to <- an aten op, whose caller's last allocation
-    before the op is a wrapped number."""
+    before the op is a wrapped number. last_under: each event's (by id) last allocation child so
+    far, as _tree's walk (in time order) has classified it: a frame running thousands of ops is
+    not searched again for each."""
     size = e.extra_fields.alloc_size
     if not 0 < size <= SCALAR_BYTES or e.parent is None:
         return None
@@ -329,24 +331,25 @@ def _cpu_scalar(e):
     op, caller = chain[3], chain[3].parent
     if not _name(op).startswith("aten::") or caller is None:
         return None
-    before = [c for c in caller.children if _is_alloc(c) and c.start_time_ns <= op.start_time_ns]
-    if before and _cpu_scalar(before[-1]) == HOST:
-        return CPU_KERNEL
-    return None
+    return CPU_KERNEL if last_under.get(caller.id) == HOST else None
 
 
 def _tree(prof):
     """(allocations, markers, excluded ranges, reading ranges) from the profiler's event tree, in time order."""
     roots = prof.profiler.kineto_results.experimental_event_tree()
     allocs, marks, excluded, reading, labelled = [], [], [], [], []
+    last_under = {}  # _cpu_scalar's: an event's id -> its last allocation child's class
     stack = list(reversed(roots))
     while stack:
         e = stack.pop()
         if _is_alloc(e):
             ef = e.extra_fields
+            scalar = _cpu_scalar(e, last_under)
+            if ef.alloc_size > 0 and e.parent is not None:
+                last_under[e.parent.id] = scalar
             if ef.device.type == "cpu":
                 allocs.append({"t": e.start_time_ns, "size": ef.alloc_size, "ptr": ef.ptr, "total": ef.total_allocated,
-                               "ctx": _context(e) if ef.alloc_size > 0 else (), "scalar": _cpu_scalar(e),
+                               "ctx": _context(e) if ef.alloc_size > 0 else (), "scalar": scalar,
                                "op": _name(e.parent) if LOG and e.parent is not None and ef.alloc_size > 0 else ""})
             continue
         name = _name(e)
