@@ -6,7 +6,8 @@
 // Python frames around it. Each allocation is given one of the engine's MemCategory names: by
 // identity first (the storages DeepSpeed's engine and optimizer hold at snapshots after
 // construction and after each forward, backward and step), then tensors autograd saved for
-// backward, then the DeepSpeed function that allocated it, the rest temporaries. The twin's own
+// backward, then (a Python number's 0-dim tensor and its cast kept apart) the DeepSpeed function
+// that allocated it, the rest temporaries. The twin's own
 // staging (zerocheck's values loaded into torch) is excluded, and so is what the recorder's reads
 // allocate, as the engine's ledger counts none of its getters' work either... except where it
 // does (the figures say so when they differ).

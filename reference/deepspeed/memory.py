@@ -18,13 +18,14 @@ Each allocation gets one category, first match wins:
 2. tensors autograd saves for backward (torch.autograd.graph.saved_tensors_hooks) that were
    allocated in the forward (activations), and each param's gradient as autograd hands it to
    AccumulateGrad (a tensor hook on the param: grads);
-3. the allocating call site: SITE_CATEGORIES maps DeepSpeed's functions to a category
+3. a Python number an op takes, wrapped in a 0-dim tensor (HOST), and the CPU kernel's cast of it
+   (CPU_KERNEL): kept apart, as a GPU run holds neither in device memory (before the call site:
+   a reduce-scatter's divisor is not its staging);
+4. the allocating call site: SITE_CATEGORIES maps DeepSpeed's functions to a category
    (comm_buffers for the flattened buckets, reduce-scatter staging and the coalesced all-gather's
    flat buffer; gathered_params for the params ZeRO-3 gathers; grads for ZeRO-3's step partition);
    a gathered param that autograd saves stays a gathered param; the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
    and autograd's backward, to activations; torch's RNG state to HOST (kept apart);
-4. a Python number an op takes, wrapped in a 0-dim tensor (HOST), and the CPU kernel's cast of it
-   (CPU_KERNEL): kept apart, as a GPU run holds neither in device memory;
 5. the rest is temporaries (0-dim norms and flags, casts).
 
 The recorder's own reads (the twin's full grads, params and states) run inside excluded(): what they
