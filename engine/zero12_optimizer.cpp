@@ -227,7 +227,7 @@ std::vector<Zero12Optimizer::Slice> Zero12Optimizer::bucket_slices(const std::ve
     const std::int64_t n = layout_.numels[static_cast<std::size_t>(i)];
     for (std::size_t k = 0; k < parts.size(); ++k) {
       const std::int64_t lo = parts[k].second, hi = k + 1 < parts.size() ? parts[k + 1].second : n;
-      out.push_back({parts[k].first, at + lo, hi - lo});
+      out.push_back({parts[k].first, at + lo, hi - lo, i});
     }
     at += n;
   }
@@ -238,7 +238,8 @@ std::vector<Zero12Optimizer::Slice> Zero12Optimizer::bucket_slices(const std::ve
 // dtype]): gradient_reduction_w_predivide and the fallback's allreduce_bucket before they scale,
 // the reduce_scatter path after its division, which runs on the bucket in its own dtype.
 // pend.reduced is the result in the comm dtype (what the compact fp32 partition adds); a cast
-// result is cast back into `flat` once the reduction completes.
+// result is cast back into `flat` once the reduction completes. The bucket all-reduce keeps its
+// chunks instead (Note [The bucket all-reduce's flat]): each casts its own flat.
 Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std::vector<int> params, bool fallback) {
   Pending pend;
   pend.params = std::move(params);
@@ -269,13 +270,12 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
     return pend;
   }
   dev_.div(flat, w);  // gradient_average: pre-divide by the dp world, in the bucket's dtype
-  const Tensor red = comm_image(flat, "allreduce_bucket_comm");
-  keep(red);
   if (cfg_.zero.use_multi_rank_bucket_allreduce) {
     // rank_and_offsets: each param's slices by owning partition, in bucket order; a slice joins the
     // previous one when both go to the same partition (not for this rank's own slices under the
     // compact fp32 buffer, which each get an output). Then allreduce_and_scatter: a chunk closes as
     // soon as its elements exceed reduce_bucket_size, the last one at the end.
+    pend.bucket = flat;
     std::vector<Slice> entries;
     for (const Slice& sl : bucket_slices(pend.params)) {
       const bool has_output = compact_ && sl.dst == rank_;
@@ -285,19 +285,22 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
         entries.push_back(sl);
       }
     }
-    std::int64_t start = -1, count = 0;
+    std::vector<Slice> chunk;
+    std::int64_t count = 0;
     for (const Slice& e : entries) {
-      if (start < 0) start = e.at;
+      chunk.push_back(e);
       count += e.numel;
       if (count > bucket_size_) {
-        pend.works.push_back(comm_.all_reduce(red.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
-        start = -1;
+        allreduce_chunk(pend, std::move(chunk), count);
+        chunk.clear();
         count = 0;
       }
     }
-    if (start >= 0) pend.works.push_back(comm_.all_reduce(red.narrow(start, count), {.op = ReduceOp::sum, .async_op = overlap_}));
+    if (!chunk.empty()) allreduce_chunk(pend, std::move(chunk), count);
     return pend;
   }
+  const Tensor red = comm_image(flat, "allreduce_bucket_comm");
+  keep(red);
   // Per destination, in order of first appearance: reduce the owner's slices to the owner.
   std::vector<std::pair<int, std::vector<Tensor>>> per_dst;
   for (const Slice& sl : bucket_slices(pend.params)) {
@@ -326,6 +329,78 @@ Zero12Optimizer::Pending Zero12Optimizer::average_tensor(const Tensor& flat, std
   return pend;
 }
 
+// Note [The bucket all-reduce's flat]
+// DeepSpeed's allreduce_and_copy_with_multiple_ranks (stage_1_and_2.py:1516) hands a chunk's slices
+// to allreduce_bucket (:2359), which flattens them into a new buffer in the bucket's dtype and casts
+// that where the communication dtype differs; after the all-reduce each slice this rank owns is
+// copied back from the result (and the compact fp32 partition adds it), the others keep their
+// divided, unreduced values, and the flat goes when the call returns. The engine does the same,
+// one chunk at a time without overlap_comm. A chunk of one slice is not copied: torch's
+// _flatten_dense_tensors returns the tensor itself, so it is reduced in the bucket (cast, where the
+// dtypes differ). With overlap_comm the all-reduce is asynchronous and reads its input after
+// issue, so each chunk's flat lives until the bucket's reduction is waited, but it is counted free
+// at issue, where DeepSpeed lets go of it (on a GPU the caching allocator holds the block for the
+// reduction stream, record_stream, and no longer counts it allocated).
+void Zero12Optimizer::allreduce_chunk(Pending& pend, std::vector<Slice> slices, std::int64_t numel) {
+  Chunk c;
+  if (slices.size() == 1) {
+    // torch's _flatten_dense_tensors of one tensor is a view of it: reduced in the bucket itself.
+    c.flat = pend.bucket.narrow(slices.front().at, numel);
+  } else {
+    c.flat = dev_.alloc(pend.bucket.dtype(), {numel}, "allreduce_bucket_flat",
+                        MemCategory::comm_buffers);  // [chunk] bucket dtype
+    std::int64_t off = 0;
+    for (const Slice& sl : slices) {
+      dev_.copy(c.flat.narrow(off, sl.numel), pend.bucket.narrow(sl.at, sl.numel));
+      off += sl.numel;
+    }
+  }
+  c.comm = comm_image(c.flat, "allreduce_bucket_comm");
+  c.slices = std::move(slices);
+  WorkPtr work = comm_.all_reduce(c.comm, {.op = ReduceOp::sum, .async_op = overlap_});
+  if (overlap_) {
+    // Counted free as DeepSpeed lets go of them, kept until the wait (Note [Stream-ordered free]).
+    if (c.slices.size() > 1) c.flat.storage()->release_accounting();
+    if (c.comm.storage() != c.flat.storage()) c.comm.storage()->release_accounting();
+    pend.works.push_back(std::move(work));
+    pend.chunks.push_back(std::move(c));
+    return;
+  }
+  if (work) work->wait();
+  complete_chunk(pend.bucket, c);
+}
+
+// The own slices back into the bucket from the comm-dtype result; under the compact fp32 buffer
+// where that dtype is not the bucket's, the param's result is kept in fp32 for the epilogue to add
+// (as finish() does for the other paths: only its own slice is read).
+void Zero12Optimizer::complete_chunk(const Tensor& bucket, const Chunk& c) {
+  const bool compact_from_comm = compact_ && c.comm.dtype() != buffer_dtype_;
+  std::int64_t off = 0;
+  for (const Slice& sl : c.slices) {
+    if (sl.dst == rank_) {
+      const Tensor synced = c.comm.narrow(off, sl.numel);
+      const Tensor dst = bucket.narrow(sl.at, sl.numel);
+      if (synced.storage() == dst.storage()) {
+        // reduced in place (a one-slice chunk in the bucket's dtype)
+      } else if (synced.dtype() == dst.dtype()) {
+        dev_.copy(dst, synced);
+      } else {
+        dev_.cast(dst, synced);
+      }
+      if (compact_from_comm) {
+        Parameter& p = *params_[static_cast<std::size_t>(sl.param)];
+        Tensor keep = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".reduced_comm", MemCategory::grads);
+        dev_.fill(keep, 0.0);  // only this rank's slice is read
+        const auto [src, n] = partition_slice(sl.param);
+        ZC_ASSERT(n == sl.numel, "param {}'s own slice is {} elements, its chunk slice {}", sl.param, n, sl.numel);
+        dev_.cast(keep.narrow(src, n), synced);
+        compact_src_[static_cast<std::size_t>(sl.param)] = keep;
+      }
+    }
+    off += sl.numel;
+  }
+}
+
 void Zero12Optimizer::finish(Pending& pend) {
   for (const WorkPtr& w : pend.works) {
     if (w) w->wait();
@@ -334,6 +409,8 @@ void Zero12Optimizer::finish(Pending& pend) {
     dev_.scale(pend.post_scale, cfg_.gradient_predivide_factor / static_cast<double>(averaging_world_));
     pend.post_scale = Tensor();
   }
+  for (const Chunk& c : pend.chunks) complete_chunk(pend.bucket, c);
+  pend.chunks.clear();
   for (auto& [dst, src] : pend.copy_back) {
     if (dst.dtype() == src.dtype()) {
       dev_.copy(dst, src);

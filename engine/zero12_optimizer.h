@@ -50,8 +50,22 @@ class Zero12Optimizer final : public ZeroOptimizer {
   void wait_reduction_stream();
   bool has_gradient_for_reduction(int i) const;
   int num_params() const { return static_cast<int>(params_.size()); }
+  struct Slice {
+    int dst;  // owning partition
+    std::int64_t at, numel;
+    int param;  // the param it is a slice of (merged slices: the first one's)
+  };
+  // One allreduce_and_scatter chunk (Note [The bucket all-reduce's flat]): its slices copied into
+  // a flat of their own, that flat's comm-dtype image (the flat itself where the dtypes agree), and
+  // the slices with their positions in the bucket, in flat order.
+  struct Chunk {
+    Tensor flat, comm;
+    std::vector<Slice> slices;
+  };
   struct Pending {  // an issued reduction and what to do once it completes
     std::vector<WorkPtr> works;
+    std::vector<Chunk> chunks;  // the bucket all-reduce's, completed once `works` are waited
+    Tensor bucket;              // what the chunks' own slices are copied back into
     std::vector<int> params;
     int buffer = -1;  // ipg buffer index, -1 when not a bucket buffer
     std::vector<std::pair<Tensor, Tensor>> copy_back;  // (destination, source) after wait
@@ -69,11 +83,10 @@ class Zero12Optimizer final : public ZeroOptimizer {
   // per owning partition, all-reduced in chunks that close once past reduce_bucket_size
   // (allreduce_and_scatter), or reduced to each owner (use_multi_rank_bucket_allreduce false).
   Pending average_tensor(const Tensor& flat, std::vector<int> params, bool fallback = false);
-  struct Slice {
-    int dst;  // owning partition
-    std::int64_t at, numel;
-  };
   std::vector<Slice> bucket_slices(const std::vector<int>& params) const;
+  // Issue one chunk's all-reduce; without overlap_comm it completes (and is freed) here.
+  void allreduce_chunk(Pending& pend, std::vector<Slice> slices, std::int64_t numel);
+  void complete_chunk(const Tensor& bucket, const Chunk& c);
   void finish(Pending& p);
   void wait_buffer(int index);
   void wait_all();
