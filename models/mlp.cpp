@@ -192,7 +192,7 @@ void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
   dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch
   dev.scale(dy, loss_scale);                   // the fp16 loss scale (a power of two)
   dev.div(dy, static_cast<double>(ga));        // DeepSpeed divides output grads by GA
-  backward_from(dev, dy);
+  backward_from(dev, std::move(dy));  // the Linear's node frees it once it has run
 }
 
 // Node by node as torch's autograd runs the twin's backward (Note [The MLP's activations, as
@@ -216,12 +216,18 @@ void Mlp::backward_from(Device& dev, Tensor dy) {
       dx = dev.alloc(dtype_, x.shape(), "dx", MemCategory::activations);  // [B, in]
       dev.matmul(dx, dy, l.weight().data, false, false, false);
     }
-    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW", MemCategory::temporaries);  // [out, in]
+    // grads from the start: what autograd hands to AccumulateGrad is a param's grad for all its
+    // life, kept as .grad or added into one (DeepSpeed's side sees it through a hook on the param).
+    Tensor dw = dev.alloc(dtype_, l.weight().shape, "dW", MemCategory::grads);  // [out, in]
     dev.matmul(dw, dy, x, true, false, false);
-    Tensor db = dev.alloc(dtype_, l.bias().shape, "db", MemCategory::temporaries);  // [out]
+    Tensor db = dev.alloc(dtype_, l.bias().shape, "db", MemCategory::grads);  // [out]
     dev.sum_rows(db, dy, false);
-    accumulate_grad(dev, l.weight(), std::move(dw));
+    dy = Tensor();  // the Linear's node has run: its incoming grad goes before the params' hooks
+    // The bias's AccumulateGrad runs first: addmm's backward hands the bias its grad directly,
+    // the weight through t()'s backward (nn.Linear multiplies by weight.t()), and torch's ready
+    // queue runs AccumulateGrad nodes ahead of any other node. Its hook fills the ipg bucket first.
     accumulate_grad(dev, l.bias(), std::move(db));
+    accumulate_grad(dev, l.weight(), std::move(dw));
     // DeepSpeed's post-backward hook fires only through an input that requires grad: the first
     // layer's is data (Note [ZeRO-3's parameter coordinator]), and so is the model's.
     if (li > 0) l.run_post_backward();

@@ -374,8 +374,8 @@ def run_scenario(directory, counter, measure_memory=True):
     mem.mark("begin:construction")
     model = build_twin(spec)
     transformer = spec["model"]["kind"] == "transformer"
-    if transformer:  # the engine's transformer takes autograd's grad as .grad, as AccumulateGrad does
-        mem.watch_grads(model)
+    # Every engine model takes autograd's grad as .grad, as AccumulateGrad does.
+    mem.watch_grads(model)
     with mem.excluded():  # the twin's own staging of zerocheck's values
         load_init(model, spec, directory)
         batches = load_batches(spec, directory, rank, dtype)
