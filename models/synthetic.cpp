@@ -104,6 +104,7 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
     accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
     if (i < means_.size()) means_[i] = Tensor();  // its MulBackward has run
   }
+  held_ = Batch{};  // the graph is freed: the batch is the caller's alone (freed after the backward)
   // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }
 
