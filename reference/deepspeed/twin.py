@@ -373,7 +373,6 @@ def run_scenario(directory, counter, measure_memory=True):
         mem.start()
     mem.mark("begin:construction")
     model = build_twin(spec)
-    transformer = spec["model"]["kind"] == "transformer"
     # Every engine model takes autograd's grad as .grad, as AccumulateGrad does.
     mem.watch_grads(model)
     with mem.excluded():  # the twin's own staging of zerocheck's values
