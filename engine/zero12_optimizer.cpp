@@ -371,8 +371,7 @@ void Zero12Optimizer::allreduce_chunk(Pending& pend, std::vector<Slice> slices, 
 }
 
 // The own slices back into the bucket from the comm-dtype result; under the compact fp32 buffer
-// where that dtype is not the bucket's, the param's result is kept in fp32 for the epilogue to add
-// (as finish() does for the other paths: only its own slice is read).
+// where that dtype is not the bucket's, each own slice's result is kept for the epilogue to add.
 void Zero12Optimizer::complete_chunk(const Tensor& bucket, const Chunk& c) {
   const bool compact_from_comm = compact_ && c.comm.dtype() != buffer_dtype_;
   std::int64_t off = 0;
@@ -380,25 +379,36 @@ void Zero12Optimizer::complete_chunk(const Tensor& bucket, const Chunk& c) {
     if (sl.dst == rank_) {
       const Tensor synced = c.comm.narrow(off, sl.numel);
       const Tensor dst = bucket.narrow(sl.at, sl.numel);
-      if (synced.storage() == dst.storage()) {
-        // reduced in place (a one-slice chunk in the bucket's dtype)
-      } else if (synced.dtype() == dst.dtype()) {
-        dev_.copy(dst, synced);
-      } else {
-        dev_.cast(dst, synced);
-      }
+      // A one-slice chunk in the bucket's dtype was reduced in place.
+      if (synced.storage() != dst.storage()) copy_or_cast(dst, synced);
       if (compact_from_comm) {
-        Parameter& p = *params_[static_cast<std::size_t>(sl.param)];
-        Tensor keep = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".reduced_comm", MemCategory::grads);
-        dev_.fill(keep, 0.0);  // only this rank's slice is read
         const auto [src, n] = partition_slice(sl.param);
         ZC_ASSERT(n == sl.numel, "param {}'s own slice is {} elements, its chunk slice {}", sl.param, n, sl.numel);
-        dev_.cast(keep.narrow(src, n), synced);
-        compact_src_[static_cast<std::size_t>(sl.param)] = keep;
+        keep_comm_result(sl.param, synced, src);
       }
     }
     off += sl.numel;
   }
+}
+
+void Zero12Optimizer::copy_or_cast(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    dev_.copy(dst, src);
+  } else {
+    dev_.cast(dst, src);
+  }
+}
+
+// A copy of param i's comm-dtype result (`result` holds its elements from `at` on), so that the
+// comm image it came from is freed now, as DeepSpeed frees it once added; the copy lives until the
+// epilogue adds it (a ledger difference of the param's numel x 4 bytes, under grads). Only this
+// rank's slice of it is read for the step; the rest is zeroed where `result` does not cover it.
+void Zero12Optimizer::keep_comm_result(int i, const Tensor& result, std::int64_t at) {
+  Parameter& p = *params_[static_cast<std::size_t>(i)];
+  Tensor keep = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".reduced_comm", MemCategory::grads);
+  if (result.numel() < p.numel()) dev_.fill(keep, 0.0);
+  dev_.cast(keep.narrow(at, result.numel()), result);
+  compact_src_[static_cast<std::size_t>(i)] = keep;
 }
 
 void Zero12Optimizer::finish(Pending& pend) {
@@ -411,27 +421,14 @@ void Zero12Optimizer::finish(Pending& pend) {
   }
   for (const Chunk& c : pend.chunks) complete_chunk(pend.bucket, c);
   pend.chunks.clear();
-  for (auto& [dst, src] : pend.copy_back) {
-    if (dst.dtype() == src.dtype()) {
-      dev_.copy(dst, src);
-    } else {
-      dev_.cast(dst, src);
-    }
-  }
+  for (auto& [dst, src] : pend.copy_back) copy_or_cast(dst, src);
   // The compact fp32 partition adds the reduction's comm-dtype result, not its cast back.
   const bool compact_from_comm = compact_ && pend.reduced.defined() && pend.reduced.dtype() != buffer_dtype_;
   std::int64_t at = 0;
   for (int i : pend.params) {
     Parameter& p = *params_[static_cast<std::size_t>(i)];
     const bool mine = is_in_partition_[static_cast<std::size_t>(i)] != 0;
-    if (compact_from_comm && mine) {
-      // A copy of this param's result, so that the bucket's whole comm image is freed now, as
-      // DeepSpeed frees it once added (the copy lives until the epilogue adds it: a ledger
-      // difference of this param's numel x 4 bytes, under grads).
-      Tensor keep = dev_.alloc(accum_dtype_, {p.numel()}, p.name + ".reduced_comm", MemCategory::grads);
-      dev_.cast(keep, pend.reduced.narrow(at, p.numel()));
-      compact_src_[static_cast<std::size_t>(i)] = keep;
-    }
+    if (compact_from_comm && mine) keep_comm_result(i, pend.reduced.narrow(at, p.numel()), 0);
     at += p.numel();
     if (partition_gradients_ && !mine) {
       p.grad = Tensor();  // other ranks own it

@@ -87,6 +87,8 @@ class Zero12Optimizer final : public ZeroOptimizer {
   // Issue one chunk's all-reduce; without overlap_comm it completes (and is freed) here.
   void allreduce_chunk(Pending& pend, std::vector<Slice> slices, std::int64_t numel);
   void complete_chunk(const Tensor& bucket, const Chunk& c);
+  void copy_or_cast(const Tensor& dst, const Tensor& src);
+  void keep_comm_result(int i, const Tensor& result, std::int64_t at);
   void finish(Pending& p);
   void wait_buffer(int index);
   void wait_all();
