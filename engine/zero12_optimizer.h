@@ -36,6 +36,10 @@ class Zero12Optimizer final : public ZeroOptimizer {
  protected:
   StepPlan step_plan() const override;
   StepPrep prepare_step() override;
+  double norm_sum_sq(const StepPrep& prep) override;
+  bool grads_have_inf_nan(const StepPrep& prep) override;
+  void flatten_grads(StepPrep& prep) override;
+  void skip_step() override;
   void update(const Tensor& grads32, double norm, double combined) override;
   const BaseOptimizer& base_optimizer() const override { return *base_; }
   std::vector<double> gather_f32_partition(const Tensor& src) override {
@@ -133,6 +137,8 @@ class Zero12Optimizer final : public ZeroOptimizer {
   // Note [averaged_gradients are views]: this rank's partition as views of accum_ (and a zero tail
   // where the partition is padding), set at the boundary; flattened into averaged_ by the step.
   std::vector<Tensor> averaged_parts_;
+  std::vector<Tensor> grad_norms_;  // get_grad_norm_direct's all_norms: 0-dim f64 each, norm to flatten
+  Tensor global_grad_norm_;         // _global_grad_norm: 0-dim f32, from a step to the next
   Tensor averaged_;                      // [partition_numel] accum dtype, from prepare_step to update
   // The ipg bucket.
   std::int64_t bucket_capacity_ = 0;     // reduce_bucket_size, as DeepSpeed allocates it

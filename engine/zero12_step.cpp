@@ -195,9 +195,68 @@ StepPrep Zero12Optimizer::prepare_step() {
                                  rank_, name(), params_.size()));
   }
   if (cpu_offload_) return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
+  // The norm reads the per-param pieces; the flat is made after it (flatten_grads).
+  return StepPrep{.where = &dev_, .flatten_later = true};
+}
+
+// Note [ZeRO-1/2's gradient norm, as DeepSpeed allocates it]
+// stage_1_and_2.py step takes the norm before it flattens the partition's grads: get_grad_norm_direct
+// (:2648) copies each param's piece of averaged_gradients into get_norm_dtype() (double, on a GPU as
+// on the CPU) for torch.linalg.vector_norm, keeps each piece's 0-dim norm in a list (the padding
+// piece is skipped), then stacks them, squares and sums; the list goes when the function returns.
+// Each copy lives until its norm is taken: the largest piece's, 8 bytes an element, is the step's
+// peak of temporaries where the partition is one large param (a Llama-2 7B embedding slice at 64
+// ranks is 0.78 GiB of it). Only then does step() keep `_global_grad_norm` (a 0-dim f32 that lives
+// until the next step replaces it) and flatten the pieces (single_grad_partition, which is the flat
+// itself in fp32). The value is the sum of the pieces' squares in f64, rounded to f32 once, as
+// before; DeepSpeed's sqrt-then-square of each piece differs from it only below f64's last bits.
+double Zero12Optimizer::norm_sum_sq(const StepPrep& prep) {
+  if (cpu_offload_) return ZeroOptimizer::norm_sum_sq(prep);
+  grad_norms_.clear();
+  double sum_sq = 0.0;
+  const std::size_t pieces = std::min(averaged_parts_.size(), in_partition_.size());  // not the padding
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const Tensor& g = averaged_parts_[k];
+    Tensor wide = dev_.alloc(DType::f64, {g.numel()}, "grad_norm_f64", MemCategory::temporaries);  // [piece] f64
+    dev_.cast(wide, g);
+    const double piece = dev_.sum_sq(wide);
+    sum_sq += piece;
+    Tensor norm = dev_.alloc(DType::f64, {1}, "grad_norm_piece", MemCategory::temporaries);  // 0-dim f64
+    dev_.fill(norm, std::sqrt(piece));
+    grad_norms_.push_back(norm);
+  }
+  {  // torch.stack(all_norms).pow(2).sum(): the stack goes once squared, the squares once summed
+    const auto k = static_cast<std::int64_t>(grad_norms_.size());
+    Tensor stacked = dev_.alloc(DType::f64, {k}, "grad_norm_stack", MemCategory::temporaries);  // [pieces] f64
+    Tensor squared = dev_.alloc(DType::f64, {k}, "grad_norm_pow", MemCategory::temporaries);   // [pieces] f64
+    stacked = Tensor();
+    Tensor summed = dev_.alloc(DType::f64, {1}, "grad_norm_sum", MemCategory::temporaries);  // 0-dim f64
+    squared = Tensor();
+  }
+  return sum_sq;
+}
+
+bool Zero12Optimizer::grads_have_inf_nan(const StepPrep& prep) {
+  if (cpu_offload_) return ZeroOptimizer::grads_have_inf_nan(prep);
+  return std::any_of(averaged_parts_.begin(), averaged_parts_.end(),
+                     [&](const Tensor& t) { return dev_.has_inf_nan(t); });
+}
+
+void Zero12Optimizer::flatten_grads(StepPrep& prep) {
+  grad_norms_.clear();  // get_grad_norm_direct has returned
+  // _global_grad_norm = scaled_global_grad_norm / prev_scale, the last step's freed as it is replaced
+  Tensor norm = dev_.alloc(DType::f32, {1}, "_global_grad_norm", MemCategory::temporaries);  // 0-dim f32
+  global_grad_norm_ = norm;
   averaged_ = flatten_averaged();
+  prep.grads = averaged_;
   // An fp32 flat is the step's fp32 grads itself (`.to(float32)` returns it).
-  return StepPrep{.grads = averaged_, .where = &dev_, .grads_are_fp32_copies = averaged_.dtype() == DType::f32};
+  prep.grads_are_fp32_copies = averaged_.dtype() == DType::f32;
+}
+
+void Zero12Optimizer::skip_step() {
+  grad_norms_.clear();
+  global_grad_norm_ = Tensor();  // _global_grad_norm = float("inf")
+  ZeroOptimizer::skip_step();
 }
 
 void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {

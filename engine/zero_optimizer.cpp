@@ -52,8 +52,9 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     ZC_ASSERT(g->step_plan() == plan, "param groups {} and {} step differently", lead.name(),
               g->name());
     StepPrep& prep = preps.emplace_back(g->prepare_step());
-    ZC_ASSERT(prep.grads.defined() && prep.where != nullptr, "{} prepared no grads", g->name());
-    const bool mine = check && prep.where->has_inf_nan(prep.grads);  // every group tests its own
+    ZC_ASSERT((prep.grads.defined() || prep.flatten_later) && prep.where != nullptr, "{} prepared no grads",
+              g->name());
+    const bool mine = check && g->grads_have_inf_nan(prep);  // every group tests its own
     local_overflow = local_overflow || mine;
     if (plan.sum_sq_before_overflow) prep.local_sum_sq = g->norm_sum_sq(prep);
   }
@@ -70,7 +71,12 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     for (ZeroOptimizer* g : groups) g->skip_step();
     return false;
   }
-  auto make_fp32 = [&](StepPrep& prep) {
+  auto make_fp32 = [&](ZeroOptimizer& g, StepPrep& prep) {
+    if (prep.flatten_later) {
+      g.flatten_grads(prep);
+      prep.flatten_later = false;
+      ZC_ASSERT(prep.grads.defined(), "{} flattened no grads", g.name());
+    }
     if (prep.grads_are_fp32_copies) {
       prep.grads32 = prep.grads;
       return;
@@ -82,7 +88,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
   };
   for (std::size_t i = 0; i < groups.size(); ++i) {
     StepPrep& prep = preps[i];
-    if (plan.fp32_grads_before_norm) make_fp32(prep);
+    if (plan.fp32_grads_before_norm) make_fp32(*groups[i], prep);
     if (!plan.sum_sq_before_overflow) prep.local_sum_sq = groups[i]->norm_sum_sq(prep);
   }
   // MoE's groups each reduce their own sum (Note [MoE's gradient norm]); otherwise the groups'
@@ -110,7 +116,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
     const bool clip = lead.cfg_.gradient_clipping > 0.0 && coef < 1.0f;
     for (std::size_t i = 0; i < groups.size(); ++i) {
       StepPrep& prep = preps[i];
-      if (!plan.fp32_grads_before_norm) make_fp32(prep);
+      if (!plan.fp32_grads_before_norm) make_fp32(*groups[i], prep);
       if (clip) prep.where->scale(prep.grads32, static_cast<double>(coef));
       prep.grads = Tensor();  // the wrappers drop their 16-bit grads before the optimizer steps
       groups[i]->update(prep.grads32, norm, clip ? 1.0 / static_cast<double>(coef) : 1.0);
@@ -124,7 +130,7 @@ bool ZeroOptimizer::step_param_groups(const std::vector<ZeroOptimizer*>& groups)
                                                   plan.combined_dtype);
   for (std::size_t i = 0; i < groups.size(); ++i) {
     StepPrep& prep = preps[i];
-    if (!plan.fp32_grads_before_norm) make_fp32(prep);
+    if (!plan.fp32_grads_before_norm) make_fp32(*groups[i], prep);
     prep.where->scale(prep.grads32, 1.0 / combined);
     prep.grads = Tensor();  // as above
     groups[i]->update(prep.grads32, norm, combined);

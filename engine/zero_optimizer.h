@@ -97,6 +97,8 @@ struct StepPrep {
   Tensor grads32{};         // [partition_numel] f32 on *where, once the sequence has made it
   // grads are already the wrapper's fp32 copies (FP16_UnfusedOptimizer): grads32 is grads.
   bool grads_are_fp32_copies = false;
+  // grads are made after the norm (flatten_grads): ZeRO-1/2 norms its per-param pieces first.
+  bool flatten_later = false;
 };
 
 class ZeroOptimizer {
@@ -185,6 +187,10 @@ class ZeroOptimizer {
 
   // This rank's sum of squares of `prep.grads` as the norm sees it before the root.
   virtual double norm_sum_sq(const StepPrep& prep) { return prep.where->sum_sq(prep.grads); }
+  // Whether this rank's grads hold an inf or a NaN (the overflow check's local test).
+  virtual bool grads_have_inf_nan(const StepPrep& prep) { return prep.where->has_inf_nan(prep.grads); }
+  // Makes prep.grads where prepare_step left them for later (StepPrep::flatten_later).
+  virtual void flatten_grads(StepPrep&) {}
   virtual const BaseOptimizer& base_optimizer() const = 0;
   // `src`, this rank's f32 partition (on the device, or on the CPU side under offload), gathered
   // from every rank into param order.
