@@ -114,6 +114,9 @@ Engine::Loss Engine::forward(const Batch& batch) {
     const ParamsInForward in_forward(model_, cfg_.zero.stage >= 3);
     loss = model_.forward(dev_, batch);
   }
+  // The loss as a tensor (Note [The loss's 0-dim tensors]); the last forward's, if its backward
+  // never ran, goes as this one replaces it.
+  loss_ = dev_.alloc(model_.loss_dtype(), {1}, "loss", MemCategory::temporaries);  // 0-dim
   ++forward_id_;
   record(fmt::format("forward {} loss {:.9g}", forward_id_, loss));
   return Loss{loss, forward_id_};
@@ -175,14 +178,28 @@ void Engine::backward(const Loss& loss) {
                                  "#{}: call forward() before each backward()", loss.forward_id,
                                  forward_id_));
   }
+  // Note [The loss's 0-dim tensors]
+  // DeepSpeed's engine.backward (engine.py:3382) divides the loss tensor by the accumulation steps
+  // (a new tensor, at GA 1 too), a ZeRO optimizer scales it by its loss scale (scale_if_loss: the
+  // static 1.0 of fp32 and bf16 too; stage 0's wrappers have no such step), and autograd makes the
+  // ones its backward starts from (_make_grads): three 0-dim tensors in the loss's dtype, the ones
+  // alive until autograd's run ends, the others until the epilogue returns; the caller's loss
+  // goes after that. On a tiny model
+  // they are the difference between the engine's peak and DeepSpeed's; on a GPU each is a block.
+  Tensor by_gas = dev_.alloc(model_.loss_dtype(), {1}, "loss / gradient_accumulation_steps", MemCategory::temporaries);
+  Tensor scaled;
+  if (cfg_.zero.stage > 0) scaled = dev_.alloc(model_.loss_dtype(), {1}, "scale_loss", MemCategory::temporaries);
+  Tensor ones = dev_.alloc(model_.loss_dtype(), {1}, "_make_grads.ones", MemCategory::temporaries);
   backward_prologue();
   std::exception_ptr error;
   try {
     model_.backward(dev_, loss_scale(), cfg_.gradient_accumulation_steps);
+    ones = Tensor();  // autograd's run is over
     backward_epilogue();
   } catch (...) {
     error = std::current_exception();
   }
+  ones = scaled = by_gas = loss_ = Tensor();
   if (error) {
     broken_ = "a backward() failed part way (see the first error)";
     std::rethrow_exception(error);

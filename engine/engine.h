@@ -148,6 +148,7 @@ class Engine {
   std::int64_t global_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
   std::int64_t forward_id_ = -1;
+  Tensor loss_;  // the loss tensor the user's forward returned: 0-dim, until its backward has run
   std::optional<bool> boundary_override_;  // set_gradient_accumulation_boundary
   bool inside_no_sync_ = false;
   bool enable_backward_allreduce_ = true;

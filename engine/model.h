@@ -96,6 +96,9 @@ class Model : public Module {
   virtual std::string describe() const = 0;
   virtual ModelParallelism parallelism() const { return {}; }
   DType dtype() const { return dtype_; }
+  // The dtype of the 0-dim loss tensor forward returns in DeepSpeed's run (the twin's): the
+  // model's, unless the model upcasts its loss (Hugging Face's to f32).
+  virtual DType loss_dtype() const { return dtype_; }
   // init_params() sets it; deserialize restores it.
   void set_dtype(DType dtype) { dtype_ = dtype; }
   // The CPU side a model may keep tensors in (deepspeed.checkpointing's cpu_checkpointing): the

@@ -139,6 +139,8 @@ class Zero12Optimizer final : public ZeroOptimizer {
   std::vector<Tensor> averaged_parts_;
   std::vector<Tensor> grad_norms_;  // get_grad_norm_direct's all_norms: 0-dim f64 each, norm to flatten
   Tensor global_grad_norm_;         // _global_grad_norm: 0-dim f32, from a step to the next
+  Tensor last_global_grad_norm_;    // the last step's, which the engine holds until its step ends
+  Tensor scaled_global_norm_;       // step()'s scaled_global_grad_norm: 0-dim f32, to its return
   Tensor averaged_;                      // [partition_numel] accum dtype, from prepare_step to update
   // The ipg bucket.
   std::int64_t bucket_capacity_ = 0;     // reduce_bucket_size, as DeepSpeed allocates it

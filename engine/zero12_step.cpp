@@ -244,9 +244,12 @@ bool Zero12Optimizer::grads_have_inf_nan(const StepPrep& prep) {
 
 void Zero12Optimizer::flatten_grads(StepPrep& prep) {
   grad_norms_.clear();  // get_grad_norm_direct has returned
-  // _global_grad_norm = scaled_global_grad_norm / prev_scale, the last step's freed as it is replaced
-  Tensor norm = dev_.alloc(DType::f32, {1}, "_global_grad_norm", MemCategory::temporaries);  // 0-dim f32
-  global_grad_norm_ = norm;
+  // step()'s scaled_global_grad_norm (combine_grad_norm_groups' result) lives until step() returns;
+  // _global_grad_norm = it / prev_scale replaces the last step's, which the engine's own
+  // _global_grad_norm still holds until its step() ends.
+  scaled_global_norm_ = dev_.alloc(DType::f32, {1}, "scaled_global_grad_norm", MemCategory::temporaries);  // 0-dim
+  last_global_grad_norm_ = global_grad_norm_;
+  global_grad_norm_ = dev_.alloc(DType::f32, {1}, "_global_grad_norm", MemCategory::temporaries);  // 0-dim f32
   averaged_ = flatten_averaged();
   prep.grads = averaged_;
   // An fp32 flat is the step's fp32 grads itself (`.to(float32)` returns it).
@@ -255,6 +258,7 @@ void Zero12Optimizer::flatten_grads(StepPrep& prep) {
 
 void Zero12Optimizer::skip_step() {
   grad_norms_.clear();
+  scaled_global_norm_ = last_global_grad_norm_ = Tensor();
   global_grad_norm_ = Tensor();  // _global_grad_norm = float("inf")
   ZeroOptimizer::skip_step();
 }
@@ -278,6 +282,7 @@ void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
   // skips the gather there (runtime/utils.py:1012-1015, all_gather_into_tensor_dp_groups).
   if (comm_.size() > 1) comm_.all_gather(flat_, mine);
   record(fmt::format("step {}: combined scale {:.9g}", base_->steps(), combined));
+  scaled_global_norm_ = last_global_grad_norm_ = Tensor();  // step() has returned
 }
 
 std::vector<Tensor> Zero12Optimizer::averaged_gradients() {

@@ -210,6 +210,8 @@ class Transformer : public Model {
   double forward(Device& dev, const Batch& batch) override;
   void backward(Device& dev, double loss_scale, std::int64_t ga) override;
   std::string describe() const override;
+  // Hugging Face's loss is taken on the logits upcast to f32 (Note [Hugging Face's saved tensors]).
+  DType loss_dtype() const override { return stats_dtype(); }
   const TransformerSpec& spec() const { return spec_; }
 
  protected:
@@ -300,7 +302,7 @@ class Transformer : public Model {
   Tensor ids_, labels_, positions_, hf_, logp_;
   // Hugging Face's tensors beside the layers: position ids, causal mask, rotary cos/sin, and the
   // loss's shifted labels (Note [Hugging Face's saved tensors]).
-  Tensor position_ids_, mask_, rope_cs_, target_;
+  Tensor position_ids_, mask_, rope_cs_, target_, total_weight_;
   Tensor inputs_embeds_, position_embeds_;  // GPT-2's, until the model's forward returns
   std::int64_t batch_ = 0;
 };

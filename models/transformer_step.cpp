@@ -528,6 +528,9 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   Tensor padded_labels = dev.alloc(DType::u8, {batch_ * (S + 1) * 8}, "labels_padded", MemCategory::temporaries);
   target_ = dev.alloc(DType::u8, {N * 8}, "nll_loss_target", MemCategory::activations);
   logp_ = act(dev, loss_dtype, {N, V}, "log_softmax");
+  // nll_loss_forward's total_weight (0-dim, the mean's divisor), which nll_loss keeps for its
+  // backward too; its other output is the loss (Engine::forward's 0-dim loss tensor).
+  total_weight_ = act(dev, loss_dtype, {1}, "nll_loss_total_weight");
   Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
   Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
   dev.log_softmax_nll(logp_, rows, up, labels_.view({N}));
@@ -551,7 +554,7 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   Tensor dlogp = act(dev, logp_.dtype(), {N, V}, "nll_loss_grad");
   dev.nll_loss_backward(dlogp, labels_.view({N}),
                         -(loss_scale / static_cast<double>(ga)) / static_cast<double>(N));
-  target_ = Tensor();
+  target_ = total_weight_ = Tensor();
   Tensor dlogits = act(dev, logp_.dtype(), {N, V}, "log_softmax_grad");
   dev.log_softmax_backward(dlogits, dlogp, logp_);
   dlogp = logp_ = Tensor();
