@@ -184,8 +184,8 @@ void Engine::backward(const Loss& loss) {
   // static 1.0 of fp32 and bf16 too; stage 0's wrappers have no such step), and autograd makes the
   // ones its backward starts from (_make_grads): three 0-dim tensors in the loss's dtype, the ones
   // alive until autograd's run ends, the others until the epilogue returns; the caller's loss
-  // goes after that. On a tiny model
-  // they are the difference between the engine's peak and DeepSpeed's; on a GPU each is a block.
+  // goes after that. On a tiny model they are the difference between the engine's peak and
+  // DeepSpeed's; on a GPU each takes one of the caching allocator's blocks.
   Tensor by_gas = dev_.alloc(model_.loss_dtype(), {1}, "loss / gradient_accumulation_steps", MemCategory::temporaries);
   Tensor scaled;
   if (cfg_.zero.stage > 0) scaled = dev_.alloc(model_.loss_dtype(), {1}, "scale_loss", MemCategory::temporaries);
