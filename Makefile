@@ -3,7 +3,7 @@ PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: deps ds-env configure build test test-asan run bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed seed-table bisect gpu-check \
+.PHONY: deps ds-env configure build test test-asan run verify-deepspeed bench bench-plan bench-verify-mpi bench-mpi bench-deepspeed seed-table bisect gpu-check \
         soak-deepspeed \
         fuzz clean
 
@@ -38,6 +38,13 @@ bench: build
 
 bench-plan: build
 	@./$(BUILD)/bench/zc_plan_bench
+
+# The DeepSpeed reference campaign the docs' figures come from: 100 generated scenarios of seed
+# 20261129 compared with DeepSpeed, values, collectives and memory (ctest runs 30 of them);
+# reports/verify-deepspeed/report.md.
+verify-deepspeed: build ds-env
+	@./$(BUILD)/cli/zerocheck verify --against deepspeed --only deepspeed --deepspeed-cases 100 \
+	  --deepspeed-i3 autosp:0,autotp:0 --jobs 1 --out reports/verify-deepspeed
 
 # The DeepSpeed reference soak: fresh seeds for $(BUDGET) (default 30m), every scenario compared and
 # counted (matched, listed by class, unlisted), the coverage grid; reports/soak-deepspeed/deepspeed.md.
