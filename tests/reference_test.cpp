@@ -88,8 +88,8 @@ std::int64_t figure(const ReferenceComparison& c, const std::string& what, bool 
 // tensors both sides hold the same way, each to the byte (the model states; the activations of the
 // Llama family, whose every saved tensor the engine keeps as autograd does); and at ZeRO-2 and -3
 // llama-tiny's live bytes after step 1's forward at ZeRO-2 (every model state and every activation at once)
-// within the 0-dim scalars the engine does not model (the loss and its divisions: at most 128 B).
-// Returns the figures that do not, one line each. Not asserted, and listed in
+// within the 0-dim scalars the engine does not model (the loss and its divisions: at most 128 B);
+// and llama-tiny f32 at ZeRO-1, every figure. Returns the figures that do not, one line each. Not asserted, and listed in
 // docs/deepspeed-reference.md: ZeRO-0's gradient copies, ZeRO-1's reduction
 // path, GPT-2's backward transients, ZeRO-3's persistent re-gather on rank 1, grouped-query
 // attention at ZeRO-3.
@@ -133,6 +133,16 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
       const std::string name = fmt::format("rank {} {}", rank, what);
       const std::int64_t z = figure(c, name, true), d = figure(c, name, false);
       if (z != d) out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", name, z, d));
+    }
+    // llama-tiny f32 at ZeRO-1: every figure, construction and steps, each category's peak and the
+    // whole, after each forward and step (FusedAdam's overflow buffer, ZeRO-1/2's step norm and the
+    // loss's 0-dim tensors as DeepSpeed allocates them).
+    if (s.stage == 1 && s.model == "llama-tiny" && s.dtype == "f32" && s.checkpointing.empty()) {
+      for (const MemoryFigure& f : c.memory.figures) {
+        if (f.what.rfind(fmt::format("rank {} ", rank), 0) == 0 && f.zerocheck != f.deepspeed) {
+          out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", f.what, f.zerocheck, f.deepspeed));
+        }
+      }
     }
     if (s.stage == 2 && s.model == "llama-tiny") {
       const std::string name = fmt::format("rank {} step 1 after its first forward", rank);
