@@ -24,7 +24,13 @@ inline Parameter& param_of(Module& m, const char* local) {
 inline Tensor act(Device& dev, DType dt, Shape shape, const char* label) {
   return dev.alloc(dt, std::move(shape), label, MemCategory::activations);
 }
-// Short-lived buffers: a weight's grad before accumulation, row losses.
+// A param's grad as autograd computes it for AccumulateGrad: grads from its allocation, whether
+// it then becomes the param's .grad or is added into one (the param's tensor hook sees it on
+// DeepSpeed's side, Note [DeepSpeed's memory, measured]).
+inline Tensor grad_buf(Device& dev, DType dt, Shape shape, const char* label) {
+  return dev.alloc(dt, std::move(shape), label, MemCategory::grads);
+}
+// Short-lived buffers: row losses, a product before its sum.
 inline Tensor tmp(Device& dev, DType dt, Shape shape, const char* label) {
   return dev.alloc(dt, std::move(shape), label, MemCategory::temporaries);
 }

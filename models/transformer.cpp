@@ -19,6 +19,7 @@ namespace {
 
 using model_params::act;
 using model_params::data_of;
+using model_params::grad_buf;
 using model_params::param_of;
 using model_params::tmp;
 
@@ -514,18 +515,19 @@ Tensor Transformer::norm_backward(Device& dev, Module& m, const char* w, const T
                                   const NormActs& s) {
   const std::int64_t N = dout.dim(0), d = spec_.dim;
   Tensor dx = act(dev, dtype_, {N, d}, "norm_dx");
-  Tensor dw = tmp(dev, dtype_, {d}, "dnorm_w");
+  Tensor dw = grad_buf(dev, dtype_, {d}, "dnorm_w");
   if (spec_.norm == NormKind::layernorm) {
     const std::string bname = std::string(w) == "weight" ? "bias" : std::string(w) + "_b";
-    Tensor db = tmp(dev, dtype_, {d}, "dnorm_b");
+    Tensor db = grad_buf(dev, dtype_, {d}, "dnorm_b");
     dev.layernorm_backward(dx, dw, db, dout, s.x, data_of(m, w), s.mean, s.rstd);
     accumulate_grad(dev, param_of(m, w), std::move(dw));
     accumulate_grad(dev, param_of(m, bname.c_str()), std::move(db));
     return dx;
   }
-  // The weight's grad as autograd computes it for w * xn: the rows dout * xn, summed. dx from
-  // rmsnorm_backward, whose own dw (from the unrounded rows) is dropped.
-  Tensor rows = tmp(dev, dtype_, {N, d}, "dnorm_w_rows");
+  // The weight's grad as autograd computes it for w * xn: the rows dout * xn (MulBackward's
+  // product, an activation grad while the backward runs it), summed. dx from rmsnorm_backward,
+  // whose own dw (from the unrounded rows) is dropped.
+  Tensor rows = act(dev, dtype_, {N, d}, "dnorm_w_rows");
   dev.mul(rows, dout, s.xn);
   dev.sum_rows(dw, rows, false);
   rows = Tensor();
@@ -546,7 +548,7 @@ Tensor Transformer::linear(Device& dev, Module& m, const char* w, const char* b,
 Tensor Transformer::linear_backward(Device& dev, Module& m, const char* w, const char* b,
                                     const Tensor& dy, const Tensor& x, bool want_dx) {
   Parameter& pw = param_of(m, w);
-  Tensor dw = tmp(dev, dtype_, pw.shape, "dW");
+  Tensor dw = grad_buf(dev, dtype_, pw.shape, "dW");
   dev.matmul(dw, dy, x, true, false, false);  // dW = dy^T x
   Tensor dx;
   if (want_dx) {
@@ -557,7 +559,7 @@ Tensor Transformer::linear_backward(Device& dev, Module& m, const char* w, const
   accumulate_grad(dev, pw, std::move(dw));
   if (spec_.bias && b != nullptr) {
     Parameter& pb = param_of(m, b);
-    Tensor db = tmp(dev, dtype_, pb.shape, "db");
+    Tensor db = grad_buf(dev, dtype_, pb.shape, "db");
     dev.sum_rows(db, dy, false);
     accumulate_grad(dev, pb, std::move(db));
   }

@@ -152,7 +152,7 @@ Tensor Transformer::moe_backward(Device& dev, Module& blk, BlockActs& a, const T
   Tensor dlogits = act(dev, dtype_, {N, E}, "moe_dlogits");
   dev.moe_gate_backward(dlogits, dweights, a.probs, a.weights, a.index);
   Parameter& wr = param_of(blk, "router");
-  Tensor dwr = model_params::tmp(dev, dtype_, wr.shape, "dW");
+  Tensor dwr = model_params::grad_buf(dev, dtype_, wr.shape, "dW");
   dev.matmul(dwr, dlogits, a.h2, true, false, false);
   dev.matmul(dh2, dlogits, wr.data, false, false, true);
   accumulate_grad(dev, wr, std::move(dwr));

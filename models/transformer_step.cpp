@@ -523,9 +523,10 @@ double Transformer::forward(Device& dev, const Batch& batch) {
     up = act(dev, loss_dtype, {N, V}, "logits_f32");
     dev.cast(up, logits);
   }
-  // ForCausalLMLoss pads the labels by one ([B, S + 1] int64) and shifts them into a contiguous
-  // [B, S] int64 target, which nll_loss keeps for its backward.
-  Tensor padded_labels = dev.alloc(DType::u8, {batch_ * (S + 1) * 8}, "labels_padded", MemCategory::temporaries);
+  // ForCausalLMLoss pads the labels by one ([B, S + 1] int64: an allocation of the forward, as
+  // DeepSpeed's side counts it) and shifts them into a contiguous [B, S] int64 target, which
+  // nll_loss keeps for its backward; its local `labels` holds the padded copy until it returns.
+  Tensor padded_labels = dev.alloc(DType::u8, {batch_ * (S + 1) * 8}, "labels_padded", MemCategory::activations);
   target_ = dev.alloc(DType::u8, {N * 8}, "nll_loss_target", MemCategory::activations);
   logp_ = act(dev, loss_dtype, {N, V}, "log_softmax");
   // nll_loss_forward's total_weight (0-dim, the mean's divisor), which nll_loss keeps for its
@@ -568,9 +569,11 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
     backward_workspace_ = dev.alloc(DType::u8, {spec_.blas_workspace_bytes},
                                     "cublas_workspace.autograd", MemCategory::temporaries);
   }
-  // The LM head's weight grad; with tied embeddings it waits for the embedding's part, and the
-  // one Parameter gets their sum once (Note [Shared params]).
-  Tensor dhead = dev.alloc(dtype_, {V, spec_.dim}, "dlm_head", MemCategory::temporaries);
+  // The LM head's weight grad (grads from its allocation, as linear_backward's); with tied
+  // embeddings it waits for the embedding's part, and the one Parameter gets their sum once (Note
+  // [Shared params]): a temporary then, as autograd's buffer before the sum.
+  Tensor dhead = dev.alloc(dtype_, {V, spec_.dim}, "dlm_head",
+                           spec_.tied_embeddings ? MemCategory::temporaries : MemCategory::grads);
   dev.matmul(dhead, dlogits, hf_, true, false, false);
   Tensor dhf = act(dev, dtype_, {N, spec_.dim}, "dhf");
   dev.matmul(dhf, dlogits, data_of(head_m, "weight"), false, false, false);
@@ -603,12 +606,14 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   }
   Module& emb = embed();
   emb.run_pre_backward();
-  Tensor dtok = dev.alloc(dtype_, {V, spec_.dim}, "dtok_emb", MemCategory::temporaries);
+  // The embeddings' grads as linear_backward's: grads from their allocation; tied, the token
+  // embedding's with the LM head's added where autograd's buffer sums them (not measured apart).
+  Tensor dtok = dev.alloc(dtype_, {V, spec_.dim}, "dtok_emb",
+                          spec_.tied_embeddings ? MemCategory::temporaries : MemCategory::grads);
   dev.embedding_backward(dtok, dx, ids_.view({N}));
   if (spec_.tied_embeddings) dev.add(dtok, dtok, dhead);
   if (spec_.pos == PositionKind::learned) {
-    Tensor dpos = dev.alloc(dtype_, {spec_.positions, spec_.dim}, "dpos_emb",
-                            MemCategory::temporaries);
+    Tensor dpos = dev.alloc(dtype_, {spec_.positions, spec_.dim}, "dpos_emb", MemCategory::grads);
     dev.embedding_backward(dpos, dx, positions_);
     accumulate_grad(dev, *emb.params().get("pos"), std::move(dpos));
   }

@@ -225,11 +225,11 @@ class TransformerTwin(torch.nn.Module):
         logits = self.lm_head(self.norm(x))
         del x
         # ForCausalLMLoss: the logits upcast, the labels padded and shifted into a contiguous
-        # target (zerocheck's labels are already the next tokens, so the pad goes in front).
+        # target (zerocheck's labels are already the next tokens, so the pad goes in front); its
+        # local holds the padded labels until it returns, through cross_entropy.
         logits = logits.float().view(-1, m["vocab"])
         padded = torch.nn.functional.pad(labels, (1, 0), value=-100)
         target = padded[..., 1:].contiguous().view(-1)
-        del padded
         return torch.nn.functional.cross_entropy(logits, target, ignore_index=-100, reduction="mean")
 
 
