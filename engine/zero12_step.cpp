@@ -213,27 +213,8 @@ StepPrep Zero12Optimizer::prepare_step() {
 double Zero12Optimizer::norm_sum_sq(const StepPrep& prep) {
   if (cpu_offload_) return ZeroOptimizer::norm_sum_sq(prep);
   grad_norms_.clear();
-  double sum_sq = 0.0;
   const std::size_t pieces = std::min(averaged_parts_.size(), in_partition_.size());  // not the padding
-  for (std::size_t k = 0; k < pieces; ++k) {
-    const Tensor& g = averaged_parts_[k];
-    Tensor wide = dev_.alloc(DType::f64, {g.numel()}, "grad_norm_f64", MemCategory::temporaries);  // [piece] f64
-    dev_.cast(wide, g);
-    const double piece = dev_.sum_sq(wide);
-    sum_sq += piece;
-    Tensor norm = dev_.alloc(DType::f64, {1}, "grad_norm_piece", MemCategory::temporaries);  // 0-dim f64
-    dev_.fill(norm, std::sqrt(piece));
-    grad_norms_.push_back(norm);
-  }
-  {  // torch.stack(all_norms).pow(2).sum(): the stack goes once squared, the squares once summed
-    const auto k = static_cast<std::int64_t>(grad_norms_.size());
-    Tensor stacked = dev_.alloc(DType::f64, {k}, "grad_norm_stack", MemCategory::temporaries);  // [pieces] f64
-    Tensor squared = dev_.alloc(DType::f64, {k}, "grad_norm_pow", MemCategory::temporaries);   // [pieces] f64
-    stacked = Tensor();
-    Tensor summed = dev_.alloc(DType::f64, {1}, "grad_norm_sum", MemCategory::temporaries);  // 0-dim f64
-    squared = Tensor();
-  }
-  return sum_sq;
+  return sum_sq_by_piece_f64(dev_, std::span(averaged_parts_).first(pieces), grad_norms_);
 }
 
 bool Zero12Optimizer::grads_have_inf_nan(const StepPrep& prep) {

@@ -204,7 +204,20 @@ StepPrep Zero3Optimizer::prepare_step() {
   return StepPrep{.grads = grad_partition_, .where = &dev_};
 }
 
+// stage3.py step's norm (get_grad_norm_direct, :2455) reads averaged_gradients, each param's
+// partition of the flat, as ZeRO-1/2's does: one f64 copy a param and its 0-dim norm, the list
+// going when the function returns (Note [ZeRO-1/2's gradient norm, as DeepSpeed allocates it]).
+// Under offload_optimizer the norm is the CPU side's.
+double Zero3Optimizer::norm_sum_sq(const StepPrep& prep) {
+  if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) return ZeroOptimizer::norm_sum_sq(prep);
+  std::vector<Tensor> pieces, norms;
+  pieces.reserve(shards_.size());
+  for (const Shard& s : shards_) pieces.push_back(prep.grads.narrow(s.offset, s.shard_numel));
+  return sum_sq_by_piece_f64(dev_, pieces, norms);
+}
+
 void Zero3Optimizer::skip_step() {
+  global_grad_norm_ = Tensor();  // _global_grad_norm = float("inf") (stage3.py:2829)
   zero_grad();
   any_partitioned_grads_ = false;
   if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) cpu_->cpu().fill(fp32_grad_cpu_, 0.0);
@@ -212,6 +225,12 @@ void Zero3Optimizer::skip_step() {
 
 void Zero3Optimizer::update(const Tensor& grads32, double norm, double combined) {
   const bool offload_opt = cfg_.zero.offload_optimizer == OffloadDevice::cpu;
+  // `self._global_grad_norm = scaled_global_grad_norm / self.loss_scale` (stage3.py:2897), before
+  // the optimizer steps; the last step's goes when the engine's step ends (as ZeRO-1/2's).
+  if (!offload_opt) {
+    last_global_grad_norm_ = global_grad_norm_;
+    global_grad_norm_ = dev_.alloc(step_plan().norm_dtype, {1}, "_global_grad_norm", MemCategory::temporaries);  // 0-dim
+  }
   base_->step(master_, grads32);
   if (cfg_.zero.offload_param == OffloadDevice::cpu) {
     if (offload_opt) {
@@ -233,7 +252,10 @@ void Zero3Optimizer::update(const Tensor& grads32, double norm, double combined)
 // coordinator]): at the step's end the persistent params are gathered again, the step's fp32 grad
 // partition already gone (measured on DeepSpeed: llama-tiny's step-0 peak is 9,467 B lower than
 // with the two at once).
-void Zero3Optimizer::post_step() { gather_persistent_parameters(); }
+void Zero3Optimizer::post_step() {
+  gather_persistent_parameters();
+  last_global_grad_norm_ = Tensor();  // step() has returned: the engine takes the new norm
+}
 
 void Zero3Optimizer::zero_grad() {
   for (Shard& s : shards_) s.p->grad = Tensor();

@@ -56,6 +56,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
  protected:
   StepPlan step_plan() const override;
   StepPrep prepare_step() override;
+  double norm_sum_sq(const StepPrep& prep) override;
   void skip_step() override;
   void update(const Tensor& grads32, double norm, double combined) override;
   void post_step() override;
@@ -133,6 +134,8 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   bool overlap_, contiguous_;
   std::int64_t bucket_size_, partition_numel_ = 0;
   std::vector<Shard> shards_;
+  Tensor global_grad_norm_;       // step()'s _global_grad_norm: 0-dim, in the norm's dtype, to the next step
+  Tensor last_global_grad_norm_;  // the last step's, which the engine holds until its step ends
   std::map<const Parameter*, std::size_t> index_;
   std::vector<std::int64_t> index_by_id_;  // Parameter::id -> shard, -1: none (index_'s fast path)
   // The shard index of p, or -1 when ZeRO-3 does not manage p.

@@ -11,6 +11,27 @@
 
 namespace zc {
 
+double ZeroOptimizer::sum_sq_by_piece_f64(Device& dev, std::span<const Tensor> pieces, std::vector<Tensor>& norms) {
+  double sum_sq = 0.0;
+  for (const Tensor& g : pieces) {
+    Tensor wide = dev.alloc(DType::f64, {g.numel()}, "grad_norm_f64", MemCategory::temporaries);  // [piece] f64
+    dev.cast(wide, g);
+    const double piece = dev.sum_sq(wide);
+    sum_sq += piece;
+    Tensor norm = dev.alloc(DType::f64, {1}, "grad_norm_piece", MemCategory::temporaries);  // 0-dim f64
+    dev.fill(norm, std::sqrt(piece));
+    norms.push_back(norm);
+  }
+  // torch.stack(norms).pow(2).sum(): the stack goes once squared, the squares once summed.
+  const auto k = static_cast<std::int64_t>(norms.size());
+  Tensor stacked = dev.alloc(DType::f64, {k}, "grad_norm_stack", MemCategory::temporaries);  // [pieces] f64
+  Tensor squared = dev.alloc(DType::f64, {k}, "grad_norm_pow", MemCategory::temporaries);   // [pieces] f64
+  stacked = Tensor();
+  Tensor summed = dev.alloc(DType::f64, {1}, "grad_norm_sum", MemCategory::temporaries);  // 0-dim f64
+  squared = Tensor();
+  return sum_sq;
+}
+
 ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm& comm,
                              const Options& opts, ParamSelect select)
     : cfg_(cfg), model_(model), dev_(dev), comm_(comm), opts_(opts),

@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace zc {
@@ -187,6 +188,11 @@ class ZeroOptimizer {
 
   // This rank's sum of squares of `prep.grads` as the norm sees it before the root.
   virtual double norm_sum_sq(const StepPrep& prep) { return prep.where->sum_sq(prep.grads); }
+  // get_grad_norm_direct's allocations on `dev` (stage_1_and_2.py:2648, stage3.py:2455; Note
+  // [ZeRO-1/2's gradient norm, as DeepSpeed allocates it]): each piece copied into f64 for its
+  // norm, its 0-dim norm appended to `norms` (the caller keeps the list as long as DeepSpeed
+  // does), then the stack, its square and their sum. Returns the sum of the pieces' squares.
+  static double sum_sq_by_piece_f64(Device& dev, std::span<const Tensor> pieces, std::vector<Tensor>& norms);
   // Whether this rank's grads hold an inf or a NaN (the overflow check's local test).
   virtual bool grads_have_inf_nan(const StepPrep& prep) { return prep.where->has_inf_nan(prep.grads); }
   // Makes prep.grads where prepare_step left them for later (StepPrep::flatten_later).
