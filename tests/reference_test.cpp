@@ -89,7 +89,8 @@ std::int64_t figure(const ReferenceComparison& c, const std::string& what, bool 
 // Llama family, whose every saved tensor the engine keeps as autograd does); and at ZeRO-2 and -3
 // llama-tiny's live bytes after step 1's forward at ZeRO-2 (every model state and every activation at once)
 // within the 0-dim scalars the engine does not model (the loss and its divisions: at most 128 B);
-// llama-tiny f32 at ZeRO-1, every figure, and at ZeRO-3 its temporaries. Returns the figures that do not, one line each. Not asserted, and listed in
+// llama-tiny f32 at ZeRO-1, every figure, and at ZeRO-3 its temporaries. Returns the figures that
+// do not, one line each. Not asserted, and listed in
 // docs/deepspeed-reference.md: ZeRO-0's gradient copies, ZeRO-1's reduction
 // path, GPT-2's backward transients, ZeRO-3's persistent re-gather on rank 1, grouped-query
 // attention at ZeRO-3.
