@@ -472,6 +472,29 @@ TEST(DeepSpeedReference, GeneratedScenariosGiveTheSameRecordInAFreshAndAReusedPo
   EXPECT_NE(compare_with_deepspeed(z, pools()).hash, compare_with_deepspeed(x, pools()).hash);
 }
 
+// What DeepSpeed leaves in a process does not reach the next scenario's memory: zero.Init replaces
+// torch.nn.functional.linear with ZeRO-3's autograd Function and never puts it back, so until the
+// worker's reset restored it (state_reset.py) an MLP ZeRO-2 scenario after a ZeRO-3 one allocated
+// its backward as ZeRO-3's Linear does (grads 64 B where a fresh worker reads 112). DeepSpeed's
+// side of every figure is the same in a fresh pool and in one that has just run ZeRO-3.
+TEST(DeepSpeedReference, AZeroThreeScenarioLeavesNoTraceInTheNextScenariosMemory) {
+  const Scenario z2 = scenario_from_json(nlohmann::json::parse(
+      R"({"world":2,"stage":2,"model":"mlp","shape":[3,4,2],"steps":2,"optimizer":"SGD","lr":0.5})"));
+  Scenario z3 = z2;
+  z3.stage = 3;
+  ReferencePools fresh(reference_env());
+  const ReferenceComparison a = compare_with_deepspeed(z2, fresh, /*memory=*/true);
+  compare_with_deepspeed(z3, pools(), /*memory=*/true);
+  const ReferenceComparison b = compare_with_deepspeed(z2, pools(), /*memory=*/true);
+  ASSERT_TRUE(a.memory.measured && b.memory.measured) << a.memory.error << b.memory.error;
+  ASSERT_EQ(a.memory.figures.size(), b.memory.figures.size());
+  for (std::size_t i = 0; i < a.memory.figures.size(); ++i) {
+    EXPECT_EQ(a.memory.figures[i].deepspeed, b.memory.figures[i].deepspeed)
+        << a.memory.figures[i].what << ": fresh pool against a pool that ran ZeRO-3 just before";
+  }
+  EXPECT_EQ(a.hash, b.hash);
+}
+
 TEST(DeepSpeedReference, AScenarioTheTwinCannotExpressNamesTheFeature) {
   Scenario s = sgd(2, 2);
   s.model = "tree";
