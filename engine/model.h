@@ -104,6 +104,9 @@ class Model : public Module {
   // The CPU side a model may keep tensors in (deepspeed.checkpointing's cpu_checkpointing): the
   // environment's host device (Options::cpu_device; a meta device in meta mode). Null: none.
   void set_host_device(Device* host) { host_ = host; }
+  // Note [Which autograd node hands a Linear its grads]: true under ZeRO-3, whose zero.Init
+  // replaces torch.nn.functional.linear with LinearFunctionForZeroStage3 (the Engine sets it).
+  void set_zero3_linear(bool on) { zero3_linear_ = on; }
 
  protected:
   // Allocates p on dev and fills it with domain values.
@@ -114,8 +117,13 @@ class Model : public Module {
   // test relies on), then accumulated into p with its grad-ready hook (Synthetic, TreeModel).
   void accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
                                   double loss_scale, std::int64_t ga);
+  // Accumulates a Linear's weight and bias grads (each becomes .grad through its hook) in the
+  // order DeepSpeed's run hands them to AccumulateGrad (Note [Which autograd node hands a Linear
+  // its grads]). `bias` null: the weight's only.
+  void accumulate_linear_grads(Device& dev, Parameter& weight, Tensor dw, Parameter* bias, Tensor db);
   DType dtype_ = DType::f32;
   Device* host_ = nullptr;
+  bool zero3_linear_ = false;
 };
 
 }  // namespace zc

@@ -120,7 +120,8 @@ HostBatch Mlp::make_batch(Rng& rng, std::int64_t samples, DataDomain domain, con
 // the batch after the backward, and holding them to the next forward was 40 B more after each
 // step on a [3,4,2] MLP. In the backward a Linear's incoming grad goes once its node has run (held
 // to the end of the backward it was 16 B over DeepSpeed's activations on that MLP), and the bias's
-// hook runs before the weight's (backward_from), which is where DeepSpeed's ipg buckets close.
+// hook runs before the weight's (backward_from; not under ZeRO-3: Note [Which autograd node hands a
+// Linear its grads]), which is where DeepSpeed's ipg buckets close.
 Tensor Mlp::layer_forward(Device& dev, Linear& l, const Tensor& x, bool kept) {
   l.run_pre_forward();
   Tensor h = dev.alloc(dtype_, {x.dim(0), l.out_features}, l.path() + ".out",
@@ -225,11 +226,8 @@ void Mlp::backward_from(Device& dev, Tensor dy) {
     Tensor db = dev.alloc(dtype_, l.bias().shape, "db", MemCategory::grads);  // [out]
     dev.sum_rows(db, dy, false);
     dy = Tensor();  // the Linear's node has run: its incoming grad goes before the params' hooks
-    // The bias's AccumulateGrad runs first: addmm's backward hands the bias its grad directly,
-    // the weight through t()'s backward (nn.Linear multiplies by weight.t()), and torch's ready
-    // queue runs AccumulateGrad nodes ahead of any other node. Its hook fills the ipg bucket first.
-    accumulate_grad(dev, l.bias(), std::move(db));
-    accumulate_grad(dev, l.weight(), std::move(dw));
+    // The bias's hook first but under ZeRO-3 (Note [Which autograd node hands a Linear its grads]).
+    accumulate_linear_grads(dev, l.weight(), std::move(dw), &l.bias(), std::move(db));
     // DeepSpeed's post-backward hook fires only through an input that requires grad: the first
     // layer's is data (Note [ZeRO-3's parameter coordinator]), and so is the model's.
     if (li > 0) l.run_post_backward();

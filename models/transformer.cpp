@@ -548,21 +548,22 @@ Tensor Transformer::linear(Device& dev, Module& m, const char* w, const char* b,
 Tensor Transformer::linear_backward(Device& dev, Module& m, const char* w, const char* b,
                                     const Tensor& dy, const Tensor& x, bool want_dx) {
   Parameter& pw = param_of(m, w);
-  Tensor dw = grad_buf(dev, dtype_, pw.shape, "dW");
-  dev.matmul(dw, dy, x, true, false, false);  // dW = dy^T x
   Tensor dx;
   if (want_dx) {
     dx = act(dev, dtype_, {dy.dim(0), x.dim(1)}, "dx");
     dev.matmul(dx, dy, pw.data, false, false, false);  // dx = dy W
   }
-  // Autograd hands its weight grad to AccumulateGrad, which keeps it as .grad without a copy.
-  accumulate_grad(dev, pw, std::move(dw));
-  if (spec_.bias && b != nullptr) {
-    Parameter& pb = param_of(m, b);
-    Tensor db = grad_buf(dev, dtype_, pb.shape, "db");
+  Tensor dw = grad_buf(dev, dtype_, pw.shape, "dW");
+  dev.matmul(dw, dy, x, true, false, false);  // dW = dy^T x
+  Parameter* pb = spec_.bias && b != nullptr ? &param_of(m, b) : nullptr;
+  Tensor db;
+  if (pb != nullptr) {
+    db = grad_buf(dev, dtype_, pb->shape, "db");
     dev.sum_rows(db, dy, false);
-    accumulate_grad(dev, pb, std::move(db));
   }
+  // Autograd hands each grad to AccumulateGrad, which keeps it as .grad without a copy, in
+  // DeepSpeed's order (Note [Which autograd node hands a Linear its grads]).
+  accumulate_linear_grads(dev, pw, std::move(dw), pb, std::move(db));
   return dx;
 }
 
