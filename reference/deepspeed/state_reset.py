@@ -11,8 +11,9 @@ Process-global state in DeepSpeed 0.19.8 that one deepspeed.initialize leaves fo
 - utils/groups.py: cached expert / model-parallel groups (none are created by the twins, reset anyway);
 - runtime/zero/partition_parameters.py: torch.nn.functional.linear, which zero.Init replaces with
   zero3_linear_wrap (LinearFunctionForZeroStage3) "until manually reset" (_enable_mem_efficient_linear,
-  :412) and never restores: a ZeRO-0/1/2 scenario after a ZeRO-3 one ran its Linears through ZeRO-3's
-  autograd Function, whose backward allocates otherwise (the MLP's ZeRO-2 grads read 64 B where a
+  :412) and never restores (its quantized initialization wraps linear and embedding alike): a
+  ZeRO-0/1/2 scenario after a ZeRO-3 one ran its Linears through ZeRO-3's autograd Function, whose
+  grads come in another order and allocate otherwise (the MLP's ZeRO-2 grads read 64 B where a
   fresh worker reads 112), which no user's ZeRO-2 run does;
 - torch's RNG (the twins draw nothing, but DeepSpeed may).
 """
@@ -20,15 +21,19 @@ import gc
 
 import torch
 
+# torch's own, taken when the worker starts (before any zero.Init): older releases keep zero.Init's
+# backup on the instance (0.14: self.linear_bk), so the reset cannot ask DeepSpeed for it.
+_TORCH_LINEAR = torch.nn.functional.linear
+_TORCH_EMBEDDING = torch.nn.functional.embedding
+
 
 def reset_process_state():
     from deepspeed.runtime.zero import partition_parameters as pp
     pp.Init.param_id = 0
     pp.Init.num_persisted_parameters = 0
     pp.Init.num_persisted_elements = 0
-    original_linear = getattr(pp.InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
-    if original_linear is not None:  # zero.Init kept it before the first replacement
-        torch.nn.functional.linear = original_linear
+    torch.nn.functional.linear = _TORCH_LINEAR
+    torch.nn.functional.embedding = _TORCH_EMBEDDING  # zero.Init's quantized initialization wraps it
     try:
         from deepspeed.ops.adam.cpu_adam import DeepSpeedCPUAdam
         DeepSpeedCPUAdam.optimizer_id = 0
