@@ -39,7 +39,8 @@ Engine::Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts)
     optimizers_[1]->set_averaging_world(comm_.size());
   }
   model_.set_grad_ready_hook([this](Parameter& p) { optimizer_of(p)->on_grad_ready(p); });
-  model_.set_zero3_linear(cfg_.zero.stage == 3);  // zero.Init's Linear (Note [Which autograd node hands a Linear its grads])
+  // zero.Init's Linear under ZeRO-3 (Note [Which autograd node hands a Linear its grads]).
+  model_.set_zero3_linear(cfg_.zero.stage == 3);
   record(fmt::format("engine init: stage {} dtype {} GA {} world {} optimizer {}{}", cfg_.zero.stage,
                      dtype_name(cfg_.model_dtype()), cfg_.gradient_accumulation_steps,
                      comm_.size(), optimizers_[0]->name(), moe ? " + MoE expert group" : ""));

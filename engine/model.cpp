@@ -95,21 +95,25 @@ void Model::accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& 
 }
 
 // Note [Which autograd node hands a Linear its grads]
-// The order of a Linear's weight and bias hooks decides where DeepSpeed's ipg buckets close (ZeRO-1/2
-// reduce a bucket when the next grad does not fit), so the engine fires them in DeepSpeed's order,
-// which depends on the autograd node that computes them:
-// - torch.nn.functional.linear (ZeRO-0/1/2): aten::linear runs addmm(bias, x, weight.t()) (a 3-d
-//   input flattened first). AddmmBackward hands the bias its grad directly and the weight's goes
-//   through t()'s backward; torch's ready queue runs AccumulateGrad nodes ahead of any other, so
-//   the bias's hook fires first. DeepSpeed's run shows it: gpt2-tiny's first ZeRO-1 bucket is the
-//   final norm's two params and the last projection's bias (192 B), then that projection's weight
-//   alone (4,096 B).
+// The order of a Linear's weight and bias hooks decides where DeepSpeed's ipg buckets close
+// (ZeRO-1/2 reduce a bucket when the next grad does not fit), so the engine fires them in
+// DeepSpeed's order, which depends on the autograd node that computes them:
+// - torch.nn.functional.linear (ZeRO-0/1/2): aten::linear runs addmm(bias, x, weight.t()) (a
+//   3-d input flattened first). AddmmBackward hands the bias its grad directly and the weight's
+//   goes through t()'s backward; torch's ready queue runs AccumulateGrad nodes ahead of any
+//   other, so the bias's hook fires first. DeepSpeed's run shows it: gpt2-tiny's first ZeRO-1
+//   bucket is the final norm's two params and the last projection's bias (192 B), then that
+//   projection's weight alone (4,096 B).
 // - Under ZeRO-3, zero.Init replaces torch.nn.functional.linear with zero3_linear_wrap
-//   (runtime/zero/partition_parameters.py:412 _enable_mem_efficient_linear; `memory_efficient_linear`,
-//   default true): LinearFunctionForZeroStage3's backward (runtime/zero/linear.py) returns the input's,
-//   the weight's and the bias's grads from one node, and the weight's AccumulateGrad runs first.
-// Both allocate the grads before either hook runs (the input's, the weight's, then the bias's sum).
-void Model::accumulate_linear_grads(Device& dev, Parameter& weight, Tensor dw, Parameter* bias, Tensor db) {
+//   (runtime/zero/partition_parameters.py:412 _enable_mem_efficient_linear, while
+//   `memory_efficient_linear` is true, its default): LinearFunctionForZeroStage3's backward
+//   (runtime/zero/linear.py) returns the input's, the weight's and the bias's grads from one
+//   node, and the weight's hook fires first. DeepSpeed's run shows it: the MLP [3,4,2] at ZeRO-3
+//   with 4-element buckets peaks at 116 B of grads, as the engine does weight first; bias first
+//   it reached 148.
+// Both allocate the grads before either hook runs (the input's, the weight's, then the bias's).
+void Model::accumulate_linear_grads(Device& dev, Parameter& weight, Tensor dw, Parameter* bias,
+                                    Tensor db) {
   if (bias != nullptr && !zero3_linear_) accumulate_grad(dev, *bias, std::move(db));
   accumulate_grad(dev, weight, std::move(dw));
   if (bias != nullptr && zero3_linear_) accumulate_grad(dev, *bias, std::move(db));

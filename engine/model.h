@@ -120,7 +120,8 @@ class Model : public Module {
   // Accumulates a Linear's weight and bias grads (each becomes .grad through its hook) in the
   // order DeepSpeed's run hands them to AccumulateGrad (Note [Which autograd node hands a Linear
   // its grads]). `bias` null: the weight's only.
-  void accumulate_linear_grads(Device& dev, Parameter& weight, Tensor dw, Parameter* bias, Tensor db);
+  void accumulate_linear_grads(Device& dev, Parameter& weight, Tensor dw, Parameter* bias,
+                               Tensor db);
   DType dtype_ = DType::f32;
   Device* host_ = nullptr;
   bool zero3_linear_ = false;

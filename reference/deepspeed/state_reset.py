@@ -10,11 +10,11 @@ Process-global state in DeepSpeed 0.19.8 that one deepspeed.initialize leaves fo
 - compile/util.py: dc_handle (the DeepCompile handle);
 - utils/groups.py: cached expert / model-parallel groups (none are created by the twins, reset anyway);
 - runtime/zero/partition_parameters.py: torch.nn.functional.linear, which zero.Init replaces with
-  zero3_linear_wrap (LinearFunctionForZeroStage3) "until manually reset" (_enable_mem_efficient_linear,
-  :412) and never restores (its quantized initialization wraps linear and embedding alike): a
-  ZeRO-0/1/2 scenario after a ZeRO-3 one ran its Linears through ZeRO-3's autograd Function, whose
-  grads come in another order and allocate otherwise (the MLP's ZeRO-2 grads read 64 B where a
-  fresh worker reads 112), which no user's ZeRO-2 run does;
+  zero3_linear_wrap (LinearFunctionForZeroStage3) "until manually reset"
+  (_enable_mem_efficient_linear, :412) and never restores (its quantized initialization wraps
+  linear and embedding alike): a ZeRO-0/1/2 scenario after a ZeRO-3 one ran its Linears through
+  ZeRO-3's autograd Function, whose grads come in another order and allocate otherwise (the
+  MLP's ZeRO-2 grads read 64 B where a fresh worker reads 112), which no user's ZeRO-2 run does;
 - torch's RNG (the twins draw nothing, but DeepSpeed may).
 """
 import gc
@@ -33,7 +33,7 @@ def reset_process_state():
     pp.Init.num_persisted_parameters = 0
     pp.Init.num_persisted_elements = 0
     torch.nn.functional.linear = _TORCH_LINEAR
-    torch.nn.functional.embedding = _TORCH_EMBEDDING  # zero.Init's quantized initialization wraps it
+    torch.nn.functional.embedding = _TORCH_EMBEDDING  # zero.Init's quantized init wraps it
     try:
         from deepspeed.ops.adam.cpu_adam import DeepSpeedCPUAdam
         DeepSpeedCPUAdam.optimizer_id = 0
