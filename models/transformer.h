@@ -252,8 +252,7 @@ class Transformer : public Model {
   // f32, or f64 in f64 models: norms' statistics and the loss.
   DType stats_dtype() const { return dtype_ == DType::f64 ? DType::f64 : DType::f32; }
   Tensor norm_forward(Device& dev, Module& m, const char* w, const Tensor& x, NormActs& s);
-  Tensor norm_backward(Device& dev, Module& m, const char* w, const Tensor& dout,
-                       const NormActs& s);
+  Tensor norm_backward(Device& dev, Module& m, const char* w, Tensor dout, NormActs& s);
   // The divisor of a query head's index that gives its K/V head in a.kh and a.vh (1 once repeated).
   std::int64_t kv_div(const BlockActs& a) const;
   bool f32_softmax() const;

@@ -327,8 +327,7 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   const std::int64_t S = spec_.seq, H = spec_.heads, Hkv = spec_.kv_heads;
   Tensor dh2 = mlp_backward(dev, blk, a, dx3);
   a.h2 = Tensor();
-  Tensor dx2 = norm_backward(dev, blk, "mlp_norm", dh2, a.n2);
-  dh2 = Tensor();
+  Tensor dx2 = norm_backward(dev, blk, "mlp_norm", std::move(dh2), a.n2);
   a.n2 = NormActs{};
   dev.add(dx2, dx2, dx3);
   Tensor dout = linear_backward(dev, blk, "wo", "bo", dx2, a.o, true);
@@ -347,7 +346,7 @@ Tensor Transformer::block_backward(Device& dev, Module& blk, BlockActs& a, const
   dev.add(dh1, dh1, dh1_k);
   dev.add(dh1, dh1, dh1_v);
   dq = dk = dv = dh1_k = dh1_v = Tensor();
-  Tensor dx = norm_backward(dev, blk, "attn_norm", dh1, a.n1);
+  Tensor dx = norm_backward(dev, blk, "attn_norm", std::move(dh1), a.n1);
   dev.add(dx, dx, dx2);
   a = BlockActs{};  // autograd frees what the block saved once its backward has run
   blk.run_post_backward();
@@ -578,13 +577,13 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   Tensor dhf = act(dev, dtype_, {N, spec_.dim}, "dhf");
   dev.matmul(dhf, dlogits, data_of(head_m, "weight"), false, false, false);
   dlogits = Tensor();
+  hf_ = Tensor();  // the LM head's node has run: its saved input goes before its weight's hook
   if (!spec_.tied_embeddings) {
     accumulate_grad(dev, *head_m.params().get("weight"), std::move(dhead));
   }
   head_m.run_post_backward();
   final_norm().run_pre_backward();
-  Tensor dx = norm_backward(dev, final_norm(), "weight", dhf, normf_);
-  dhf = hf_ = Tensor();
+  Tensor dx = norm_backward(dev, final_norm(), "weight", std::move(dhf), normf_);
   normf_ = NormActs{};
   final_norm().run_post_backward();
   for (std::size_t l = acts_.size(); l-- > 0;) {

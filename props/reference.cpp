@@ -489,8 +489,11 @@ ReferenceComparison compare_with_deepspeed(const Scenario& s, ReferencePools& po
     for (const MemoryFigure& f : out.memory.figures) {
       fmt::print(stderr, "  {:50} zerocheck {:8} DeepSpeed {:8}{}\n", f.what, f.zerocheck, f.deepspeed, f.exact() ? "" : "  <>");
     }
-    if (!sim.memory.empty()) {  // rank 0's steps, event by event: the category that moved, by how much, and the label
-      const std::vector<MemSample>& tl = sim.memory[0].device.steps.timeline();
+    // One rank's steps (ZC_DS_MEMORY_DUMP=R; rank 0 for any other value), event by event: the
+    // category that moved, by how much, and the label.
+    const std::size_t rank = static_cast<std::size_t>(std::max(0, std::atoi(std::getenv("ZC_DS_MEMORY_DUMP"))));
+    if (rank < sim.memory.size()) {
+      const std::vector<MemSample>& tl = sim.memory[rank].device.steps.timeline();
       for (std::size_t k = 1; k < tl.size(); ++k) {
         for (std::size_t c = 0; c < kMemCategories; ++c) {
           const std::int64_t d = tl[k].live[c] - tl[k - 1].live[c];

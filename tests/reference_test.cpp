@@ -108,7 +108,7 @@ std::string deepspeed_memory_difference(const ReferenceComparison& a,
 // Llama family, whose every saved tensor the engine keeps as autograd does); and at ZeRO-2 and -3
 // llama-tiny's live bytes after step 1's forward at ZeRO-2 (every model state and every activation at once)
 // within the 0-dim scalars the engine does not model (the loss and its divisions: at most 128 B);
-// llama-tiny f32 at ZeRO-1, every figure, and at ZeRO-3 its temporaries. Returns the figures that
+// llama-tiny f32 at ZeRO-1 and -2, every figure, and at ZeRO-3 its temporaries. Returns the figures that
 // do not, one line each. Not asserted, and listed in
 // docs/deepspeed-reference.md: ZeRO-0's gradient copies, ZeRO-1's reduction
 // path, GPT-2's backward transients, ZeRO-3's persistent re-gather on rank 1, grouped-query
@@ -154,10 +154,15 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
       const std::int64_t z = figure(c, name, true), d = figure(c, name, false);
       if (z != d) out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", name, z, d));
     }
-    // llama-tiny f32 at ZeRO-1: every figure, construction and steps, each category's peak and the
-    // whole, after each forward and step (FusedAdam's overflow buffer, ZeRO-1/2's step norm and the
-    // loss's 0-dim tensors as DeepSpeed allocates them).
-    if (s.stage == 1 && s.model == "llama-tiny" && s.dtype == "f32" && s.checkpointing.empty()) {
+    // llama-tiny f32 at ZeRO-1 and -2 (and ZeRO-1 under deepspeed.checkpointing): every figure,
+    // construction and steps, each category's peak and the whole, after each forward and step
+    // (FusedAdam's overflow buffer, ZeRO-1/2's step norm and the loss's 0-dim tensors as DeepSpeed
+    // allocates them; at ZeRO-2 the grads partition DeepSpeed allocates in the first hook of the
+    // rank that owns it, when the norm's MulBackward has freed its incoming grad and saved input).
+    const bool every_figure = s.model == "llama-tiny" && s.dtype == "f32" &&
+                              (((s.stage == 1 || s.stage == 2) && s.checkpointing.empty()) ||
+                               (s.stage == 1 && s.checkpointing == "deepspeed"));
+    if (every_figure) {
       for (const MemoryFigure& f : c.memory.figures) {
         if (f.what.rfind(fmt::format("rank {} ", rank), 0) == 0 && f.zerocheck != f.deepspeed) {
           out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", f.what, f.zerocheck, f.deepspeed));
