@@ -164,9 +164,10 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
                                (s.stage == 1 && s.checkpointing == "deepspeed"));
     if (every_figure) {
       for (const MemoryFigure& f : c.memory.figures) {
+        const std::string mine = fmt::format("rank {} ", rank);
         const bool named = std::ranges::any_of(
-            exact, [&](const std::string& w) { return f.what == fmt::format("rank {} {}", rank, w); });
-        if (f.what.rfind(fmt::format("rank {} ", rank), 0) == 0 && f.zerocheck != f.deepspeed && !named) {
+            exact, [&](const std::string& w) { return f.what == mine + w; });
+        if (f.what.rfind(mine, 0) == 0 && f.zerocheck != f.deepspeed && !named) {
           out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", f.what, f.zerocheck, f.deepspeed));
         }
       }
