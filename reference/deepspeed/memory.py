@@ -16,8 +16,9 @@ Each allocation gets one category, first match wins:
    optimizers' gradient partitions and buffers (grads), fp32 master partitions (master), optimizer
    state (optimizer_states), ipg buffers (ipg_buckets);
 2. tensors autograd saves for backward (torch.autograd.graph.saved_tensors_hooks) that were
-   allocated in the forward (activations), and each param's gradient as autograd hands it to
-   AccumulateGrad (a tensor hook on the param: grads);
+   allocated in the forward (activations), each param's gradient as autograd hands it to
+   AccumulateGrad (a tensor hook on the param: grads), and ZeRO-1/2's fp32 gradient partition of
+   16-bit params as its step hands it to the optimizer (watch_step_grads: grads);
 3. a Python number an op takes, wrapped in a 0-dim tensor (HOST), and the CPU kernel's cast of it
    (CPU_KERNEL): kept apart, as a GPU run holds neither in device memory (before the call site:
    a reduce-scatter's divisor is not its staging);
@@ -188,6 +189,31 @@ class MemoryRecorder:
         for p in module.parameters():
             if p.requires_grad:
                 self.hooks.append(p.register_hook(seen))
+
+    def watch_step_grads(self, optimizer):
+        """ZeRO-1/2's fp32 gradient partition, as the step hands it to the torch optimizer
+        (stage_1_and_2.py step(): the flat partition cast to the masters' dtype, set as
+        single_partition_of_fp32_groups[i].grad, stepped by _optimizer_step(i), dropped after):
+        grads, as ZeRO-3's _prepare_fp32_grad_for_sub_group is and as the engine's step holds it,
+        where the cast makes a new tensor (16-bit params: no snapshot sees it). In f32 the cast
+        returns the flat partition itself, the flatten's, a temporary on both sides (the engine's
+        step flattens into a temporary too). Under offload the partition is the persistent pinned
+        buffer, which identity names first."""
+        groups = getattr(optimizer, "single_partition_of_fp32_groups", None)
+        bit16 = getattr(optimizer, "bit16_groups", None)
+        inner = getattr(optimizer, "_optimizer_step", None)
+        if groups is None or bit16 is None or inner is None:
+            return
+
+        def stepped(i):
+            g = groups[i].grad
+            cast = g is not None and bool(bit16[i]) and bit16[i][0].dtype != g.dtype
+            ptr = _storage(g) if cast else None
+            if ptr is not None:
+                self.grads.append(ptr)
+                self.mark(f"grad:{len(self.grads) - 1}")
+            return inner(i)
+        optimizer._optimizer_step = stepped
 
     def snapshot(self, engine=None, module=None):
         """The storages DeepSpeed holds now, by category (identity); before deepspeed.initialize,

@@ -345,6 +345,9 @@ class _NoMemory:
     def watch_grads(self, module):
         pass
 
+    def watch_step_grads(self, optimizer):
+        pass
+
     def labelled(self, category):
         return self._nothing()
 
@@ -384,6 +387,7 @@ def run_scenario(directory, counter, measure_memory=True):
     groups = moe_param_groups(model) if moe_ep_size(spec) else model.parameters()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=spec["ds_config"])
     mem.snapshot(engine)
+    mem.watch_step_grads(engine.optimizer)
     params = record_order(list(engine.module.parameters()), spec)
     if params[0].dtype != dtype:
         raise ValueError(f"DeepSpeed holds the model in {params[0].dtype}, the scenario says {dtype}")
