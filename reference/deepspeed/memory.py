@@ -181,14 +181,16 @@ class MemoryRecorder:
         """Each param's gradient as autograd hands it to AccumulateGrad, which keeps that tensor as
         .grad (ZeRO-1/2's hooks then copy it into a bucket and drop it): grads, as the engine's
         .grad, though no snapshot sees it live."""
-        def seen(g):
-            ptr = _storage(g)
-            if ptr is not None:
-                self.grads.append(ptr)
-                self.mark(f"grad:{len(self.grads) - 1}")
         for p in module.parameters():
             if p.requires_grad:
-                self.hooks.append(p.register_hook(seen))
+                self.hooks.append(p.register_hook(self._grad_seen))
+
+    def _grad_seen(self, g):
+        """g, live now, is grads (the marker grad:<i> dates it)."""
+        ptr = _storage(g)
+        if ptr is not None:
+            self.grads.append(ptr)
+            self.mark(f"grad:{len(self.grads) - 1}")
 
     def watch_step_grads(self, optimizer):
         """ZeRO-1/2's fp32 gradient partition, as the step hands it to the torch optimizer
@@ -207,11 +209,8 @@ class MemoryRecorder:
 
         def stepped(i):
             g = groups[i].grad
-            cast = g is not None and bool(bit16[i]) and bit16[i][0].dtype != g.dtype
-            ptr = _storage(g) if cast else None
-            if ptr is not None:
-                self.grads.append(ptr)
-                self.mark(f"grad:{len(self.grads) - 1}")
+            if g is not None and bit16[i] and bit16[i][0].dtype != g.dtype:
+                self._grad_seen(g)
             return inner(i)
         optimizer._optimizer_step = stepped
 
