@@ -29,6 +29,7 @@
 #include <array>
 #include <map>
 #include <optional>
+#include <regex>
 
 namespace zc::props {
 
@@ -64,6 +65,7 @@ const std::array<const char*, 6> kMemoryColumns = {"scenarios", "exact", "listed
 // within_1pct counts exact figures too; listed, the differing figures a class explains.
 const std::array<const char*, 4> kMemoryCategoryColumns = {"figures", "exact", "listed", "within_1pct"};
 constexpr std::size_t kMemoryExamples = 6;  // scenarios beyond 1 % whose differences are kept
+constexpr std::size_t kMemoryReasons = 12;  // not-measured reasons named apart; the rest counted
 
 
 // Adds `counts` to the row of `table` (an array of objects) whose `key_name` is `key`.
@@ -93,6 +95,32 @@ std::string memory_row(const Scenario& s) {
   return fmt::format("stage {} | {} | offload {} | {}", s.stage, model, s.offload, s.dtype);
 }
 
+// Why a scenario's memory was not measured, without the rank that said it first: the same refusal
+// on rank 0 and on rank 1 is one reason.
+std::string not_measured_reason(const std::string& error) {
+  static const std::regex rank(R"(\brank \d+)");
+  const std::string reason = std::regex_replace(error, rank, "a rank");
+  return reason.empty() ? "no reason given" : reason;
+}
+
+// Counts `n` scenarios not measured for `error` (its reason), keeping the first one's description:
+// up to kMemoryReasons reasons apart, the scenarios of any further reason in one count.
+void add_not_measured(nlohmann::json& m, const std::string& error, int n,
+                      const std::string& first) {
+  const std::string reason = not_measured_reason(error);
+  nlohmann::json& reasons = m["not_measured_reasons"];
+  if (reasons.is_null()) reasons = nlohmann::json::array();
+  auto it = std::find_if(reasons.begin(), reasons.end(),
+                         [&](const nlohmann::json& r) { return r.value("reason", "") == reason; });
+  if (it != reasons.end()) {
+    (*it)["scenarios"] = it->value("scenarios", 0) + n;
+  } else if (reasons.size() < kMemoryReasons) {
+    reasons.push_back({{"reason", reason}, {"scenarios", n}, {"first", first}});
+  } else {
+    m["not_measured_other_reasons"] = m.value("not_measured_other_reasons", 0) + n;
+  }
+}
+
 // Adds one scenario's memory comparison to a count's "memory" object.
 void count_memory(nlohmann::json& m, const Scenario& s, const DeepSpeedMemoryComparison& c) {
   const std::string v = c.verdict();
@@ -110,14 +138,12 @@ void count_memory(nlohmann::json& m, const Scenario& s, const DeepSpeedMemoryCom
   if (v == "beyond" && m["examples"].size() < kMemoryExamples) {
     m["examples"].push_back({{"scenario", describe(s)}, {"differences", c.differences(4)}});
   }
-  if (!c.measured && !c.error.empty() && m["errors"].size() < kMemoryExamples) {
-    m["errors"].push_back({{"scenario", describe(s)}, {"error", c.error}});
-  }
+  if (!c.measured) add_not_measured(m, c.error, 1, describe(s));
 }
 
 nlohmann::json empty_memory_count() {
   return {{"rows", nlohmann::json::array()}, {"categories", nlohmann::json::array()}, {"listed_by_class", nlohmann::json::object()},
-          {"examples", nlohmann::json::array()}, {"errors", nlohmann::json::array()}};
+          {"examples", nlohmann::json::array()}, {"not_measured_reasons", nlohmann::json::array()}};
 }
 
 // The class of an unlisted divergence (Note [Counting the comparison]).
@@ -318,10 +344,14 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
     }
     const nlohmann::json listed = o.value("listed_by_class", nlohmann::json::object());
     for (const auto& [id, n] : listed.items()) m["listed_by_class"][id] = m["listed_by_class"].value(id, 0) + n.get<int>();
-    for (const char* list : {"examples", "errors"}) {
-      for (const nlohmann::json& e : o.value(list, nlohmann::json::array())) {
-        if (m[list].size() < kMemoryExamples) m[list].push_back(e);
-      }
+    for (const nlohmann::json& e : o.value("examples", nlohmann::json::array())) {
+      if (m["examples"].size() < kMemoryExamples) m["examples"].push_back(e);
+    }
+    for (const nlohmann::json& r : o.value("not_measured_reasons", nlohmann::json::array())) {
+      add_not_measured(m, r.value("reason", ""), r.value("scenarios", 0), r.value("first", ""));
+    }
+    if (const int other = o.value("not_measured_other_reasons", 0); other > 0) {
+      m["not_measured_other_reasons"] = m.value("not_measured_other_reasons", 0) + other;
     }
     sort_rows(m["rows"], "row");
     sort_rows(m["categories"], "category");

@@ -158,8 +158,13 @@ std::string md_reference_memory(const nlohmann::json& j) {
     s += fmt::format("\n- {}:", md_text(e.value("scenario", "")));
     for (const nlohmann::json& d : e.value("differences", nlohmann::json::array())) s += " " + md_text(d.get<std::string>()) + ";";
   }
-  for (const nlohmann::json& e : m.value("errors", nlohmann::json::array())) {
-    s += fmt::format("\n- not measured: {}: {}", md_text(e.value("scenario", "")), md_text(e.value("error", "")));
+  for (const nlohmann::json& r : m.value("not_measured_reasons", nlohmann::json::array())) {
+    s += fmt::format("\n- not measured in {} (the first: {}): {}", r.value("scenarios", 0),
+                     md_text(r.value("first", "")), md_text(r.value("reason", "")));
+  }
+  if (const int other = m.value("not_measured_other_reasons", 0); other > 0) {
+    s += fmt::format("\n- not measured in {}: reasons beyond the {} above, counted, not kept",
+                     other, m["not_measured_reasons"].size());
   }
   return s + "\n";
 }

@@ -489,7 +489,9 @@ TEST(ReportsText, ReferenceMemoryTableInMarkdownAndHtml) {
                    {"categories", {{{"category", "master"}, {"figures", 8}, {"exact", 6}, {"listed", 1}, {"within_1pct", 7}}}},
                    {"listed_by_class", {{"offload-param-cpu-partition-not-copied", 1}}},
                    {"examples", {{{"scenario", "z1 w2"}, {"differences", {"rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B"}}}}},
-                   {"errors", {{{"scenario", "z3 w2"}, {"error", "refused by both: x"}}}}}}};
+                   {"not_measured_reasons",
+                    {{{"reason", "refused by both: x"}, {"scenarios", 1}, {"first", "z3 w2"}}}},
+                   {"not_measured_other_reasons", 2}}}};
   const std::string md = markdown_report(r);
   EXPECT_NE(md.find("### Memory: DeepSpeed's CPU allocations against the engine's ledger"), std::string::npos) << md;
   EXPECT_NE(md.find("8 scenarios: every figure"), std::string::npos) << md;
@@ -498,7 +500,10 @@ TEST(ReportsText, ReferenceMemoryTableInMarkdownAndHtml) {
   EXPECT_NE(md.find("| master | 8 | 6 | 1 | 7 |"), std::string::npos) << md;
   EXPECT_NE(md.find("- memory class `offload-param-cpu-partition-not-copied`: 1 scenarios"), std::string::npos) << md;
   EXPECT_NE(md.find("- z1 w2: rank 0 steps peak: zerocheck 45 B, DeepSpeed 44 B;"), std::string::npos) << md;
-  EXPECT_NE(md.find("- not measured: z3 w2: refused by both: x"), std::string::npos) << md;
+  EXPECT_NE(md.find("- not measured in 1 (the first: z3 w2): refused by both: x"), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("- not measured in 2: reasons beyond the 1 above, counted, not kept"),
+            std::string::npos) << md;
   const std::string html = html_report(r);
   EXPECT_NE(html.find("id=\"reference-memory\""), std::string::npos);
   EXPECT_NE(html.find("id=\"reference-memory-categories\""), std::string::npos);

@@ -368,29 +368,31 @@ TEST(ReferenceCoverage, TheGeneratorReachesEveryCellOfTheCoverageSpace) {
   EXPECT_EQ(moe_ep_sizes, (std::set<int>{1, 2, 4}));
 }
 
+// One soak round's count of `cases` scenarios, `unlisted` of them in the class `key`.
+nlohmann::json round_count(int cases, int unlisted, const std::string& key, bool shrunk) {
+  nlohmann::json j = {{"seeds", {cases}}, {"cases", cases}, {"discarded", 0}, {"matched", cases - unlisted},
+                      {"values_bit_for_bit", cases - unlisted}, {"listed", 0}, {"refused_by_both", 0},
+                      {"unlisted", unlisted}, {"listed_by_class", {{"torch-adam-arithmetic", 1}}},
+                      {"class_ulps", nlohmann::json::object()}, {"conformance", nlohmann::json::array()},
+                      {"coverage", {{{"cell", "stage 0 | f32 | comm default | clip off | offload none | SGD"},
+                                     {"scenarios", cases}, {"matched", cases - unlisted}, {"listed", 0},
+                                     {"unlisted", unlisted}}}},
+                      {"deepspeed_seconds", 1.5}, {"unlisted_classes", nlohmann::json::array()}};
+  if (unlisted > 0) {
+    nlohmann::json k = {{"key", key}, {"cases", unlisted}, {"failure", "x"}};
+    if (shrunk) k["counterexample"] = to_json(Scenario{});
+    j["unlisted_classes"].push_back(k);
+  }
+  return j;
+}
+
 // A soak adds its rounds' counts: sums, every cell kept, an unlisted class seen twice counted once
 // with its cases summed and the first shrunk counterexample kept.
 TEST(ReferenceCoverage, MergingCountsSumsThemAndKeepsEachUnlistedClassOnce) {
-  auto count = [](int cases, int unlisted, const std::string& key, bool shrunk) {
-    nlohmann::json j = {{"seeds", {cases}}, {"cases", cases}, {"discarded", 0}, {"matched", cases - unlisted},
-                        {"values_bit_for_bit", cases - unlisted}, {"listed", 0}, {"refused_by_both", 0},
-                        {"unlisted", unlisted}, {"listed_by_class", {{"torch-adam-arithmetic", 1}}},
-                        {"class_ulps", nlohmann::json::object()}, {"conformance", nlohmann::json::array()},
-                        {"coverage", {{{"cell", "stage 0 | f32 | comm default | clip off | offload none | SGD"},
-                                       {"scenarios", cases}, {"matched", cases - unlisted}, {"listed", 0},
-                                       {"unlisted", unlisted}}}},
-                        {"deepspeed_seconds", 1.5}, {"unlisted_classes", nlohmann::json::array()}};
-    if (unlisted > 0) {
-      nlohmann::json k = {{"key", key}, {"cases", unlisted}, {"failure", "x"}};
-      if (shrunk) k["counterexample"] = to_json(Scenario{});
-      j["unlisted_classes"].push_back(k);
-    }
-    return j;
-  };
   nlohmann::json total;
-  merge_conformance_counts(total, count(10, 2, "params | a", false));
-  merge_conformance_counts(total, count(20, 3, "params | a", true));
-  merge_conformance_counts(total, count(30, 1, "grads | b", true));
+  merge_conformance_counts(total, round_count(10, 2, "params | a", false));
+  merge_conformance_counts(total, round_count(20, 3, "params | a", true));
+  merge_conformance_counts(total, round_count(30, 1, "grads | b", true));
   EXPECT_EQ(total["cases"], 60);
   EXPECT_EQ(total["unlisted"], 6);
   EXPECT_EQ(total["matched"], 54);
@@ -403,6 +405,45 @@ TEST(ReferenceCoverage, MergingCountsSumsThemAndKeepsEachUnlistedClassOnce) {
   EXPECT_EQ(total["unlisted_classes"][0]["cases"], 5);
   EXPECT_TRUE(total["unlisted_classes"][0].contains("counterexample")) << "the later shrunk case is kept";
   EXPECT_EQ(coverage_summary(total)["drawn"], 1);
+}
+
+// The scenarios whose memory was not measured, counted by reason over rounds: a reason said by one
+// rank in a round and by rank 1 in another is one, its first scenario kept; past 12 reasons, the
+// rest are counted together, and every scenario is counted once.
+TEST(ReferenceCoverage, NotMeasuredMemoryIsCountedByReason) {
+  auto round = [](const nlohmann::json& reasons) {
+    nlohmann::json j = round_count(4, 0, "", false);
+    j["memory"] = {{"scenarios", 4}, {"not_measured_reasons", reasons}};
+    int n = 0;
+    for (const nlohmann::json& r : reasons) n += r["scenarios"].get<int>();
+    j["memory"]["not_measured"] = n;
+    return j;
+  };
+  nlohmann::json total;
+  // The first round as count_memory writes it (its reasons already without the rank).
+  const nlohmann::json refused0 = {{"reason", "refused by zerocheck: a rank failed: torch_adam"},
+                                    {"scenarios", 2}, {"first", "z1 w2"}};
+  const nlohmann::json refused1 = {{"reason", "refused by zerocheck: rank 1 failed: torch_adam"},
+                                    {"scenarios", 1}, {"first", "z2 w3"}};
+  const nlohmann::json boom = {{"reason", "memory.py: boom"}, {"scenarios", 1}, {"first", "z3 w2"}};
+  merge_conformance_counts(total, round(nlohmann::json::array({refused0, boom})));
+  merge_conformance_counts(total, round(nlohmann::json::array({refused1})));
+  const nlohmann::json& m = total["memory"];
+  ASSERT_EQ(m["not_measured_reasons"].size(), 2u) << m.dump();
+  EXPECT_EQ(m["not_measured_reasons"][0]["reason"], "refused by zerocheck: a rank failed: torch_adam");
+  EXPECT_EQ(m["not_measured_reasons"][0]["scenarios"], 3);
+  EXPECT_EQ(m["not_measured_reasons"][0]["first"], "z1 w2");
+  EXPECT_EQ(m["not_measured_reasons"][1]["scenarios"], 1);
+  nlohmann::json many = nlohmann::json::array();
+  for (int k = 0; k < 12; ++k) {
+    many.push_back({{"reason", fmt::format("reason {}", k)}, {"scenarios", 1}, {"first", "z0"}});
+  }
+  merge_conformance_counts(total, round(many));
+  ASSERT_EQ(m["not_measured_reasons"].size(), 12u);
+  EXPECT_EQ(m.value("not_measured_other_reasons", 0), 2) << "reasons 10 and 11 counted together";
+  int counted = m.value("not_measured_other_reasons", 0);
+  for (const nlohmann::json& r : m["not_measured_reasons"]) counted += r["scenarios"].get<int>();
+  EXPECT_EQ(counted, m["not_measured"].get<int>());
 }
 
 }  // namespace
