@@ -167,9 +167,11 @@ double Mlp::forward(Device& dev, const Batch& batch) {
   const Tensor& out = acts_.back();
   if (spec_.loss == LossKind::linear) {
     coeff_ = batch.at("c");
-    {  // the twin's c * h, summed: a [B, out] product that lives until its sum is taken
+    Tensor sum;  // the twin's (c * h).sum(), 0-dim, until it is divided by B (the engine's loss)
+    {  // c * h: a [B, out] product that lives until its sum is taken
       Tensor prod = dev.alloc(dtype_, out.shape(), "loss.c_times_out", MemCategory::temporaries);
       dev.mul(prod, coeff_, out);
+      sum = dev.alloc(dtype_, {1}, "loss.sum", MemCategory::temporaries);
     }
     loss = dev.dot(coeff_, out) / static_cast<double>(batch_);
   } else {
