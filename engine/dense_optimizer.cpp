@@ -18,20 +18,20 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
   std::vector<std::int64_t> numels;
   for (Parameter* p : params_) numels.push_back(p->numel());
   layout_ = FlatLayout::build(numels, partitioned_ ? world_ : 1, partitioned_);
-  flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat", MemCategory::params);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Parameter& p = *params_[i];
-    Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
-    dev_.cast(view, p.data);
-    p.data = view.view(p.shape);
+  if (!masters_are_params()) {  // Note [Stage 0 fp32: the params are the masters]
+    flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat", MemCategory::params);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Parameter& p = *params_[i];
+      Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
+      dev_.cast(view, p.data);
+      p.data = view.view(p.shape);
+    }
   }
   if (use_hp_) hp_ = dev_.alloc(DType::f32, {layout_.padded}, "fp32_groups_gradients_flat",
                                 MemCategory::grads);
   const std::int64_t pn = layout_.partition_numel;
   const int part = partitioned_ ? rank_ : 0;
-  if (masters_are_params()) {
-    master_ = flat_.narrow(0, pn);  // Note [Stage 0 fp32: the params are the masters]
-  } else {
+  if (!masters_are_params()) {
     master_ = dev_.alloc(DType::f32, {pn}, "fp32_groups_flat_partition", MemCategory::master);
     dev_.cast(master_, flat_.narrow(layout_.partition_start(part), pn));
   }
@@ -63,11 +63,25 @@ DenseOptimizer::DenseOptimizer(const Config& cfg, Module& model, Device& dev, Co
 // Note [Stage 0 fp32: the params are the masters]
 // Without ZeRO and without a 16-bit model DeepSpeed wraps nothing: the torch optimizer steps the
 // module's own params (engine.py _configure_optimizer; basic_optimizer over model.parameters()),
-// so there is no fp32 master apart from them. The engine's master is then the flat params
-// themselves, stepped in place: no second copy in its ledger or a plan's (measured on DeepSpeed:
-// its master category is 0 B in every stage-0 fp32 scenario). The values are the same bits: the
-// cast back from an fp32 master to fp32 params was the identity.
+// so there is no fp32 master apart from them, and no flat copy of the params either. The engine
+// steps each param where the model allocated it: no second copy in its ledger or a plan's
+// (measured on DeepSpeed: its master category is 0 B in every stage-0 fp32 scenario, and its
+// construction peak holds the params once, where a flat copy held them twice for a moment). The
+// values are the same bits: the cast back from an fp32 master to fp32 params was the identity.
 bool DenseOptimizer::masters_are_params() const { return !partitioned_ && dtype_ == DType::f32; }
+
+std::vector<Tensor> DenseOptimizer::master_partitions() {
+  if (!masters_are_params()) return {master_};
+  // The params as one flat f32 tensor, copied for whoever reads the masters (the step holds none).
+  Tensor flat =
+      dev_.alloc(DType::f32, {layout_.padded}, "params_as_masters", MemCategory::temporaries);
+  dev_.fill(flat, 0.0);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i];
+    dev_.copy(flat.narrow(layout_.offsets[i], p.numel()), p.data.view({p.numel()}));
+  }
+  return {flat};
+}
 
 std::string_view DenseOptimizer::name() const {
   if (use_hp_) return "BF16_Optimizer";
@@ -294,7 +308,9 @@ bool DenseOptimizer::step() {
     for (const Tensor& g : grads) dev_.scale(g, static_cast<double>(coef));
     how = fmt::format("clip_grad_norm_ coef {:.9g}", coef);
   }
-  base_->step(master_, grads);
+  std::vector<Tensor> masters;
+  for (Parameter* p : params_) masters.push_back(p->data.view({p->numel()}));
+  base_->step(masters, grads);
   zero_grad();
   record(fmt::format("step {}: {}", base_->steps(), how));
   return true;
@@ -311,10 +327,12 @@ void DenseOptimizer::update(const Tensor& grads32, double norm, double combined)
 }
 
 void DenseOptimizer::finish_step(const Tensor& grads32, std::string_view how) {
+  ZC_ASSERT(!masters_are_params(), "{}: a stage-0 fp32 model steps in step(), not as a param group",
+            name());
   const std::int64_t pn = layout_.partition_numel;
   base_->step(master_, grads32);
   Tensor mine = flat_.narrow(layout_.partition_start(partitioned_ ? rank_ : 0), pn);
-  if (!masters_are_params()) dev_.cast(mine, master_);
+  dev_.cast(mine, master_);
   zero_grad();
   if (partitioned_ && comm_.size() > 1) comm_.all_gather(flat_, mine);  // as zero12_step.cpp: none at world 1
   record(fmt::format("step {}: {}", base_->steps(), how));

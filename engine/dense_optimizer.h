@@ -23,7 +23,7 @@ class DenseOptimizer final : public ZeroOptimizer {
   bool step() override;
   void zero_grad() override;
   std::vector<Tensor> averaged_gradients() override;
-  std::vector<Tensor> master_partitions() override { return {master_}; }
+  std::vector<Tensor> master_partitions() override;
   std::vector<double> gathered_grads() override;
 
  protected:
@@ -59,9 +59,9 @@ class DenseOptimizer final : public ZeroOptimizer {
   bool grads_are_fp32_copies() const { return unfused_ && !partitioned_; }
   int world_, rank_;
   FlatLayout layout_;
-  Tensor flat_;    // [padded] model dtype; params are views
+  Tensor flat_;    // [padded] model dtype; params are views (none when masters_are_params())
   Tensor hp_;      // [padded] f32 when use_hp_
-  Tensor master_;  // [partition_numel] f32; flat_ itself when masters_are_params()
+  Tensor master_;  // [partition_numel] f32 (none when masters_are_params(): the params are)
   bool masters_are_params() const;
   std::unique_ptr<BaseOptimizer> base_;
   bool reduced_ = false;

@@ -141,7 +141,16 @@ void BaseOptimizer::step(const Tensor& master, const Tensor& grad, bool engine_s
 }
 
 void BaseOptimizer::step(const Tensor& master, const std::vector<Tensor>& segment_grads, bool engine_step) {
-  ZC_ASSERT(segment_grads.size() == segments_.size(), "{} grads for {} segments", segment_grads.size(), segments_.size());
+  std::vector<Tensor> masters;
+  for (const auto& [off, len] : segments_) masters.push_back(master.narrow(off, len));
+  step(masters, segment_grads, engine_step);
+}
+
+void BaseOptimizer::step(const std::vector<Tensor>& segment_masters,
+                         const std::vector<Tensor>& segment_grads, bool engine_step) {
+  ZC_ASSERT(segment_grads.size() == segments_.size() && segment_masters.size() == segments_.size(),
+            "{} grads and {} masters for {} segments", segment_grads.size(), segment_masters.size(),
+            segments_.size());
   if (steps_ == 0) create_states();
   ++steps_;
   const double lr = engine_step ? scheduled_lr(cfg_, engine_steps_++) : cfg_.lr;
@@ -149,7 +158,8 @@ void BaseOptimizer::step(const Tensor& master, const std::vector<Tensor>& segmen
     SgdParams p{lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, steps_ == 1};
     for (std::size_t i = 0; i < segments_.size(); ++i) {
       const auto& [off, len] = segments_[i];
-      dev_.sgd_step(master.narrow(off, len), segment_grads[i], state_a_.defined() ? state_a_.narrow(off, len) : Tensor(), p);
+      const Tensor momentum = state_a_.defined() ? state_a_.narrow(off, len) : Tensor();
+      dev_.sgd_step(segment_masters[i], segment_grads[i], momentum, p);
     }
     return;
   }
@@ -172,7 +182,8 @@ void BaseOptimizer::step(const Tensor& master, const std::vector<Tensor>& segmen
   p.beta2_pow = beta2_pow_;
   for (std::size_t i = 0; i < segments_.size(); ++i) {
     const auto& [off, len] = segments_[i];
-    dev_.adam_step(master.narrow(off, len), segment_grads[i], state_a_.narrow(off, len), state_b_.narrow(off, len), p);
+    dev_.adam_step(segment_masters[i], segment_grads[i], state_a_.narrow(off, len),
+                   state_b_.narrow(off, len), p);
   }
 }
 

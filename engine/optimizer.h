@@ -61,9 +61,12 @@ class BaseOptimizer {
   // (`engine_step`) takes the scheduled learning rate and advances the schedule; FP16_Optimizer's
   // dummy step at construction runs before DeepSpeed builds the scheduler, at the config's lr.
   void step(const Tensor& master, const Tensor& grad, bool engine_step = true);
-  // The same step with each segment's grad its own tensor ([length] f32, in segment order): the
-  // torch optimizer over a stage-0 fp32 model's params, which steps their .grad tensors as they are.
+  // The same step with each segment's grad its own tensor ([length] f32, in segment order).
   void step(const Tensor& master, const std::vector<Tensor>& segment_grads, bool engine_step = true);
+  // The same step with each segment's master its own tensor too: the torch optimizer over a
+  // stage-0 fp32 model's params, which steps them and their .grad tensors where they are.
+  void step(const std::vector<Tensor>& segment_masters, const std::vector<Tensor>& segment_grads,
+            bool engine_step = true);
   std::int64_t steps() const { return steps_; }
   const Tensor& exp_avg() const { return state_a_; }
   const Tensor& exp_avg_sq() const { return state_b_; }
