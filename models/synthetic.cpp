@@ -75,6 +75,9 @@ double Synthetic::forward(Device& dev, const Batch& batch) {
   held_ = batch;
   means_.assign(shapes_.size(), Tensor());
   double loss = 0;
+  // The twin's 0-dim tensors: each term (p * mean).sum(), held until the next one replaces it, and
+  // the running loss (the first term, then loss + term); the engine's loss tensor follows.
+  Tensor running, term;
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const Tensor& g = held_.at(fmt::format("g{}", i));  // [B, numel]
     const Parameter& p = param(i);
@@ -89,7 +92,11 @@ double Synthetic::forward(Device& dev, const Batch& batch) {
     {
       Tensor prod = dev.alloc(dtype_, {p.numel()}, "p_times_mean", MemCategory::temporaries);
       dev.mul(prod, p.data.view({p.numel()}), mean);
+      Tensor sum = dev.alloc(dtype_, {1}, "loss.term", MemCategory::temporaries);  // before prod is freed
+      prod = Tensor();
+      term = sum;
     }
+    running = running.defined() ? dev.alloc(dtype_, {1}, "loss", MemCategory::temporaries) : term;
     means_[i] = mean;
   }
   run_post_forward();
