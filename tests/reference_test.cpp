@@ -248,8 +248,8 @@ TEST(DeepSpeedReference, TinyTransformersMatchDeepSpeedWithinTheFloatBoundAndHol
   }
 }
 
-// The MLP twin's memory at stages 0-3, world 2: every category is DeepSpeed's bytes on both ranks,
-// but temporaries at stage 3 (DeepSpeed's 0-dim tensors the engine does not model there; at 1-2
+// The MLP twin's memory at stages 0-3, world 2: every category is DeepSpeed's bytes on both ranks
+// (at stage 0 every figure, construction included), but temporaries at stage 3 (DeepSpeed's 0-dim tensors the engine does not model there; at 1-2
 // the step's norm allocates as DeepSpeed's), and at stages 0-2 the whole steps' peak is held too
 // (the loss's 0-dim tensors: (c * h).sum() while the product lives, and those of the backward).
 // What holds it: the bias's hook before
@@ -264,6 +264,11 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporarie
     SCOPED_TRACE(describe(s));
     const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
     ASSERT_TRUE(c.memory.measured) << c.memory.error;
+    // At stage 0 every figure, construction included: the params stay where the model made them
+    // (Note [Stage 0 fp32: the params are the masters]).
+    if (stage == 0) {
+      EXPECT_EQ(c.memory.verdict(), "exact") << fmt::format("{}", fmt::join(c.memory.differences(8), "; "));
+    }
     std::vector<std::string> cats = {"params", "master", "optimizer_states", "grads", "activations"};
     if (stage > 0) cats.insert(cats.end(), {"ipg_buckets", "comm_buffers"});
     // ZeRO-1/2's step: the norm's f64 copies, _global_grad_norm, the flat after the norm (Note
@@ -279,6 +284,24 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporarie
         const std::string name = fmt::format("rank {} steps peak", rank);
         EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
       }
+    }
+  }
+}
+
+// The Synthetic twin's forward at stages 0-2, world 2: its temporaries peak at DeepSpeed's bytes on
+// both ranks, the first param's product with the 0-dim (p * mean).sum() taken from it (24 B on
+// [5,3] f32, 20 without the sum). Its activations are 12 B under (the loss's 0-dim grads).
+TEST(DeepSpeedReference, SyntheticTemporariesAreDeepSpeeds) {
+  for (int stage = 0; stage <= 2; ++stage) {
+    const Scenario s = scenario_from_json(nlohmann::json::parse(fmt::format(
+        R"({{"world":2,"stage":{},"model":"synthetic","shape":[5,3],"steps":2,"optimizer":"SGD","lr":0.5{}}})",
+        stage, stage == 0 ? R"(,"contiguous_gradients":false)" : "")));
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
+    ASSERT_TRUE(c.memory.measured) << c.memory.error;
+    for (const int rank : {0, 1}) {
+      const std::string name = fmt::format("rank {} steps peak of temporaries", rank);
+      EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
     }
   }
 }
