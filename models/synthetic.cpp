@@ -92,7 +92,8 @@ double Synthetic::forward(Device& dev, const Batch& batch) {
     {
       Tensor prod = dev.alloc(dtype_, {p.numel()}, "p_times_mean", MemCategory::temporaries);
       dev.mul(prod, p.data.view({p.numel()}), mean);
-      Tensor sum = dev.alloc(dtype_, {1}, "loss.term", MemCategory::temporaries);  // before prod is freed
+      // before prod is freed
+      Tensor sum = dev.alloc(dtype_, {1}, "loss.term", MemCategory::temporaries);
       prod = Tensor();
       term = sum;
     }

@@ -249,11 +249,11 @@ TEST(DeepSpeedReference, TinyTransformersMatchDeepSpeedWithinTheFloatBoundAndHol
 }
 
 // The MLP twin's memory at stages 0-3, world 2: every category is DeepSpeed's bytes on both ranks
-// (at stage 0 every figure, construction included), but temporaries at stage 3 (DeepSpeed's 0-dim tensors the engine does not model there; at 1-2
-// the step's norm allocates as DeepSpeed's), and at stages 0-2 the whole steps' peak is held too
-// (the loss's 0-dim tensors: (c * h).sum() while the product lives, and those of the backward).
-// What holds it: the bias's hook before
-// the weight's (where the ipg buckets close, so the bucket all-reduce's flats are DeepSpeed's), a
+// (at stage 0 every figure, construction included), but temporaries at stage 3 (DeepSpeed's 0-dim
+// tensors the engine does not model there; at 1-2 the step's norm allocates as DeepSpeed's), and
+// at stages 0-2 the whole steps' peak is held too (the loss's 0-dim tensors: (c * h).sum() while
+// the product lives, and those of the backward). What holds it: the bias's hook before the
+// weight's (where the ipg buckets close, so the bucket all-reduce's flats are DeepSpeed's), a
 // param's grad counted as grads from its allocation, the Linear's incoming grad freed once its
 // node has run (Note [The MLP's activations, as autograd keeps them]).
 TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporaries) {
@@ -267,7 +267,8 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporarie
     // At stage 0 every figure, construction included: the params stay where the model made them
     // (Note [Stage 0 fp32: the params are the masters]).
     if (stage == 0) {
-      EXPECT_EQ(c.memory.verdict(), "exact") << fmt::format("{}", fmt::join(c.memory.differences(8), "; "));
+      EXPECT_EQ(c.memory.verdict(), "exact")
+          << fmt::format("{}", fmt::join(c.memory.differences(8), "; "));
     }
     std::vector<std::string> cats = {"params", "master", "optimizer_states", "grads", "activations"};
     if (stage > 0) cats.insert(cats.end(), {"ipg_buckets", "comm_buffers"});
@@ -294,7 +295,8 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporarie
 TEST(DeepSpeedReference, SyntheticTemporariesAreDeepSpeeds) {
   for (int stage = 0; stage <= 2; ++stage) {
     const Scenario s = scenario_from_json(nlohmann::json::parse(fmt::format(
-        R"({{"world":2,"stage":{},"model":"synthetic","shape":[5,3],"steps":2,"optimizer":"SGD","lr":0.5{}}})",
+        R"({{"world":2,"stage":{},"model":"synthetic","shape":[5,3],"steps":2,"optimizer":"SGD",)"
+        R"("lr":0.5{}}})",
         stage, stage == 0 ? R"(,"contiguous_gradients":false)" : "")));
     SCOPED_TRACE(describe(s));
     const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
