@@ -190,9 +190,10 @@ class Device {
                             const Tensor& labels) = 0;
   // Hugging Face's loss op by op, as torch's cross_entropy runs it (log_softmax, then nll_loss;
   // models/transformer.h, Note [Hugging Face's saved tensors]). log_softmax_nll, per row of logits
-  // [B,C] with labels [B], in softmax_xent's arithmetic: logp = (x - max) - log(denom) [B,C] and
-  // row_loss = log(denom) - (x[label] - max) [B].
-  virtual void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+  // [B,C] with labels [B], in softmax_xent's arithmetic: logp = (x - max) - log(denom) [B,C]; then
+  // nll_loss's mean into the one-element `loss`: sum_b -logp[b, label_b] (ascending b) / B, with
+  // no per-row tensor, as nll_loss makes none.
+  virtual void log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                const Tensor& labels) = 0;
   // nll_loss's backward: grad [B,C] = 0, but grad[b, labels[b]] = value.
   virtual void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) = 0;

@@ -503,13 +503,17 @@ std::vector<std::int64_t> label_rows(const char* op, const Tensor& x, const Tens
 
 }  // namespace
 
-void HostDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+void HostDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                  const Tensor& labels) {
-  for (const Tensor* t : {&logp, &row_loss, &logits, &labels}) on("log_softmax_nll", *t, placement_);
+  for (const Tensor* t : {&logp, &loss, &logits, &labels}) on("log_softmax_nll", *t, placement_);
   same_numel("log_softmax_nll", logp, logits);
-  const std::vector<std::int64_t> label = label_rows("log_softmax_nll", logits, labels, &row_loss);
+  if (loss.numel() != 1) {
+    throw UsageError(fmt::format("log_softmax_nll: the loss is one element, not {}", loss.numel()));
+  }
+  const std::vector<std::int64_t> label = label_rows("log_softmax_nll", logits, labels, nullptr);
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
-  with_compute({&logp, &row_loss, &logits}, [&]<class T>(T) {
+  with_compute({&logp, &loss, &logits}, [&]<class T>(T) {
+    T sum = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
       T mx = -std::numeric_limits<T>::infinity();
       for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, ld<T>(logits, r * cols + c));
@@ -517,10 +521,12 @@ void HostDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, con
       for (std::int64_t c = 0; c < cols; ++c) denom = denom + std::exp(ld<T>(logits, r * cols + c) - mx);
       const T log_denom = std::log(denom);
       for (std::int64_t c = 0; c < cols; ++c) st<T>(logp, r * cols + c, (ld<T>(logits, r * cols + c) - mx) - log_denom);
-      st<T>(row_loss, r, log_denom - (ld<T>(logits, r * cols + label[static_cast<std::size_t>(r)]) - mx));
+      sum = sum - ld<T>(logp, r * cols + label[static_cast<std::size_t>(r)]);
     }
+    st<T>(loss, 0, sum / static_cast<T>(rows));
   });
-  count_kernel(4 * logits.numel(), logits.nbytes() + labels.nbytes(), logp.nbytes());
+  count_kernel(4 * logits.numel() + rows + 1, logits.nbytes() + labels.nbytes(),
+               logp.nbytes() + loss.nbytes());
 }
 
 void HostDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {

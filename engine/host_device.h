@@ -48,7 +48,7 @@ class HostDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
-  void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+  void log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                        const Tensor& labels) override;
   void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) override;
   void log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) override;
@@ -136,7 +136,7 @@ class MetaDevice final : public Device {
   void sum_rows(const Tensor& out, const Tensor& x, bool accumulate) override;
   void softmax_xent(const Tensor& dlogits, const Tensor& row_loss, const Tensor& logits,
                     const Tensor& labels) override;
-  void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+  void log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                        const Tensor& labels) override;
   void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) override;
   void log_softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& logp) override;

@@ -116,14 +116,15 @@ void MetaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   }
   tally(counters_, 5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
-void MetaDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+void MetaDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                  const Tensor& labels) {
-  all_meta("log_softmax_nll", {&logp, &row_loss, &logits, &labels});
+  all_meta("log_softmax_nll", {&logp, &loss, &logits, &labels});
   same_numel("log_softmax_nll", logp, logits);
-  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
-    throw UsageError("log_softmax_nll: logits must be [B,C] with labels and row_loss [B]");
+  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || loss.numel() != 1) {
+    throw UsageError("log_softmax_nll: logits must be [B,C] with labels [B] and a one-element loss");
   }
-  tally(counters_, 4 * logits.numel(), logits.nbytes() + labels.nbytes(), logp.nbytes());
+  tally(counters_, 4 * logits.numel() + logits.dim(0) + 1, logits.nbytes() + labels.nbytes(),
+        logp.nbytes() + loss.nbytes());
 }
 void MetaDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double) {
   all_meta("nll_loss_backward", {&grad, &labels});

@@ -523,16 +523,15 @@ Tensor Transformer::norm_backward(Device& dev, Module& m, const char* w, Tensor 
     accumulate_grad(dev, param_of(m, bname.c_str()), std::move(db));
     return dx;
   }
-  // The weight's grad as autograd computes it for w * xn: the rows dout * xn (MulBackward's
-  // product, an activation grad while the backward runs it), summed. dx from rmsnorm_backward,
-  // whose own dw (from the unrounded rows) is dropped.
+  // dx from rmsnorm_backward. The dw it writes beside (from the unrounded rows) is not autograd's
+  // and is overwritten at once, in the buffer the weight's grad takes (no allocation autograd has
+  // not): the weight's grad as autograd computes it for w * xn, the rows dout * xn (MulBackward's
+  // product, an activation grad while the backward runs it), summed.
+  dev.rmsnorm_backward(dx, dw, dout, s.x, data_of(m, w), s.rstd);
   Tensor rows = act(dev, dtype_, {N, d}, "dnorm_w_rows");
   dev.mul(rows, dout, s.xn);
   dev.sum_rows(dw, rows, false);
   rows = Tensor();
-  Tensor dw_unrounded = tmp(dev, dtype_, {d}, "dnorm_w_unused");
-  dev.rmsnorm_backward(dx, dw_unrounded, dout, s.x, data_of(m, w), s.rstd);
-  dw_unrounded = Tensor();
   // The weight's hook runs once w * xn's MulBackward has run (AccumulateGrad ahead of the rest of
   // the norm's nodes), which has freed its incoming grad and its saved xn by then. DeepSpeed's
   // ZeRO-2 allocates its grads partition in the first hook of the rank that owns it (the final

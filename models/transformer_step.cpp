@@ -528,17 +528,15 @@ double Transformer::forward(Device& dev, const Batch& batch) {
   Tensor padded_labels = dev.alloc(DType::u8, {batch_ * (S + 1) * 8}, "labels_padded", MemCategory::activations);
   target_ = dev.alloc(DType::u8, {N * 8}, "nll_loss_target", MemCategory::activations);
   logp_ = act(dev, loss_dtype, {N, V}, "log_softmax");
-  // nll_loss_forward's total_weight (0-dim, the mean's divisor), which nll_loss keeps for its
-  // backward too; its other output is the loss (Engine::forward's 0-dim loss tensor).
+  // nll_loss_forward's output and total_weight (0-dim each, allocated in that order; the second
+  // is the mean's divisor, which nll_loss keeps for its backward too). The output is the model's
+  // loss: held here until the forward returns, when Engine::forward's 0-dim loss takes its place.
+  Tensor loss = dev.alloc(loss_dtype, {1}, "nll_loss", MemCategory::temporaries);
   total_weight_ = act(dev, loss_dtype, {1}, "nll_loss_total_weight");
-  Tensor rows = dev.alloc(loss_dtype, {N}, "row_loss", MemCategory::temporaries);
-  Tensor ones = dev.alloc(loss_dtype, {N}, "ones", MemCategory::temporaries);
-  dev.log_softmax_nll(logp_, rows, up, labels_.view({N}));
+  dev.log_softmax_nll(logp_, loss, up, labels_.view({N}));
   up = logits = padded_labels = Tensor();
-  dev.fill(ones, 1.0);
-  const double loss = dev.dot(rows, ones) / static_cast<double>(N);
   run_post_forward();
-  return loss;
+  return item(dev, loss, 0.0);
 }
 
 void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {

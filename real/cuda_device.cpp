@@ -455,19 +455,20 @@ void CudaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
   count_kernel(5 * logits.numel(), logits.nbytes() + labels.nbytes(), dlogits.nbytes());
 }
 
-void CudaDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+void CudaDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                  const Tensor& labels) {
-  for (const Tensor* t : {&logp, &row_loss, &logits, &labels}) on("log_softmax_nll", *t, Placement::cuda);
+  for (const Tensor* t : {&logp, &loss, &logits, &labels}) on("log_softmax_nll", *t, Placement::cuda);
   same_numel("log_softmax_nll", logp, logits);
-  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || row_loss.numel() != logits.dim(0)) {
-    throw UsageError(fmt::format("log_softmax_nll: {} needs labels and row_loss of [{}]",
+  if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || loss.numel() != 1) {
+    throw UsageError(fmt::format("log_softmax_nll: {} needs labels of [{}] and a one-element loss",
                                  shape_str(logits.shape()), logits.ndim() == 2 ? logits.dim(0) : -1));
   }
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   check_ids("log_softmax_nll", labels, cols);
-  CUDA_CHECK(kernels::log_softmax_nll(st_->stream, any_f64(logp, row_loss, logits), vw(logp), vw(row_loss), vw(logits),
+  CUDA_CHECK(kernels::log_softmax_nll(st_->stream, any_f64(logp, loss, logits), vw(logp), vw(loss), vw(logits),
                                       vw(labels), rows, cols));
-  count_kernel(4 * logits.numel(), logits.nbytes() + labels.nbytes(), logp.nbytes());
+  count_kernel(4 * logits.numel() + rows + 1, logits.nbytes() + labels.nbytes(),
+               logp.nbytes() + loss.nbytes());
 }
 
 void CudaDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {

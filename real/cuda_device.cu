@@ -267,7 +267,14 @@ void log_softmax_nll_k(cudaStream_t s, View logp, View loss, View logits, View l
     row_max_denom(logits, r, cols, mx, denom);
     const T log_denom = dlog(denom);
     for (std::int64_t c = 0; c < cols; ++c) st<T>(logp, r * cols + c, (ld<T>(logits, r * cols + c) - mx) - log_denom);
-    st<T>(loss, r, log_denom - (ld<T>(logits, r * cols + label) - mx));
+  });
+  // nll_loss's mean, HostDevice's order: one thread over the rows (B reads, not B x C).
+  each(s, 1, [=] __device__(std::int64_t) {
+    T sum = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      sum = sum - ld<T>(logp, r * cols + static_cast<std::int64_t>(ld32(labels, r)));
+    }
+    st<T>(loss, 0, sum / static_cast<T>(rows));
   });
 }
 template <class T>

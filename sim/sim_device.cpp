@@ -89,10 +89,10 @@ bool SimDevice::has_inf_nan(const Tensor& x) {
 double SimDevice::dot(const Tensor& a, const Tensor& b) {
   return guarded("dot", {&a, &b}, {}, [&] { return inner_.dot(a, b); });
 }
-void SimDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+void SimDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                 const Tensor& labels) {
-  guarded("log_softmax_nll", {&logits, &labels}, {&logp, &row_loss},
-          [&] { inner_.log_softmax_nll(logp, row_loss, logits, labels); });
+  guarded("log_softmax_nll", {&logits, &labels}, {&logp, &loss},
+          [&] { inner_.log_softmax_nll(logp, loss, logits, labels); });
 }
 void SimDevice::nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) {
   guarded("nll_loss_backward", {&labels}, {&grad}, [&] { inner_.nll_loss_backward(grad, labels, value); });

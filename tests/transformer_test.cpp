@@ -344,14 +344,15 @@ TEST(TransformerBackward, ACheckpointedLayersForwardKeepsNothingPastItsLastUse) 
   EXPECT_EQ(labels[1], "attn_probs_f32") << "kept past their use, the layer's tensors peak at its end (x3)";
   EXPECT_LT(peaks[1], peaks[0] / 2) << "the plain forward keeps both layers' tensors";
   // An MoE layer's experts free theirs expert by expert: with 256 tokens over 4 experts (128 slots
-  // each) the checkpointed forward's peak is the loss's, not the MoE layer's (mlp_out, when every
-  // expert's intermediates stay until the layer returns).
+  // each) the checkpointed forward's peak is the loss's (at its last allocation, nll_loss's total
+  // weight), not the MoE layer's (mlp_out, when every expert's intermediates stay until the layer
+  // returns).
   TransformerSpec moe = transformer_preset("mixtral-tiny");
   moe.gradient_checkpointing = true;
   OnMeta m(moe, 32, DType::bf16);
   m.dev.memory().reset_peak();
   m.t.forward(m.dev, m.b);
-  EXPECT_EQ(m.dev.memory().peak_label(), "ones");
+  EXPECT_EQ(m.dev.memory().peak_label(), "nll_loss_total_weight");
 }
 
 // Hugging Face's own memory, measured on CPU (reference/hf/checkpoint_memory.py, transformers
@@ -360,26 +361,26 @@ TEST(TransformerBackward, ACheckpointedLayersForwardKeepsNothingPastItsLastUse) 
 // forward's peak, the peak through the backward, and after the backward (the loss graph still
 // held). Each measured figure is zerocheck's plus known terms, to the byte:
 //   - torch's CPU RNG state, which each checkpoint keeps (5,056 B a layer; host memory on a GPU);
-//   - zerocheck's loss takes per-row losses and a dot with ones ([B*S] f32 each, 2,048 B here)
-//     where nll_loss keeps 0-dim results: -2,048 B where the forward peaks at the loss;
-//   - and a remainder of 0-dim tensors (the loss, which Engine::forward allocates and this model
-//     alone does not, the mean's divisor), 4 to 136 B, listed per figure; nll_loss's total
-//     weight is the model's own (4 B, kept until nll_loss's backward).
+//   - and a remainder of 0-dim tensors, 4 to 136 B, listed per figure: the loss after the forward
+//     (Engine::forward's, which this model alone does not hold past its return) and the
+//     backward's own. nll_loss's output and total weight are the model's (4 B each; the weight is
+//     kept until nll_loss's backward), so the checkpointed Llama's forward peak, at the loss, is
+//     Hugging Face's to the byte but for the RNG states.
 // A figure that moves by a byte fails.
 TEST(TransformerHfCpu, LiveBytesAreHuggingFacesMeasuredOnCpu) {
   std::ifstream in(std::string(ZC_SOURCE_DIR) + "/reference/hf/measured/cpu-transformers-5.25.0-checkpointing.json");
   ASSERT_TRUE(in) << "reference/hf/measured/cpu-transformers-5.25.0-checkpointing.json";
   const nlohmann::json measured = nlohmann::json::parse(in);
-  constexpr std::int64_t kRng = 5056, kLossRows = 2048;
+  constexpr std::int64_t kRng = 5056;
   struct Known {  // measured - zerocheck, per figure
     const char* fam;
     bool ckpt;
     std::int64_t after_forward, forward_peak, peak, after_backward;
   };
   const Known known[] = {
-      {"llama", false, 36, 36 - kLossRows, 40, 4},
-      {"llama", true, 4 * kRng + 4, 4 * kRng + 4 - kLossRows, 4 * kRng + 16, 4 * kRng + 4},
-      {"gpt2", false, 132, 132 - kLossRows, 136, 4},
+      {"llama", false, 36, 32, 40, 4},
+      {"llama", true, 4 * kRng + 4, 4 * kRng, 4 * kRng + 16, 4 * kRng + 4},
+      {"gpt2", false, 132, 128, 136, 4},
       {"gpt2", true, 4 * kRng + 4, 4 * kRng + 12, 4 * kRng + 40, 4 * kRng + 4},
   };
   for (const Known& want : known) {

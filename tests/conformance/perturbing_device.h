@@ -96,9 +96,9 @@ class PerturbingDevice final : public Device {
     inner_.swiglu_backward(dgate, dup, dout, gate, up);
     hit("swiglu_backward", dgate);
   }
-  void log_softmax_nll(const Tensor& logp, const Tensor& row_loss, const Tensor& logits,
+  void log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                        const Tensor& labels) override {
-    inner_.log_softmax_nll(logp, row_loss, logits, labels);
+    inner_.log_softmax_nll(logp, loss, logits, labels);
     hit("log_softmax_nll", logp);
   }
   void nll_loss_backward(const Tensor& grad, const Tensor& labels, double value) override {

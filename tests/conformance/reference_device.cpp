@@ -428,12 +428,13 @@ void ReferenceDevice::sum_rows(const Tensor& out, const Tensor& x, bool accumula
 
 namespace {
 
-// logits [B,C] with labels and row_loss of [B] beside out [B,C]: the labels, checked.
-std::vector<std::int64_t> loss_labels(const char* op, const Tensor& out, const Tensor& row_loss,
+// logits [B,C] with labels (and row_loss, when given) of [B] beside out [B,C]: the labels, checked.
+std::vector<std::int64_t> loss_labels(const char* op, const Tensor& out, const Tensor* row_loss,
                                       const Tensor& logits, const Tensor& labels) {
   const std::int64_t rows = rows_of(op, logits);
   same_numel(op, out, logits);
-  require(labels.numel() == rows && row_loss.numel() == rows, op, "labels and row_loss need one element per row");
+  require(labels.numel() == rows && (row_loss == nullptr || row_loss->numel() == rows), op,
+          "labels and row_loss need one element per row");
   return read_ids(op, labels, logits.dim(1));
 }
 
@@ -457,7 +458,7 @@ std::pair<T, T> largest_and_denom(const Tensor& logits, std::int64_t r) {
 // (ascending c), dlogits = exp(x - max) / denom - onehot, loss = log(denom) - (x[label] - max).
 void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss,
                                    const Tensor& logits, const Tensor& labels) {
-  const std::vector<std::int64_t> label = loss_labels("softmax_xent", dlogits, row_loss, logits, labels);
+  const std::vector<std::int64_t> label = loss_labels("softmax_xent", dlogits, &row_loss, logits, labels);
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   in_compute_type({&dlogits, &row_loss, &logits}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -472,19 +473,23 @@ void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss
   });
 }
 
-// As softmax_xent: logp = (x - max) - log(denom), row_loss = log(denom) - (x[label] - max).
-void ReferenceDevice::log_softmax_nll(const Tensor& logp, const Tensor& row_loss,
-                                      const Tensor& logits, const Tensor& labels) {
-  const std::vector<std::int64_t> label = loss_labels("log_softmax_nll", logp, row_loss, logits, labels);
+// As softmax_xent: logp = (x - max) - log(denom); the loss is the mean of the rows'
+// log(denom) - (x[label] - max), each computed from the logits, not read back from logp.
+void ReferenceDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
+                                      const Tensor& labels) {
+  require(loss.numel() == 1, "log_softmax_nll", "the loss is one element");
+  const std::vector<std::int64_t> label = loss_labels("log_softmax_nll", logp, nullptr, logits, labels);
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
-  in_compute_type({&logp, &row_loss, &logits}, [&]<class T>(T) {
+  in_compute_type({&logp, &loss, &logits}, [&]<class T>(T) {
+    T sum = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto x = [&](std::int64_t c) { return get<T>(logits, r * cols + c); };
       const auto [largest, denom] = largest_and_denom<T>(logits, r);
       const T log_denom = wide_log(denom);
       for (std::int64_t c = 0; c < cols; ++c) put<T>(logp, r * cols + c, (x(c) - largest) - log_denom);
-      put<T>(row_loss, r, log_denom - (x(label[static_cast<std::size_t>(r)]) - largest));
+      sum = sum + (log_denom - (x(label[static_cast<std::size_t>(r)]) - largest));
     }
+    put<T>(loss, 0, sum / static_cast<T>(rows));
   });
 }
 
