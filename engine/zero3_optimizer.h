@@ -142,6 +142,9 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   std::int64_t find_shard(const Parameter& p) const;
   std::optional<CpuSpace> cpu_;  // offload_optimizer / offload_param
   Tensor fp16_partition_;  // [partition_numel] model dtype: every param's ds_shard is a view
+  // DeepSpeed's overflow flag (stage3.py:335, a 1-element bool on the optimizer's device, held for
+  // the optimizer's life): its byte, which every figure after construction counts.
+  Tensor inf_or_nan_tracker_;
   Tensor master_;          // [partition_numel] f32 (cpu with offload_optimizer)
   Tensor grad_partition_;  // [partition_numel] accum dtype ("__param_id_to_grad_partition")
   Tensor fp32_grad_cpu_;   // [partition_numel] f32, offload_optimizer only

@@ -208,13 +208,16 @@ void Mlp::backward_from(Device& dev, Tensor dy) {
   run_pre_backward();
   for (std::size_t li = num_layers(); li-- > 0;) {
     Linear& l = layer(li);
-    l.run_pre_backward();
+    // The relu on this Linear's output is the model's op, not the Linear's: its node runs first,
+    // and the Linear's pre-backward hook (ZeRO-3's gather) fires on the grad it makes, once the
+    // relu's result and incoming grad are freed.
     if (spec_.relu && li + 1 < num_layers()) {
       Tensor g = dev.alloc(dtype_, dy.shape(), "drelu", MemCategory::activations);  // [B, out]
       dev.relu_backward(g, dy, acts_[li + 1]);  // masked by relu's result
       acts_[li + 1] = Tensor();
       dy = g;
     }
+    l.run_pre_backward();
     const Tensor& x = acts_[li];  // [B, in]
     Tensor dx;
     if (li > 0) {

@@ -178,12 +178,28 @@ std::vector<std::string> transformer_memory_mismatches(const ReferenceComparison
       }
     }
     // llama-tiny f32 at ZeRO-3: the step's norm as DeepSpeed allocates it (each param's partition
-    // copied into f64, _global_grad_norm kept to the next step), within the 1 B tensor DeepSpeed's
-    // ZeRO-3 constructor keeps (not taken apart).
+    // copied into f64, _global_grad_norm kept to the next step), and the 1-byte overflow flag
+    // DeepSpeed's ZeRO-3 constructor keeps (stage3.py:335).
     if (s.stage == 3 && s.model == "llama-tiny" && s.dtype == "f32" && s.checkpointing.empty()) {
       const std::string name = fmt::format("rank {} steps peak of temporaries", rank);
       const std::int64_t z = figure(c, name, true), d = figure(c, name, false);
-      if (z != d - 1) out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B (not 1 B short)", name, z, d));
+      if (z != d) out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B", name, z, d));
+    }
+    // llama-tiny f32 at stage 0: every figure but the steps' peak of temporaries, 16 B under
+    // DeepSpeed's: the twin computes the rotary inv_freq in each forward ([dh/2] f32, 8 B here, so
+    // memory.py counts its tensors as 0-dim temporaries) where Hugging Face keeps a buffer from
+    // __init__. The loss is nll_loss's 0-dim (no per-row losses: 132 B before), RMSNorm's
+    // backward writes its dw into the weight's grad (no 64 B spare).
+    if (s.stage == 0 && s.model == "llama-tiny" && s.dtype == "f32" && s.checkpointing.empty()) {
+      const std::string mine = fmt::format("rank {} ", rank);
+      for (const MemoryFigure& f : c.memory.figures) {
+        if (f.what.rfind(mine, 0) != 0) continue;
+        const bool known = f.what == mine + "steps peak of temporaries";
+        if (known ? f.deepspeed - f.zerocheck != 16 : !f.exact()) {
+          out.push_back(fmt::format("{}: zerocheck {} B, DeepSpeed {} B{}", f.what, f.zerocheck,
+                                    f.deepspeed, known ? " (not 16 B under)" : ""));
+        }
+      }
     }
     if (s.stage == 2 && s.model == "llama-tiny") {
       const std::string name = fmt::format("rank {} step 1 after its first forward", rank);
@@ -248,15 +264,17 @@ TEST(DeepSpeedReference, TinyTransformersMatchDeepSpeedWithinTheFloatBoundAndHol
   }
 }
 
-// The MLP twin's memory at stages 0-3, world 2: every category is DeepSpeed's bytes on both ranks
-// (at stage 0 every figure, construction included), but temporaries at stage 3 (DeepSpeed's 0-dim
-// tensors the engine does not model there; at 1-2 the step's norm allocates as DeepSpeed's), and
-// at stages 0-2 the whole steps' peak is held too (the loss's 0-dim tensors: (c * h).sum() while
-// the product lives, and those of the backward). What holds it: the bias's hook before the
-// weight's (where the ipg buckets close, so the bucket all-reduce's flats are DeepSpeed's), a
-// param's grad counted as grads from its allocation, the Linear's incoming grad freed once its
-// node has run (Note [The MLP's activations, as autograd keeps them]).
-TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporaries) {
+// The MLP twin's memory at stages 0-3, world 2: every category's steps peak and the whole steps
+// peak are DeepSpeed's bytes on both ranks (the loss's 0-dim tensors: (c * h).sum() while the
+// product lives, and those of the backward; ZeRO-1/2's step norm as DeepSpeed allocates it). At
+// stage 0 every figure, construction included; at stage 3 every figure after construction
+// (ZeRO-3's 1-byte overflow flag, the relu's node before the Linear's gather), where its
+// constructor formats its arguments into a log line and torch's printing of each param allocates
+// (stage3.py:214, not modelled). What holds it: the bias's hook before the weight's (where the
+// ipg buckets close, so the bucket all-reduce's flats are DeepSpeed's), a param's grad counted as
+// grads from its allocation, the Linear's incoming grad freed once its node has run (Note [The
+// MLP's activations, as autograd keeps them]).
+TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigureButZero3Construction) {
   for (int stage = 0; stage <= 3; ++stage) {
     const Scenario s = scenario_from_json(nlohmann::json::parse(fmt::format(
         R"({{"world":2,"stage":{},"model":"mlp","shape":[3,4,2],"steps":2,"optimizer":"SGD","lr":0.5{}}})", stage,
@@ -270,21 +288,22 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryCategoryButStage3Temporarie
       EXPECT_EQ(c.memory.verdict(), "exact")
           << fmt::format("{}", fmt::join(c.memory.differences(8), "; "));
     }
-    std::vector<std::string> cats = {"params", "master", "optimizer_states", "grads", "activations"};
+    if (stage == 3) {
+      for (const MemoryFigure& f : c.memory.figures) {
+        if (f.what.find("construction") != std::string::npos) continue;
+        EXPECT_TRUE(f.exact()) << fmt::format("{}: zerocheck {} B, DeepSpeed {} B", f.what,
+                                              f.zerocheck, f.deepspeed);
+      }
+    }
+    std::vector<std::string> cats = {"params", "master", "optimizer_states", "grads", "activations", "temporaries"};
     if (stage > 0) cats.insert(cats.end(), {"ipg_buckets", "comm_buffers"});
-    // ZeRO-1/2's step: the norm's f64 copies, _global_grad_norm, the flat after the norm (Note
-    // [ZeRO-1/2's gradient norm, as DeepSpeed allocates it]).
-    if (stage < 3) cats.emplace_back("temporaries");
     for (const int rank : {0, 1}) {
       for (const std::string& cat : cats) {
         const std::string name = fmt::format("rank {} steps peak of {}", rank, cat);
         EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
       }
-      // and the whole: the loss's 0-dim tensors (Note [The loss's 0-dim tensors]) on the backward's peak
-      if (stage < 3) {
-        const std::string name = fmt::format("rank {} steps peak", rank);
-        EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
-      }
+      const std::string name = fmt::format("rank {} steps peak", rank);
+      EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
     }
   }
 }
