@@ -49,6 +49,16 @@ def main():
     far = events([64] * (memory.REORDER_WINDOW + 4))
     far.append(far.pop(1))
     check(not chain(memory._in_allocator_order(far)), "an event beyond the window is not moved")
+    # A free the record lacks (gloo's reduce_scatter_tensor staging): the next allocation at its
+    # pointer ends it; the free that is recorded pairs with the allocation it belongs to.
+    staging = {"t": 0, "size": 1024, "ptr": 7}
+    param = {"t": 5, "size": 1024, "ptr": 7}
+    other = {"t": 3, "size": 64, "ptr": 9}
+    freed = {"t": 9, "size": -1024, "ptr": 7}
+    memory._pair([staging, other, param, freed])
+    check(staging.get("free_t") == 5 and staging.get("free_unrecorded"), "an unrecorded free ends at its pointer's reuse")
+    check(freed.get("alloc") is param and param.get("free_t") == 9, "the recorded free is the later allocation's")
+    check("free_t" not in other and "free_unrecorded" not in param, "the others are untouched")
 
     twin = "/src/reference/deepspeed/transformer_twin.py(12): forward"
     ckpt = "/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py(300): forward"
