@@ -121,7 +121,8 @@ void MetaDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const T
   all_meta("log_softmax_nll", {&logp, &loss, &logits, &labels});
   same_numel("log_softmax_nll", logp, logits);
   if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || loss.numel() != 1) {
-    throw UsageError("log_softmax_nll: logits must be [B,C] with labels [B] and a one-element loss");
+    throw UsageError(
+        "log_softmax_nll: logits must be [B,C] with labels [B] and a one-element loss");
   }
   tally(counters_, 4 * logits.numel() + logits.dim(0) + 1, logits.nbytes() + labels.nbytes(),
         logp.nbytes() + loss.nbytes());

@@ -67,7 +67,8 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     p.ds_status = ZeroStatus::not_available;
   }
   Device& opt_dev = offload_opt ? cpu_->cpu() : dev_;
-  inf_or_nan_tracker_ = opt_dev.alloc(DType::u8, {1}, "inf_or_nan_tracker", MemCategory::temporaries);
+  inf_or_nan_tracker_ =
+      opt_dev.alloc(DType::u8, {1}, "inf_or_nan_tracker", MemCategory::temporaries);
   comm_.barrier();  // _create_fp16_partitions_with_defragmentation
   fp16_partition_ = param_dev.alloc(dtype_, {pn}, "fp16_partitioned_groups_flat", MemCategory::params);
   for (std::size_t k = 0; k < shards_.size(); ++k) {

@@ -457,7 +457,9 @@ void CudaDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss, con
 
 void CudaDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                  const Tensor& labels) {
-  for (const Tensor* t : {&logp, &loss, &logits, &labels}) on("log_softmax_nll", *t, Placement::cuda);
+  for (const Tensor* t : {&logp, &loss, &logits, &labels}) {
+    on("log_softmax_nll", *t, Placement::cuda);
+  }
   same_numel("log_softmax_nll", logp, logits);
   if (logits.ndim() != 2 || labels.numel() != logits.dim(0) || loss.numel() != 1) {
     throw UsageError(fmt::format("log_softmax_nll: {} needs labels of [{}] and a one-element loss",
@@ -465,8 +467,8 @@ void CudaDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const T
   }
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   check_ids("log_softmax_nll", labels, cols);
-  CUDA_CHECK(kernels::log_softmax_nll(st_->stream, any_f64(logp, loss, logits), vw(logp), vw(loss), vw(logits),
-                                      vw(labels), rows, cols));
+  CUDA_CHECK(kernels::log_softmax_nll(st_->stream, any_f64(logp, loss, logits), vw(logp),
+                                      vw(loss), vw(logits), vw(labels), rows, cols));
   count_kernel(4 * logits.numel() + rows + 1, logits.nbytes() + labels.nbytes(),
                logp.nbytes() + loss.nbytes());
 }

@@ -294,7 +294,8 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigureButZero3Construction)
                                               f.zerocheck, f.deepspeed);
       }
     }
-    std::vector<std::string> cats = {"params", "master", "optimizer_states", "grads", "activations", "temporaries"};
+    std::vector<std::string> cats = {"params",      "master",     "optimizer_states",
+                                     "grads",       "activations", "temporaries"};
     if (stage > 0) cats.insert(cats.end(), {"ipg_buckets", "comm_buffers"});
     for (const int rank : {0, 1}) {
       for (const std::string& cat : cats) {

@@ -56,8 +56,10 @@ def main():
     other = {"t": 3, "size": 64, "ptr": 9}
     freed = {"t": 9, "size": -1024, "ptr": 7}
     memory._pair([staging, other, param, freed])
-    check(staging.get("free_t") == 5 and staging.get("free_unrecorded"), "an unrecorded free ends at its pointer's reuse")
-    check(freed.get("alloc") is param and param.get("free_t") == 9, "the recorded free is the later allocation's")
+    check(staging.get("free_t") == 5 and staging.get("free_unrecorded"),
+          "an unrecorded free ends at its pointer's reuse")
+    check(freed.get("alloc") is param and param.get("free_t") == 9,
+          "the recorded free is the later allocation's")
     check("free_t" not in other and "free_unrecorded" not in param, "the others are untouched")
 
     twin = "/src/reference/deepspeed/transformer_twin.py(12): forward"

@@ -32,12 +32,13 @@ std::string DeviceCase::name() const {
 }
 
 double ulp_factor(const DeviceCase& c) {
+  const auto dim = [&](std::size_t i) { return static_cast<double>(c.dims.at(i)); };
   // exp of integers is no more exact than exp of anything else: every domain gets the bound.
-  if (c.op == "softmax_xent" || c.op == "causal_softmax") return 12.0 + 2.0 * static_cast<double>(c.dims.at(1));
+  if (c.op == "softmax_xent" || c.op == "causal_softmax") return 12.0 + 2.0 * dim(1);
   // The same per row, and the loss, a mean of B non-negative row losses each within that bound of
   // max(1, row): within twice it of max(1, mean), plus the sum's B roundings and the division's.
   if (c.op == "log_softmax_nll") {
-    return 2.0 * (12.0 + 2.0 * static_cast<double>(c.dims.at(1))) + static_cast<double>(c.dims.at(0)) + 1.0;
+    return 2.0 * (12.0 + 2.0 * dim(1)) + dim(0) + 1.0;
   }
   // Note [Transcendentals]: tanh/exp/cos/sin are evaluated in f64 and rounded once to the compute
   // type. CUDA's f64 versions are within 1 ulp (tanh, exp) or 2 ulp (sin, cos), glibc's within 1,
@@ -608,7 +609,8 @@ std::string run_device_case(Device& ref, Device& dut, const DeviceCase& c, doubl
       // Relative to the value, except where the output cancels (the loss, and p - 1 in the label
       // column of dlogits, the only non-positive dlogits): there relative to max(1, |ref|), or to
       // the reference's own terms (Note [Transcendentals]); never an infinite scale.
-      const bool cancels = x.name == "row_loss" || x.name == "loss" || (x.name == "dlogits" && vx <= 0);
+      const bool cancels =
+          x.name == "row_loss" || x.name == "loss" || (x.name == "dlogits" && vx <= 0);
       double scale = cancels || factor == 0 ? std::max(1.0, std::fabs(vx)) : std::fabs(vx);
       if (!x.terms.empty() && std::isfinite(x.terms[static_cast<std::size_t>(i)])) {
         scale = std::max(scale, x.terms[static_cast<std::size_t>(i)]);

@@ -458,7 +458,8 @@ std::pair<T, T> largest_and_denom(const Tensor& logits, std::int64_t r) {
 // (ascending c), dlogits = exp(x - max) / denom - onehot, loss = log(denom) - (x[label] - max).
 void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss,
                                    const Tensor& logits, const Tensor& labels) {
-  const std::vector<std::int64_t> label = loss_labels("softmax_xent", dlogits, &row_loss, logits, labels);
+  const std::vector<std::int64_t> label =
+      loss_labels("softmax_xent", dlogits, &row_loss, logits, labels);
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   in_compute_type({&dlogits, &row_loss, &logits}, [&]<class T>(T) {
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -478,7 +479,8 @@ void ReferenceDevice::softmax_xent(const Tensor& dlogits, const Tensor& row_loss
 void ReferenceDevice::log_softmax_nll(const Tensor& logp, const Tensor& loss, const Tensor& logits,
                                       const Tensor& labels) {
   require(loss.numel() == 1, "log_softmax_nll", "the loss is one element");
-  const std::vector<std::int64_t> label = loss_labels("log_softmax_nll", logp, nullptr, logits, labels);
+  const std::vector<std::int64_t> label =
+      loss_labels("log_softmax_nll", logp, nullptr, logits, labels);
   const std::int64_t rows = logits.dim(0), cols = logits.dim(1);
   in_compute_type({&logp, &loss, &logits}, [&]<class T>(T) {
     T sum = 0;
