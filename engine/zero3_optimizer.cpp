@@ -21,21 +21,7 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   const bool offload_opt = cfg.zero.offload_optimizer == OffloadDevice::cpu;
   const bool offload_par = cfg.zero.offload_param == OffloadDevice::cpu;
   if (offload_opt || offload_par) cpu_.emplace(dev_, opts.cpu_device);
-  for (Parameter* p : params_) {
-    Shard s;
-    s.p = p;
-    s.numel = p->numel();
-    s.shard_numel = decide::zero3_shard_numel<std::int64_t>(s.numel, world_);
-    s.offset = partition_numel_;
-    s.persistent = s.numel <= cfg.zero.stage3_param_persistence_threshold;
-    partition_numel_ += s.shard_numel;
-    index_[p] = shards_.size();
-    if (p->id >= 0) {
-      if (index_by_id_.size() <= static_cast<std::size_t>(p->id)) index_by_id_.resize(p->id + 1, -1);
-      index_by_id_[static_cast<std::size_t>(p->id)] = static_cast<std::int64_t>(shards_.size());
-    }
-    shards_.push_back(s);
-  }
+  lay_out_shards(cfg.zero.stage3_param_persistence_threshold);
   const std::int64_t pn = std::max<std::int64_t>(partition_numel_, 1);
   Device& param_dev = offload_par ? cpu_->cpu() : dev_;
   // zero.Init's conversion of a model built outside it (partition_parameters.py:1204,
@@ -118,6 +104,25 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
   model_.set_param_coordinator(this);
   record(fmt::format("zero3 init: {} params, partition {} elements, offload optimizer {} param {}",
                      shards_.size(), partition_numel_, offload_opt, offload_par));
+}
+
+// Each param's shard of the flat partition, in params_ order, and the indexes that find it.
+void Zero3Optimizer::lay_out_shards(std::int64_t persistence_threshold) {
+  for (Parameter* p : params_) {
+    Shard s;
+    s.p = p;
+    s.numel = p->numel();
+    s.shard_numel = decide::zero3_shard_numel<std::int64_t>(s.numel, world_);
+    s.offset = partition_numel_;
+    s.persistent = s.numel <= persistence_threshold;
+    partition_numel_ += s.shard_numel;
+    index_[p] = shards_.size();
+    if (p->id >= 0) {
+      if (index_by_id_.size() <= static_cast<std::size_t>(p->id)) index_by_id_.resize(p->id + 1, -1);
+      index_by_id_[static_cast<std::size_t>(p->id)] = static_cast<std::int64_t>(shards_.size());
+    }
+    shards_.push_back(s);
+  }
 }
 
 Zero3Optimizer::~Zero3Optimizer() {

@@ -140,6 +140,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   std::vector<std::int64_t> index_by_id_;  // Parameter::id -> shard, -1: none (index_'s fast path)
   // The shard index of p, or -1 when ZeRO-3 does not manage p.
   std::int64_t find_shard(const Parameter& p) const;
+  void lay_out_shards(std::int64_t persistence_threshold);
   std::optional<CpuSpace> cpu_;  // offload_optimizer / offload_param
   Tensor fp16_partition_;  // [partition_numel] model dtype: every param's ds_shard is a view
   // DeepSpeed's overflow flag (stage3.py:335, a 1-element bool on the optimizer's device, held for
