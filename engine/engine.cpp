@@ -37,6 +37,7 @@ Engine::Engine(Config cfg, Model& model, Device& dev, Comm& comm, Options opts)
     optimizers_.push_back(make_zero_optimizer(cfg_, model_, dev_, *opts_.expert_data_parallel, opts_,
                                               ParamSelect::expert));
     optimizers_[1]->set_averaging_world(comm_.size());
+    optimizers_[1]->share_staging_from(*optimizers_[0]);
   }
   model_.set_grad_ready_hook([this](Parameter& p) { optimizer_of(p)->on_grad_ready(p); });
   // zero.Init's Linear under ZeRO-3 (Note [Which autograd node hands a Linear its grads]).

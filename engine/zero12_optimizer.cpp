@@ -49,6 +49,19 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
     master_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups",
                           MemCategory::master);  // [pn] f32, CPU
     cpu_->to_cpu(master_, flat_.narrow(layout_.partition_start(rank_), pn));
+    // Note [ZeRO-1/2 offload's staging buffers]
+    bit16_buffer_cpu_ = cpu_->alloc(dtype_, {pn}, "param_buffer_of_bit16_for_cpu_offload",
+                                    MemCategory::comm_buffers);
+    if (select != ParamSelect::expert) {
+      std::int64_t largest = 0;
+      for (Parameter* p : model.named_parameters()) {
+        if (p->requires_grad) largest = std::max(largest, p->numel());
+      }
+      temp_grad_cpu_ = cpu_->alloc(dtype_, {largest}, "temp_grad_buffer_for_cpu_offload",
+                                   MemCategory::comm_buffers);
+      temp_grad_gpu_ = dev_.alloc(dtype_, {largest}, "temp_grad_buffer_for_gpu_offload",
+                                  MemCategory::comm_buffers);
+    }
     fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad",
                                    MemCategory::grads);
     base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer", opts.adam_simd_width,
@@ -78,6 +91,13 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
   bucket_capacity_ = bucket_size_;
   record(fmt::format("zero{} init: {} params, flat {} padded {} partition {}", cfg.zero.stage,
                      params_.size(), layout_.numel, layout_.padded, pn));
+}
+
+void Zero12Optimizer::share_staging_from(ZeroOptimizer& first) {
+  if (auto* z = dynamic_cast<Zero12Optimizer*>(&first); z != nullptr && cpu_offload_) {
+    temp_grad_cpu_ = z->temp_grad_cpu_;
+    temp_grad_gpu_ = z->temp_grad_gpu_;
+  }
 }
 
 bool Zero12Optimizer::has_gradient_for_reduction(int i) const {
@@ -488,8 +508,8 @@ void Zero12Optimizer::async_accumulate_grad_in_cpu_via_gpu(int i) {
                                                   MemCategory::grads)).first;
   }
   if (micro_step_id_ > 0) {  // bring the running sum back and add this backward's grad
-    Tensor tmp = dev_.alloc(dtype_, {p.numel()}, "temp_grad_buffer_for_gpu_offload",
-                              MemCategory::temporaries);
+    // into the kept buffer (Note [ZeRO-1/2 offload's staging buffers]), as DeepSpeed copies
+    Tensor tmp = temp_grad_gpu_.narrow(0, p.numel());
     cpu_->to_device(tmp, it->second);
     dev_.axpy(p.grad.view({p.numel()}), 1.0, tmp);
   }

@@ -20,6 +20,7 @@ class Zero12Optimizer final : public ZeroOptimizer {
 
   std::string_view name() const override { return "DeepSpeedZeroOptimizer"; }
   void clear_backward_seen_flag() override;
+  void share_staging_from(ZeroOptimizer& first) override;
   void on_grad_ready(Parameter& p) override;
   void allreduce_gradients() override;
   void backward_epilogue() override;
@@ -158,6 +159,17 @@ class Zero12Optimizer final : public ZeroOptimizer {
   bool cpu_offload_ = false;
   std::optional<CpuSpace> cpu_;
   Tensor fp32_grad_cpu_;                     // [partition_numel] f32 on the CPU
+  // Note [ZeRO-1/2 offload's staging buffers]
+  // DeepSpeed keeps three for the optimizer's life (stage_1_and_2.py:567-575, :653-661): the
+  // updated partition in the model dtype on the CPU (param_buffer_of_bit16_for_cpu_offload_groups,
+  // one per group: the step casts the fp32 master into it, then copies it to the device), and the
+  // largest param's numel in the model dtype, once on the CPU (temp_grad_buffer_for_cpu_offload,
+  // pinned and never read) and once on the device (temp_grad_buffer_for_gpu_offload, where a
+  // backward after the first brings a param's CPU running sum back). One largest-param pair for
+  // the whole model: the instance that is not MoE's expert group holds it.
+  Tensor bit16_buffer_cpu_;  // [partition_numel] model dtype on the CPU
+  Tensor temp_grad_cpu_;     // [largest param numel] model dtype on the CPU
+  Tensor temp_grad_gpu_;     // [largest param numel] model dtype on the device
   std::map<int, Tensor> accumulated_grads_in_cpu_;  // per param: [numel] model dtype on the CPU
   bool offload_grads_ready_ = false;
 };

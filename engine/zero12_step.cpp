@@ -254,8 +254,9 @@ void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
   reset_accumulators();
   base_->step(master_, grads32);
   Tensor mine = flat_.narrow(layout_.partition_start(rank_), pn);
-  if (cpu_offload_) {
-    cpu_->to_device(mine, master_);  // through the bit16 buffer, as DeepSpeed does
+  if (cpu_offload_) {  // through the bit16 buffer, as DeepSpeed does (stage_1_and_2.py:3094-3096)
+    cpu_->cpu().cast(bit16_buffer_cpu_, master_);
+    cpu_->to_device(mine, bit16_buffer_cpu_);
   } else {
     dev_.cast(mine, master_);
   }

@@ -130,6 +130,9 @@ class ZeroOptimizer {
   // DeepSpeed divides grads by the data-parallel world even for expert params, whose reduction
   // group is smaller (stage_1_and_2.average_tensor); set for the expert group's optimizer.
   void set_averaging_world(int w) { averaging_world_ = w; }
+  // MoE: the expert group's optimizer uses the buffers DeepSpeed keeps once for every group
+  // (Note [ZeRO-1/2 offload's staging buffers]); the first group's optimizer holds them.
+  virtual void share_staging_from(ZeroOptimizer& /*first*/) {}
   const std::vector<Parameter*>& params() const { return params_; }
   Comm& comm() { return comm_; }
   virtual void zero_grad() = 0;

@@ -86,6 +86,9 @@ struct DeepSpeedMemoryPhase {
   // What only torch's CPU kernels allocate: the cast of a Python number to the op's dtype
   // (memory.py's CPU_KERNEL; a CUDA kernel casts it in registers), apart likewise.
   std::int64_t cpu_kernel_peak = 0;
+  // What torch's printing of a tensor allocated: ZeRO-3's constructor formats every full param into
+  // a log line it does not print (memory.py's LOG_FORMAT, stage3.py:214), apart likewise.
+  std::int64_t log_format_peak = 0;
 };
 struct DeepSpeedMemory {
   DeepSpeedMemoryPhase construction;

@@ -138,12 +138,19 @@ void count_memory(nlohmann::json& m, const Scenario& s, const DeepSpeedMemoryCom
   if (v == "beyond" && m["examples"].size() < kMemoryExamples) {
     m["examples"].push_back({{"scenario", describe(s)}, {"differences", c.differences(4)}});
   }
+  // Every measured scenario that is not exact, for results.json (the report shows the examples):
+  // what a campaign left to mend, each replayable alone (its scenario's JSON), without rerunning it.
+  if (c.measured && v != "exact") {
+    m["not_exact"].push_back({{"scenario", describe(s)}, {"json", to_json(s)}, {"verdict", v},
+                              {"differences", c.differences(4)}});
+  }
   if (!c.measured) add_not_measured(m, c.error, 1, describe(s));
 }
 
 nlohmann::json empty_memory_count() {
   return {{"rows", nlohmann::json::array()}, {"categories", nlohmann::json::array()}, {"listed_by_class", nlohmann::json::object()},
-          {"examples", nlohmann::json::array()}, {"not_measured_reasons", nlohmann::json::array()}};
+          {"examples", nlohmann::json::array()}, {"not_exact", nlohmann::json::array()},
+          {"not_measured_reasons", nlohmann::json::array()}};
 }
 
 // The class of an unlisted divergence (Note [Counting the comparison]).
@@ -346,6 +353,9 @@ void merge_conformance_counts(nlohmann::json& into, const nlohmann::json& more) 
     for (const auto& [id, n] : listed.items()) m["listed_by_class"][id] = m["listed_by_class"].value(id, 0) + n.get<int>();
     for (const nlohmann::json& e : o.value("examples", nlohmann::json::array())) {
       if (m["examples"].size() < kMemoryExamples) m["examples"].push_back(e);
+    }
+    for (const nlohmann::json& e : o.value("not_exact", nlohmann::json::array())) {
+      m["not_exact"].push_back(e);
     }
     for (const nlohmann::json& r : o.value("not_measured_reasons", nlohmann::json::array())) {
       add_not_measured(m, r.value("reason", ""), r.value("scenarios", 0), r.value("first", ""));

@@ -44,9 +44,11 @@ MemBytes read_bytes(const nlohmann::json& j, const std::filesystem::path& file, 
   MemBytes b{};
   if (!j.is_object()) throw UsageError(fmt::format("{}: '{}' is not an object", file.string(), what));
   for (const auto& [name, v] : j.items()) {
-    // gloo's staging, what a GPU run keeps in host memory and what only a CPU kernel allocates:
-    // read apart (DeepSpeedMemoryPhase)
-    if (name == "cpu_backend" || name == "host" || name == "cpu_kernel") continue;
+    // gloo's staging, what a GPU run keeps in host memory, what only a CPU kernel allocates and
+    // torch's printing of a tensor: read apart (DeepSpeedMemoryPhase)
+    if (name == "cpu_backend" || name == "host" || name == "cpu_kernel" || name == "log_format") {
+      continue;
+    }
     try {
       b[static_cast<std::size_t>(parse_mem_category(name))] = v.get<std::int64_t>();
     } catch (const UsageError& e) {
@@ -66,6 +68,7 @@ DeepSpeedMemoryPhase read_phase(const nlohmann::json& p, const std::filesystem::
   out.cpu_backend_peak = p.at("peak_by_category").value("cpu_backend", std::int64_t{0});
   out.host_peak = p.at("peak_by_category").value("host", std::int64_t{0});
   out.cpu_kernel_peak = p.at("peak_by_category").value("cpu_kernel", std::int64_t{0});
+  out.log_format_peak = p.at("peak_by_category").value("log_format", std::int64_t{0});
   for (const auto& [k, v] : p.at("marks").items()) out.marks[k] = v.get<std::int64_t>();
   return out;
 }

@@ -273,7 +273,12 @@ TEST(DeepSpeedReference, TinyTransformersMatchDeepSpeedWithinTheFloatBoundAndHol
 // ipg buckets close, so the bucket all-reduce's flats are DeepSpeed's), a param's grad counted as
 // grads from its allocation, the Linear's incoming grad freed once its node has run (Note [The
 // MLP's activations, as autograd keeps them]).
-TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigureButZero3Construction) {
+// The MLP at stages 0-3, world 2: every figure is DeepSpeed's, construction included (at ZeRO-3
+// torch's printing of the full params in DeepSpeed's constructor is kept apart: memory.py's
+// LOG_FORMAT). Under offload_optimizer at ZeRO-1/2 the optimizer's state, its staging buffers and
+// the grads are DeepSpeed's too (Note [ZeRO-1/2 offload's staging buffers]); the step's per-param
+// norms and overflow tests are not modelled yet (temporaries).
+TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigure) {
   for (int stage = 0; stage <= 3; ++stage) {
     const Scenario s = scenario_from_json(nlohmann::json::parse(fmt::format(
         R"({{"world":2,"stage":{},"model":"mlp","shape":[3,4,2],"steps":2,"optimizer":"SGD","lr":0.5{}}})", stage,
@@ -281,29 +286,24 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigureButZero3Construction)
     SCOPED_TRACE(describe(s));
     const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
     ASSERT_TRUE(c.memory.measured) << c.memory.error;
-    // At stage 0 every figure, construction included: the params stay where the model made them
-    // (Note [Stage 0 fp32: the params are the masters]).
-    if (stage == 0) {
-      EXPECT_EQ(c.memory.verdict(), "exact")
-          << fmt::format("{}", fmt::join(c.memory.differences(8), "; "));
-    }
-    if (stage == 3) {
-      for (const MemoryFigure& f : c.memory.figures) {
-        if (f.what.find("construction") != std::string::npos) continue;
-        EXPECT_TRUE(f.exact()) << fmt::format("{}: zerocheck {} B, DeepSpeed {} B", f.what,
-                                              f.zerocheck, f.deepspeed);
-      }
-    }
-    std::vector<std::string> cats = {"params",      "master",     "optimizer_states",
-                                     "grads",       "activations", "temporaries"};
-    if (stage > 0) cats.insert(cats.end(), {"ipg_buckets", "comm_buffers"});
+    EXPECT_EQ(c.memory.verdict(), "exact") << fmt::format("{}", fmt::join(c.memory.differences(8), "; "));
+  }
+  for (int stage = 1; stage <= 2; ++stage) {
+    const Scenario s = scenario_from_json(nlohmann::json::parse(fmt::format(
+        R"({{"world":2,"stage":{},"model":"mlp","shape":[3,4,2],"steps":2,"optimizer":"SGD","lr":0.5,)"
+        R"("offload":"optimizer"}})",
+        stage)));
+    SCOPED_TRACE(describe(s));
+    const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
+    ASSERT_TRUE(c.memory.measured) << c.memory.error;
     for (const int rank : {0, 1}) {
-      for (const std::string& cat : cats) {
-        const std::string name = fmt::format("rank {} steps peak of {}", rank, cat);
-        EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
+      for (const std::string cat : {"params", "master", "optimizer_states", "grads", "comm_buffers",
+                                    "ipg_buckets", "activations"}) {
+        for (const std::string phase : {"construction", "steps"}) {
+          const std::string name = fmt::format("rank {} {} peak of {}", rank, phase, cat);
+          EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
+        }
       }
-      const std::string name = fmt::format("rank {} steps peak", rank);
-      EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
     }
   }
 }

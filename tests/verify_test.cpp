@@ -454,12 +454,14 @@ namespace {
 
 // A rank{R}.mem.json as reference/deepspeed/memory.py writes it.
 nlohmann::json mem_phase(const std::string& name, std::int64_t peak, std::int64_t grads, std::int64_t gloo = 0,
-                         std::int64_t host = 0, std::int64_t cpu_kernel = 0) {
+                         std::int64_t host = 0, std::int64_t cpu_kernel = 0,
+                         std::int64_t log_format = 0) {
   nlohmann::json cats = {{"params", 8}, {"grads", grads}, {"temporaries", peak - 8 - grads}};
   nlohmann::json by = cats;
   by["cpu_backend"] = gloo;
   by["host"] = host;
   by["cpu_kernel"] = cpu_kernel;
+  by["log_format"] = log_format;
   return {{"name", name}, {"peak", peak}, {"at_peak", cats}, {"peak_by_category", by}, {"peak_site", "x"},
           {"marks", {{"after_forward", 10}, {"after_step", 12}}}};
 }
@@ -471,7 +473,8 @@ std::filesystem::path write_mem(const std::string& file, const nlohmann::json& j
 }
 
 TEST(DeepSpeedMemoryRecord, ReadsPhasesKeepsGlooStagingApartAndNamesBadFiles) {
-  const auto p = write_mem("ok.json", {{"phases", {mem_phase("construction", 24, 0), mem_phase("step0", 40, 16, 112, 5056, 12),
+  const auto p = write_mem("ok.json", {{"phases", {mem_phase("construction", 24, 0, 0, 0, 0, 90),
+                                                   mem_phase("step0", 40, 16, 112, 5056, 12),
                                                    mem_phase("step1", 44, 16)}}});
   const DeepSpeedMemory m = read_deepspeed_memory(p);
   EXPECT_EQ(m.construction.peak, 24);
@@ -480,6 +483,7 @@ TEST(DeepSpeedMemoryRecord, ReadsPhasesKeepsGlooStagingApartAndNamesBadFiles) {
   EXPECT_EQ(m.steps[0].cpu_backend_peak, 112) << "gloo's staging is read apart from the categories";
   EXPECT_EQ(m.steps[0].host_peak, 5056) << "what a GPU run keeps in host memory is read apart too";
   EXPECT_EQ(m.steps[0].cpu_kernel_peak, 12) << "and what only a CPU kernel allocates";
+  EXPECT_EQ(m.construction.log_format_peak, 90) << "and torch's printing of ZeRO-3's log line";
   EXPECT_EQ(m.steps[1].marks.at("after_step"), 12);
   // Bad input: a missing file, a file that is not a record, an unknown category: each names the file.
   for (const auto& [file, body] : std::vector<std::pair<std::string, nlohmann::json>>{

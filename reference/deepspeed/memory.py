@@ -58,7 +58,16 @@ HOST = "host"
 # argument and casts it in registers, so on a GPU that temporary does not exist at all: CPU_KERNEL.
 # Both kept apart (the engine keeps the numbers it divides and scales by on the host).
 CPU_KERNEL = "cpu_kernel"
-KEPT_APART = (CPU_BACKEND, HOST, CPU_KERNEL)
+# torch's printing of a tensor (torch/_tensor_str.py: the masks, the masked_select, the abs and its
+# f64 copy, a ceil per value that it uses to choose a format). DeepSpeed's ZeRO-3 constructor
+# formats its arguments into a log line it does not print (stage3.py:214, print_rank_0(f"... {locals()}",
+# force=False)): param_names's keys are the module's params, so a model built outside zero.Init
+# has each full param printed there, on a GPU as here. Value-dependent (how many values are zero or
+# integral), transient (freed before the next statement) and not training's memory: the engine and
+# a plan do not model it, so it is kept apart, reported on its own, by where it is allocated
+# (a frame in torch/_tensor_str.py), never by a bound that could cover anything else.
+LOG_FORMAT = "log_format"
+KEPT_APART = (CPU_BACKEND, HOST, CPU_KERNEL, LOG_FORMAT)
 # The transformer twin's code, the functions that run a checkpointed layer and ZeRO-3's linear
 # (DeepSpeed's replacement of F.linear under ZeRO-3, the model's own matmuls): what they allocate
 # (every intermediate of the forward, kept or not, the layers' outputs under no_grad, the
@@ -285,6 +294,15 @@ def holdings(engine):
     for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat",
                  "fp32_groups", "fp32_groups_flat_partition"):
         put_all(getattr(opt, name, None), "master")
+    # ZeRO-1/2 offload keeps its fp32 grad partition as the master's .grad for the optimizer's life
+    # (initialize_optimizer_states), and three staging buffers (Note [ZeRO-1/2 offload's staging
+    # buffers] in engine/zero12_optimizer.h).
+    for t in getattr(opt, "single_partition_of_fp32_groups", None) or []:
+        if torch.is_tensor(t):
+            put(t.grad, "grads")
+    for name in ("param_buffer_of_bit16_for_cpu_offload_groups", "temp_grad_buffer_for_cpu_offload",
+                 "temp_grad_buffer_for_gpu_offload"):
+        put_all(getattr(opt, name, None), "comm_buffers")
     inner = opt
     while hasattr(inner, "optimizer") and not isinstance(inner, torch.optim.Optimizer):
         inner = inner.optimizer
@@ -426,6 +444,8 @@ def category_by_site(ctx):
         return CPU_BACKEND
     if innermost.endswith("torch/random.py"):
         return HOST
+    if any(_frame_file(c)[0].endswith("torch/_tensor_str.py") for c in frames):
+        return LOG_FORMAT
     inside_deepspeed = False  # a DeepSpeed frame inside the model's (ZeRO-3's hooks)
     for c in reversed(frames):
         path, _, fn = _frame_file(c)

@@ -96,6 +96,14 @@ def main():
           == memory.HOST, "deepspeed.checkpointing's size tensors: host")
     check(memory.category_by_site([run, c10d]) == memory.CPU_BACKEND, "gloo's staging: cpu_backend")
     check(memory.category_by_site([run]) is None, "the loop's own allocations: no site")
+    stage3_init = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/stage3.py(214): __init__"
+    tensor_str = "/venv/lib/python3.11/site-packages/torch/_tensor_str.py(131): __init__"
+    totype = "/venv/lib/python3.11/site-packages/torch/_tensor_str.py(117): tensor_totype"
+    check(memory.category_by_site([run, stage3_init, tensor_str]) == memory.LOG_FORMAT,
+          "torch's printing of a param in ZeRO-3's log line: log_format")
+    check(memory.category_by_site([run, stage3_init, tensor_str, totype]) == memory.LOG_FORMAT,
+          "and its f64 copy, one frame deeper")
+    check(memory.category_by_site([run, stage3_init]) is None, "the constructor's own allocations are not")
 
     # A Python number an op takes, read from torch's own profiler: the wrapped 0-dim tensor is host
     # memory, the CPU kernel's cast of it to the op's dtype cpu_kernel; the ops' outputs (a 64 B
