@@ -36,8 +36,16 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
   layout_ = FlatLayout::build(numels, world_, true,
                               cfg.zero.round_robin_gradients ? FlatLayout::round_robin_order(num_params(), world_)
                                                              : std::vector<int>{});
+  // align_dense_tensors (runtime/utils.py:994) pads the params' list with a zero tensor up to the
+  // alignment, which lives while they are flattened.
+  Tensor pad;
+  if (layout_.padded > layout_.numel) {
+    pad = dev_.alloc(dtype_, {layout_.padded - layout_.numel}, "align_dense_tensors.pad_tensor",
+                     MemCategory::temporaries);
+  }
   flat_ = dev_.alloc(dtype_, {layout_.padded}, "bit16_groups_flat",
                      MemCategory::params);  // [padded] model dtype
+  pad = Tensor();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     Tensor view = flat_.narrow(layout_.offsets[i], p.numel());
@@ -516,11 +524,32 @@ void Zero12Optimizer::async_accumulate_grad_in_cpu_via_gpu(int i) {
   cpu_->to_cpu(it->second, p.grad.view({p.numel()}));
 }
 
+// set_norm_for_param_grad_in_gpu and the compact path (stage_1_and_2.py:1873, :2152): the piece
+// of this rank's partition in get_norm_dtype() (f64, beside the grad), and its 0-dim norm, kept in
+// norm_for_param_grads until the next boundary replaces it; the copy goes once the norm is taken.
+// Memory only: the step's norm is the same sum of squares, taken from the fp32 partition
+// (ZeroOptimizer::norm_sum_sq).
+void Zero12Optimizer::keep_offload_piece_norm(int i, const Tensor& piece) {
+  Tensor f64 = dev_.alloc(DType::f64, {piece.numel()}, "norm_for_param_grads.f64_piece",
+                          MemCategory::temporaries);
+  dev_.cast(f64, piece);
+  Tensor norm = dev_.alloc(DType::f64, {1}, "norm_for_param_grads",
+                           MemCategory::temporaries);  // 0-dim f64
+  norm_for_param_grads_[i] = norm;
+}
+
 void Zero12Optimizer::async_inplace_copy_grad_to_fp32_buffer_from_gpu(int i) {
   Parameter& p = *params_[static_cast<std::size_t>(i)];
   const auto [src, n] = partition_slice(i);
   const std::int64_t dest = layout_.offsets[static_cast<std::size_t>(i)] + src - layout_.partition_start(rank_);
-  cpu_->to_cpu(fp32_grad_cpu_.narrow(dest, n), p.grad.view({p.numel()}).narrow(src, n));
+  Tensor piece = p.grad.view({p.numel()}).narrow(src, n);
+  keep_offload_piece_norm(i, piece);
+  if (piece.dtype() != DType::f32) {  // src_tensor.to(master dtype), on the device (:1898-1899)
+    Tensor f32 = dev_.alloc(DType::f32, {n}, "offload_grad_piece.f32", MemCategory::temporaries);
+    dev_.cast(f32, piece);
+    piece = f32;
+  }
+  cpu_->to_cpu(fp32_grad_cpu_.narrow(dest, n), piece);
   p.grad = Tensor();
   offload_grads_ready_ = true;
 }
@@ -532,6 +561,7 @@ void Zero12Optimizer::copy_grads_in_partition(int i) {
     const std::int64_t dest = layout_.offsets[static_cast<std::size_t>(i)] + src - layout_.partition_start(rank_);
     Tensor& from = compact_src_[static_cast<std::size_t>(i)];
     const Tensor source = from.defined() ? from : p.grad.view({p.numel()});
+    if (boundary_) keep_offload_piece_norm(i, source.narrow(src, n));
     Tensor piece = cpu_->alloc(source.dtype(), {n}, "compact_grad_partition_piece", MemCategory::grads);
     cpu_->to_cpu(piece, source.narrow(src, n));
     from = Tensor();

@@ -171,6 +171,8 @@ class Zero12Optimizer final : public ZeroOptimizer {
   Tensor temp_grad_cpu_;     // [largest param numel] model dtype on the CPU
   Tensor temp_grad_gpu_;     // [largest param numel] model dtype on the device
   std::map<int, Tensor> accumulated_grads_in_cpu_;  // per param: [numel] model dtype on the CPU
+  std::map<int, Tensor> norm_for_param_grads_;      // per param: its piece's 0-dim f64 norm
+  void keep_offload_piece_norm(int i, const Tensor& piece);
   bool offload_grads_ready_ = false;
 };
 

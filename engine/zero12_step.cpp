@@ -194,7 +194,12 @@ StepPrep Zero12Optimizer::prepare_step() {
                                  "gradients ({}, {} params): call backward() at the boundary first",
                                  rank_, name(), params_.size()));
   }
-  if (cpu_offload_) return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
+  // Under offload the step reads the master's .grad in place (stage_1_and_2.py step:
+  // single_grad_partition = single_partition_of_fp32_groups[i].grad); flatten_grads keeps the
+  // norms.
+  if (cpu_offload_) {
+    return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu(), .flatten_later = true};
+  }
   // The norm reads the per-param pieces; the flat is made after it (flatten_grads).
   return StepPrep{.where = &dev_, .flatten_later = true};
 }
@@ -227,10 +232,18 @@ void Zero12Optimizer::flatten_grads(StepPrep& prep) {
   grad_norms_.clear();  // get_grad_norm_direct has returned
   // step()'s scaled_global_grad_norm (combine_grad_norm_groups' result) lives until step() returns;
   // _global_grad_norm = it / prev_scale replaces the last step's, which the engine's own
-  // _global_grad_norm still holds until its step() ends.
-  scaled_global_norm_ = dev_.alloc(DType::f32, {1}, "scaled_global_grad_norm", MemCategory::temporaries);  // 0-dim
+  // _global_grad_norm still holds until its step() ends. Under offload both are on the CPU
+  // (complete_grad_norm_calculation_for_cpu_offload's torch.tensor(..., device=self.device)).
+  Device& at = cpu_offload_ ? cpu_->cpu() : dev_;
+  scaled_global_norm_ = at.alloc(DType::f32, {1}, "scaled_global_grad_norm",
+                                 MemCategory::temporaries);  // 0-dim
   last_global_grad_norm_ = global_grad_norm_;
-  global_grad_norm_ = dev_.alloc(DType::f32, {1}, "_global_grad_norm", MemCategory::temporaries);  // 0-dim f32
+  global_grad_norm_ = at.alloc(DType::f32, {1}, "_global_grad_norm",
+                               MemCategory::temporaries);  // 0-dim f32
+  if (cpu_offload_) {  // the fp32 partition's grad itself, unscaled in place
+    prep.grads_are_fp32_copies = true;
+    return;
+  }
   averaged_ = flatten_averaged();
   prep.grads = averaged_;
   // An fp32 flat is the step's fp32 grads itself (`.to(float32)` returns it).
@@ -251,12 +264,15 @@ void Zero12Optimizer::update(const Tensor& grads32, double, double combined) {
   // first step, where Adam creates its states, that sets the peak (seen on an H200). The params'
   // grads are views of grads_in_partition (copy_grads_in_partition), which goes with them.
   for (Parameter* p : params_) p->grad = Tensor();
-  reset_accumulators();
+  // Under offload grads32 is the fp32 partition's grad itself, which the reset zeroes: after.
+  if (!cpu_offload_) reset_accumulators();
   base_->step(master_, grads32);
+  if (cpu_offload_) reset_accumulators();
   Tensor mine = flat_.narrow(layout_.partition_start(rank_), pn);
   if (cpu_offload_) {  // through the bit16 buffer, as DeepSpeed does (stage_1_and_2.py:3094-3096)
     cpu_->cpu().cast(bit16_buffer_cpu_, master_);
     cpu_->to_device(mine, bit16_buffer_cpu_);
+    norm_for_param_grads_.clear();  // reset_cpu_buffers, before the all-gather (:3149-3150)
   } else {
     dev_.cast(mine, master_);
   }

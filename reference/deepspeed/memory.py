@@ -422,6 +422,15 @@ def _innermost(ctx):
     return where + (f" [{nodes[-1]}]" if nodes else "")
 
 
+def _in_backward_op(ctx):
+    """Inside an autograd node's evaluation and not in a DeepSpeed hook that it runs (ZeRO-1/2's
+    gradient hooks run inside AccumulateGrad: their norms and overflow tests are not
+    activations)."""
+    nodes = [i for i, c in enumerate(ctx) if c.startswith("autograd::engine::evaluate_function")]
+    inside = ctx[nodes[-1]:] if nodes else []
+    return bool(nodes) and not any(".py(" in c and "deepspeed/runtime/" in c for c in inside)
+
+
 def site_of(ctx):
     """The innermost DeepSpeed frame, 'runtime/zero/stage3.py:123 fn', or the innermost frame."""
     frames = [c for c in ctx if ".py(" in c]
@@ -582,7 +591,7 @@ def analyse(rec):
             cat = category_by_site(a["ctx"])
             if cat in ("activations", HOST) and a["size"] <= SCALAR_BYTES:
                 cat = "temporaries"  # a 0-dim scalar: the engine keeps the model's on the host
-            elif cat is None and any(c.startswith("autograd::engine::evaluate_function") for c in a["ctx"]):
+            elif cat is None and _in_backward_op(a["ctx"]):
                 cat = "activations"  # an activation's gradient, alive between two backward ops
             a["cat"], a["how"] = cat or "temporaries", "site" if cat else "rest"
     # The timeline, phase by phase.

@@ -96,6 +96,16 @@ def main():
           == memory.HOST, "deepspeed.checkpointing's size tensors: host")
     check(memory.category_by_site([run, c10d]) == memory.CPU_BACKEND, "gloo's staging: cpu_backend")
     check(memory.category_by_site([run]) is None, "the loop's own allocations: no site")
+    ds_backward = "/venv/lib/python3.11/site-packages/deepspeed/runtime/engine.py(3381): backward"
+    node = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    norm_hook = ("/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/stage_1_and_2.py(1873): "
+                 "set_norm_for_param_grad_in_gpu")
+    mul = "autograd::engine::evaluate_function: MulBackward0"
+    check(memory._in_backward_op([run, ds_backward, mul]),
+          "an autograd op's output under DeepSpeed's backward() is in a backward op")
+    check(not memory._in_backward_op([run, ds_backward, node, norm_hook]),
+          "a DeepSpeed hook that AccumulateGrad runs is not (its norms are not activations)")
+    check(not memory._in_backward_op([run, ds_backward]), "nor is DeepSpeed's backward() outside autograd's nodes")
     stage3_init = "/venv/lib/python3.11/site-packages/deepspeed/runtime/zero/stage3.py(214): __init__"
     tensor_str = "/venv/lib/python3.11/site-packages/torch/_tensor_str.py(131): __init__"
     totype = "/venv/lib/python3.11/site-packages/torch/_tensor_str.py(117): tensor_totype"
