@@ -375,7 +375,15 @@ def run_scenario(directory, counter, measure_memory=True):
     if spec.get("memory"):
         mem.start()
     mem.mark("begin:construction")
-    model = build_twin(spec)
+    # The model is built in the scenario's dtype, as users build theirs (from_pretrained's
+    # torch_dtype, zero.Init's dtype) and as the engine and a plan count it; built in f32 and cast
+    # by DeepSpeed's engine, construction would hold both copies at once.
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = build_twin(spec)
+    finally:
+        torch.set_default_dtype(default_dtype)
     # Every engine model takes autograd's grad as .grad, as AccumulateGrad does.
     mem.watch_grads(model)
     with mem.excluded():  # the twin's own staging of zerocheck's values
