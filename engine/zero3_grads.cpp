@@ -201,7 +201,21 @@ StepPrep Zero3Optimizer::prepare_step() {
   if (cfg_.zero.offload_optimizer == OffloadDevice::cpu) {
     return StepPrep{.grads = fp32_grad_cpu_, .where = &cpu_->cpu()};
   }
-  return StepPrep{.grads = grad_partition_, .where = &dev_};
+  return StepPrep{.grads = grad_partition_, .where = &dev_, .flatten_later = true};
+}
+
+// _prepare_fp32_grad_for_sub_group (stage3.py:2686): flatten(averaged_gradients) is torch.cat of
+// the params' partitions, a copy in the model dtype where there are two or more (one is returned
+// as it is), and .to(f32) casts that copy; in f32 the copy is the step's fp32 grads. The 16-bit
+// copy goes once cast (the engine drops prep.grads before the update, with nothing allocated
+// between).
+void Zero3Optimizer::flatten_grads(StepPrep& prep) {
+  if (shards_.size() < 2) return;
+  Tensor flat = dev_.alloc(prep.grads.dtype(), prep.grads.shape(), "averaged_gradients_flat",
+                           MemCategory::grads);  // [partition] model dtype
+  dev_.copy(flat, prep.grads);
+  prep.grads = flat;
+  prep.grads_are_fp32_copies = flat.dtype() == DType::f32;
 }
 
 // stage3.py step's norm (get_grad_norm_direct, :2455) reads averaged_gradients, each param's

@@ -57,6 +57,7 @@ class Zero3Optimizer final : public ZeroOptimizer, public ParamCoordinator {
   StepPlan step_plan() const override;
   StepPrep prepare_step() override;
   double norm_sum_sq(const StepPrep& prep) override;
+  void flatten_grads(StepPrep& prep) override;
   void skip_step() override;
   void update(const Tensor& grads32, double norm, double combined) override;
   void post_step() override;
