@@ -526,7 +526,7 @@ void Zero12Optimizer::async_accumulate_grad_in_cpu_via_gpu(int i) {
 
 // set_norm_for_param_grad_in_gpu and the compact path (stage_1_and_2.py:1873, :2152): the piece
 // of this rank's partition in get_norm_dtype() (f64, beside the grad), and its 0-dim norm, kept in
-// norm_for_param_grads until the next boundary replaces it; the copy goes once the norm is taken.
+// norm_for_param_grads until the step's reset_cpu_buffers; the copy goes once the norm is taken.
 // Memory only: the step's norm is the same sum of squares, taken from the fp32 partition
 // (ZeroOptimizer::norm_sum_sq).
 void Zero12Optimizer::keep_offload_piece_norm(int i, const Tensor& piece) {

@@ -254,6 +254,7 @@ void Zero12Optimizer::skip_step() {
   grad_norms_.clear();
   scaled_global_norm_ = last_global_grad_norm_ = Tensor();
   global_grad_norm_ = Tensor();  // _global_grad_norm = float("inf")
+  norm_for_param_grads_.clear();  // reset_cpu_buffers on overflow (stage_1_and_2.py:3057)
   ZeroOptimizer::skip_step();
 }
 
