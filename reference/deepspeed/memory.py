@@ -26,7 +26,9 @@ Each allocation gets one category, first match wins:
    (comm_buffers for the flattened buckets, reduce-scatter staging and the coalesced all-gather's
    flat buffer; gathered_params for the params ZeRO-3 gathers; grads for ZeRO-3's step partition);
    a gathered param that autograd saves stays a gathered param; the transformer twin's code and the checkpoint functions (MODEL_TWIN, MODEL_FILES),
-   and autograd's backward, to activations; torch's RNG state to HOST (kept apart);
+   and autograd's backward (not a DeepSpeed hook that an autograd node runs: _in_backward_op), to
+   activations; torch's RNG state to HOST and torch's printing of a tensor to LOG_FORMAT (both kept
+   apart);
 5. the rest is temporaries (0-dim norms and flags, casts).
 
 The recorder's own reads (the twin's full grads, params and states) run inside excluded(): what they
