@@ -196,7 +196,9 @@ void Engine::backward(const Loss& loss) {
   backward_prologue();
   std::exception_ptr error;
   try {
+    model_.set_loss_grad(loss_grads(scaled.defined()));
     model_.backward(dev_, loss_scale(), cfg_.gradient_accumulation_steps);
+    model_.set_loss_grad(Tensor());
     ones = Tensor();  // autograd's run is over
     backward_epilogue();
   } catch (...) {
@@ -207,6 +209,22 @@ void Engine::backward(const Loss& loss) {
     broken_ = "a backward() failed part way (see the first error)";
     std::rethrow_exception(error);
   }
+}
+
+// Note [The loss's 0-dim gradients]
+// Autograd's run starts from the ones (above) and goes back through the loss's 0-dim ops: the
+// optimizer's scaling (MulBackward0) when there is one, then the division by the accumulation
+// steps (DivBackward0). Each node's output is a new 0-dim tensor in the loss's dtype, alive until
+// the next node has run; the last one is the model's loss's gradient, which the model's first
+// node reads (Model::set_loss_grad): the twins' (c * out).sum() / B, their sum of terms, and
+// cross entropy's NllLossBackward0. DeepSpeed's run shows them as activations (the MLP [4,1] at
+// stage 0: 52 B against the engine's 48 without them). Each node also casts the number it saved
+// on a CPU, which a CUDA kernel does not (memory.py's cpu_kernel): not modelled.
+Tensor Engine::loss_grads(bool scaled) {
+  Tensor by_scale;
+  if (scaled) by_scale = dev_.alloc(model_.loss_dtype(), {1}, "scale_loss's grad", MemCategory::activations);
+  return dev_.alloc(model_.loss_dtype(), {1}, "(loss / gradient_accumulation_steps)'s grad",
+                    MemCategory::activations);
 }
 
 bool Engine::runs_deepcompile_hooks() const {

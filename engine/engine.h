@@ -129,6 +129,9 @@ class Engine {
   void exit_coalesce(std::optional<bool> saved_boundary);
   void flush_coalesced_reduction();
   void backward_prologue();
+  // The 0-dim gradients of the loss's scaling and division, to the model's loss's (Note [The
+  // loss's 0-dim gradients]). scaled: a ZeRO optimizer scaled the loss.
+  Tensor loss_grads(bool scaled);
   void backward_epilogue();
   void allreduce_gradients();
   void broadcast_model();

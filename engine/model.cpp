@@ -83,10 +83,11 @@ void Model::init_param(Device& dev, Parameter& p, DType dtype, DataDomain domain
 }
 
 void Model::accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
-                                       double loss_scale, std::int64_t ga) {
+                                       double loss_scale, std::int64_t ga, bool last_loss_reader) {
   // grads from its allocation: autograd hands it to AccumulateGrad (kept as .grad or added into
   // one), as the MLP's dW (Note [The MLP's activations, as autograd keeps them]).
   Tensor grad = dev.alloc(dtype_, {p.numel()}, "dp", MemCategory::grads);  // [numel]
+  if (last_loss_reader) loss_grad_ = Tensor();
   dev.sum_rows(grad, g, false);
   dev.div(grad, static_cast<double>(samples));
   dev.scale(grad, loss_scale);

@@ -93,6 +93,9 @@ class Model : public Module {
   // Accumulates grads of (loss * loss_scale / ga) into the params, firing grad-ready hooks in
   // backward order. The output gradient is scaled then divided, as DeepSpeed does.
   virtual void backward(Device& dev, double loss_scale, std::int64_t ga) = 0;
+  // The 0-dim gradient autograd hands the model's loss (Note [The loss's 0-dim gradients]): set
+  // by the Engine before backward(), freed by the model once its first node has read it.
+  void set_loss_grad(Tensor g) { loss_grad_ = std::move(g); }
   virtual std::string describe() const = 0;
   virtual ModelParallelism parallelism() const { return {}; }
   DType dtype() const { return dtype_; }
@@ -115,8 +118,10 @@ class Model : public Module {
   // The gradient of a loss linear in p, L = (1/B) sum_s <g_s, p>, for per-sample gradients g
   // [B, numel]: sum over samples, / B, * loss_scale, / ga, in that order (the order every exact
   // test relies on), then accumulated into p with its grad-ready hook (Synthetic, TreeModel).
+  // last_loss_reader: p's node is the last to read the loss's gradient (freed after dp's
+  // allocation, before its hook).
   void accumulate_prescribed_grad(Device& dev, Parameter& p, const Tensor& g, std::int64_t samples,
-                                  double loss_scale, std::int64_t ga);
+                                  double loss_scale, std::int64_t ga, bool last_loss_reader);
   // Accumulates a Linear's weight and bias grads (each becomes .grad through its hook) in the
   // order DeepSpeed's run hands them to AccumulateGrad (Note [Which autograd node hands a Linear
   // its grads]). `bias` null: the weight's only.
@@ -124,6 +129,7 @@ class Model : public Module {
                                Tensor db);
   DType dtype_ = DType::f32;
   Device* host_ = nullptr;
+  Tensor loss_grad_;  // set_loss_grad's
   bool zero3_linear_ = false;
 };
 

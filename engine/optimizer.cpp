@@ -67,7 +67,7 @@ void LossScaler::update_scale(bool overflow) {
 }
 
 BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel,
-                             const std::string& label, int adam_simd_width, Segments segments, bool offloaded)
+                             const std::string& label, int adam_simd_width, Segments segments)
     : cfg_(cfg), dev_(dev), adam_simd_width_(adam_simd_width), segments_(std::move(segments)) {
   if (adam_simd_width_ < 1 || (adam_simd_width_ & (adam_simd_width_ - 1)) != 0) {
     throw ConfigError(fmt::format("adam_simd_width {} is not a power of two (16 models an AVX-512 build, 8 AVX2)",
@@ -79,13 +79,6 @@ BaseOptimizer::BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64
   }
   numel_ = numel;
   label_ = label;
-  // DeepSpeed's FusedAdam keeps a one-element IntTensor (fused_adam.py __init__: _dummy_overflow_buf)
-  // from its construction, on the device, as long as it lives; DeepSpeedCPUAdam and torch's do not.
-  if (cfg_.type != OptimizerType::sgd && !cfg_.torch_adam && !offloaded) {
-    // [4] u8: the bytes of one i32 (the engine has no integer dtype); nothing reads it.
-    overflow_buf_ = dev_.alloc(DType::u8, {4}, "_dummy_overflow_buf", MemCategory::temporaries);
-    dev_.fill(overflow_buf_, 0.0);
-  }
 }
 
 // Note [Lazy optimizer state]: torch's optimizers and DeepSpeed's CPU Adam create a tensor's

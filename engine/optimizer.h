@@ -53,10 +53,8 @@ enum class OptimizerState { fp32_master, exp_avg, exp_avg_sq };
 class BaseOptimizer {
  public:
   using Segments = std::vector<std::pair<std::int64_t, std::int64_t>>;
-  // `offloaded`: it steps a partition held on the CPU under offload_optimizer (DeepSpeedCPUAdam
-  // in place of FusedAdam).
   BaseOptimizer(const OptimizerConfig& cfg, Device& dev, std::int64_t numel, const std::string& label,
-                int adam_simd_width, Segments segments = {}, bool offloaded = false);
+                int adam_simd_width, Segments segments = {});
   // master -= update(grad); grad is f32 [numel], already unscaled and clipped. An engine step
   // (`engine_step`) takes the scheduled learning rate and advances the schedule; FP16_Optimizer's
   // dummy step at construction runs before DeepSpeed builds the scheduler, at the config's lr.
@@ -82,7 +80,6 @@ class BaseOptimizer {
   Device& dev_;
   Tensor state_a_;  // [numel] f32: Adam exp_avg, or SGD momentum buffer
   Tensor state_b_;  // [numel] f32: Adam exp_avg_sq
-  Tensor overflow_buf_;  // FusedAdam's _dummy_overflow_buf: one i32's bytes, for the optimizer's life
   std::int64_t numel_ = 0;
   std::string label_;
   std::int64_t steps_ = 0;  // 0: the states are not created yet

@@ -72,8 +72,8 @@ Zero12Optimizer::Zero12Optimizer(const Config& cfg, Module& model, Device& dev, 
     }
     fp32_grad_cpu_ = cpu_->alloc(DType::f32, {pn}, "single_partition_of_fp32_groups.grad",
                                    MemCategory::grads);
-    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer", opts.adam_simd_width,
-                                            BaseOptimizer::Segments{}, /*offloaded=*/true);  // CPU Adam
+    base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, cpu_->cpu(), pn, "optimizer",
+                                            opts.adam_simd_width);  // DeepSpeedCPUAdam
   } else {
     master_ = dev_.alloc(DType::f32, {pn}, "single_partition_of_fp32_groups",
                          MemCategory::master);  // [pn] f32

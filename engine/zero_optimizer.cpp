@@ -45,6 +45,20 @@ ZeroOptimizer::ZeroOptimizer(const Config& cfg, Module& model, Device& dev, Comm
     if (select == ParamSelect::expert && !p->is_expert) continue;
     params_.push_back(p);
   }
+  // Note [FusedAdam's buffer, before the wrapper]
+  // DeepSpeed's FusedAdam keeps a one-element IntTensor (fused_adam.py __init__:
+  // _dummy_overflow_buf) on the device for its life; DeepSpeedCPUAdam (offload_optimizer) and
+  // torch's optimizers do not. The engine builds that basic optimizer before its ZeRO wrapper
+  // (engine.py _configure_optimizer), so the buffer is there while the wrapper flattens the params
+  // (a ZeRO-1 [1] param at world 3: construction's peak 52 B with it, 48 after), and MoE's expert
+  // group is a param group of the same optimizer: one buffer, the dense wrapper's.
+  const OptimizerConfig& oc = cfg.optimizer;
+  if (select != ParamSelect::expert && oc.type != OptimizerType::sgd && !oc.torch_adam &&
+      cfg.zero.offload_optimizer != OffloadDevice::cpu) {
+    // [4] u8: the bytes of one i32 (the engine has no integer dtype); nothing reads it.
+    fused_adam_buf_ = dev.alloc(DType::u8, {4}, "_dummy_overflow_buf", MemCategory::temporaries);
+    dev.fill(fused_adam_buf_, 0.0);
+  }
 }
 
 bool checks_grad_overflow(const Config& cfg) {

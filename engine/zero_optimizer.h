@@ -257,6 +257,7 @@ class ZeroOptimizer {
 
  private:
   bool coalescing_ = false;
+  Tensor fused_adam_buf_;  // Note [FusedAdam's buffer, before the wrapper]
 };
 
 std::unique_ptr<ZeroOptimizer> make_zero_optimizer(const Config& cfg, Module& model, Device& dev,

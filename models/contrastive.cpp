@@ -104,6 +104,7 @@ double Contrastive::forward(Device& dev, const Batch& batch) {
 void Contrastive::backward(Device& dev, double loss_scale, std::int64_t ga) {
   run_pre_backward();
   Tensor dy = dev.alloc(dtype_, grad_cache_.shape(), "drep", MemCategory::activations);
+  loss_grad_ = Tensor();  // the loss's node has read its gradient
   dev.copy(dy, grad_cache_);
   dev.scale(dy, loss_scale);
   dev.div(dy, static_cast<double>(ga));

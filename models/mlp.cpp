@@ -190,8 +190,16 @@ double Mlp::forward(Device& dev, const Batch& batch) {
 
 void Mlp::backward(Device& dev, double loss_scale, std::int64_t ga) {
   ZC_ASSERT(acts_.size() == num_layers() + 1, "backward without forward");
+  // The twin's linear loss (c * out).sum() / B: DivBackward0 makes the 0-dim sum's gradient from
+  // the loss's (then freed), MulBackward0 the output's from it (freed after).
+  Tensor dsum;
+  if (spec_.loss == LossKind::linear) {
+    dsum = dev.alloc(dtype_, {1}, "loss.sum's grad", MemCategory::activations);
+    loss_grad_ = Tensor();
+  }
   Tensor dy = dev.alloc(dtype_, out_shape_, "dout",
                         MemCategory::activations);  // [B, out]
+  dsum = loss_grad_ = Tensor();  // cross entropy: its node read the loss's gradient
   dev.copy(dy, spec_.loss == LossKind::linear ? coeff_ : dlogits_);
   coeff_ = dlogits_ = Tensor();  // the loss's node has run: what it saved is freed
   dev.div(dy, static_cast<double>(batch_));  // mean over the micro-batch

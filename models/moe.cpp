@@ -142,6 +142,7 @@ void SimpleMoE::backward(Device& dev, double loss_scale, std::int64_t ga) {
   run_pre_backward();
   const std::int64_t B = batch_, d = spec_.dim, X = spec_.num_experts;
   Tensor dy = dev.alloc(dtype_, {B, d}, "moe_dy", MemCategory::activations);
+  loss_grad_ = Tensor();  // the loss's node has read its gradient
   dev.copy(dy, coeff_);
   dev.div(dy, static_cast<double>(B));
   dev.scale(dy, loss_scale);

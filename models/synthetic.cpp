@@ -109,9 +109,11 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
   for (std::size_t i = shapes_.size(); i-- > 0;) {
     const Tensor& g = held_.at(fmt::format("g{}", i));
     Parameter& p = param(i);
-    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
+    // The loss is the terms' sum: each term's node reads its gradient, the first term's last.
+    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga, /*last_loss_reader=*/i == 0);
     if (i < means_.size()) means_[i] = Tensor();  // its MulBackward has run
   }
+  loss_grad_ = Tensor();  // a model without params
   held_ = Batch{};  // the graph is freed: the batch is the caller's alone (freed after the backward)
   // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }

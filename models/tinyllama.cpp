@@ -448,6 +448,7 @@ void TinyLlama::backward(Device& dev, double loss_scale, std::int64_t ga) {
   run_pre_backward();
   const std::int64_t N = batch_ * seq_local_, d = spec_.dim, V = spec_.vocab;
   Tensor dlogits = dev.alloc(dtype_, {N, V}, "dlogits_scaled", MemCategory::activations);
+  loss_grad_ = Tensor();  // the loss's node has read its gradient
   dev.copy(dlogits, dlogits_);
   dev.div(dlogits,
           static_cast<double>(N));  // mean over this rank's tokens (Note [Ulysses loss scaling])

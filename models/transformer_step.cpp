@@ -550,6 +550,7 @@ void Transformer::backward(Device& dev, double loss_scale, std::int64_t ga) {
   // mean over this rank's tokens of the loss DeepSpeed scaled by loss_scale / ga), then
   // log_softmax's, three [N, V] live at once; then the cast to the model's dtype.
   Tensor dlogp = act(dev, logp_.dtype(), {N, V}, "nll_loss_grad");
+  loss_grad_ = Tensor();  // NllLossBackward0 has read the loss's gradient
   dev.nll_loss_backward(dlogp, labels_.view({N}),
                         -(loss_scale / static_cast<double>(ga)) / static_cast<double>(N));
   target_ = total_weight_ = Tensor();

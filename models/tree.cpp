@@ -267,14 +267,17 @@ void TreeModel::node_backward(Device& dev, Module& m, double loss_scale, std::in
   for (auto n = names.rbegin(); n != names.rend(); ++n) {
     Parameter& p = *m.params().get(*n);
     const Tensor& g = held_.at(fmt::format("g{}", p.id));
-    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga);
+    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga, --loss_readers_left_ == 0);
   }
   // The root has no post-backward hook: DeepSpeed's fires only through an input that requires grad, and the root's input is data (Note [ZeRO-3's parameter coordinator]).
   if (&m != this) m.run_post_backward();
 }
 
 void TreeModel::backward(Device& dev, double loss_scale, std::int64_t ga) {
+  // The loss is a sum of a term per param: each term's node reads the loss's gradient.
+  loss_readers_left_ = static_cast<std::int64_t>(named_parameters().size());
   node_backward(dev, *this, loss_scale, ga);
+  loss_grad_ = Tensor();  // a model without params
 }
 
 }  // namespace zc

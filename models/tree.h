@@ -91,6 +91,7 @@ class TreeModel : public Model {
   std::vector<ExternalRead> alias_reads_;
   std::vector<std::pair<std::string, std::string>> tied_;  // (owner path, local) of aliased params
   Batch held_;
+  std::int64_t loss_readers_left_ = 0;  // backward's: the params whose node has not yet run
 };
 
 }  // namespace zc

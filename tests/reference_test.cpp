@@ -286,6 +286,9 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigure) {
   for (int stage = 1; stage <= 2; ++stage) {
     cases.push_back(fmt::format(R"({{"stage":{},"offload":"optimizer"}})", stage));
   }
+  // A model whose activations peak at the loss's backward (Note [The loss's 0-dim gradients]: 48
+  // B against 52 without them).
+  cases.push_back(R"({"stage":0,"contiguous_gradients":false,"shape":[4,1],"world":1})");
   for (const std::string& c : cases) {
     nlohmann::json j = nlohmann::json::parse(
         R"({"world":2,"model":"mlp","shape":[3,4,2],"steps":2,"optimizer":"SGD","lr":0.5})");
@@ -301,8 +304,9 @@ TEST(DeepSpeedReference, MlpMemoryIsDeepSpeedsInEveryFigure) {
 
 // The Synthetic twin's forward at stages 0-2, world 2: its temporaries peak at DeepSpeed's bytes on
 // both ranks, the first param's product with the 0-dim (p * mean).sum() taken from it (24 B on
-// [5,3] f32, 20 without the sum). Its activations are 12 B under (the loss's 0-dim grads).
-TEST(DeepSpeedReference, SyntheticTemporariesAreDeepSpeeds) {
+// [5,3] f32, 20 without the sum), and its activations too, the loss's 0-dim gradient alive until
+// the first term's node has run (Note [The loss's 0-dim gradients]: 12 B under without them).
+TEST(DeepSpeedReference, SyntheticTemporariesAndActivationsAreDeepSpeeds) {
   for (int stage = 0; stage <= 2; ++stage) {
     const Scenario s = scenario_from_json(nlohmann::json::parse(fmt::format(
         R"({{"world":2,"stage":{},"model":"synthetic","shape":[5,3],"steps":2,"optimizer":"SGD",)"
@@ -312,7 +316,25 @@ TEST(DeepSpeedReference, SyntheticTemporariesAreDeepSpeeds) {
     const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
     ASSERT_TRUE(c.memory.measured) << c.memory.error;
     for (const int rank : {0, 1}) {
-      const std::string name = fmt::format("rank {} steps peak of temporaries", rank);
+      for (const char* category : {"temporaries", "activations"}) {
+        const std::string name = fmt::format("rank {} steps peak of {}", rank, category);
+        EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
+      }
+    }
+  }
+}
+
+// FusedAdam's buffer is there before ZeRO-1 flattens the params (Note [FusedAdam's buffer, before
+// the wrapper]): a [1] param at world 3 is padded to 6 elements, and construction's peak is the
+// flatten's, 52 B with the buffer (48 when it came after).
+TEST(DeepSpeedReference, FusedAdamsBufferIsThereWhenZeroFlattens) {
+  const Scenario s = scenario_from_json(nlohmann::json::parse(
+      R"({"world":3,"stage":1,"model":"synthetic","shape":[1],"steps":1,"optimizer":"Adam"})"));
+  const ReferenceComparison c = compare_with_deepspeed(s, pools(), true);
+  ASSERT_TRUE(c.memory.measured) << c.memory.error;
+  for (const int rank : {0, 1, 2}) {
+    for (const char* figure_name : {"construction peak", "construction peak of temporaries"}) {
+      const std::string name = fmt::format("rank {} {}", rank, figure_name);
       EXPECT_EQ(figure(c, name, true), figure(c, name, false)) << name;
     }
   }

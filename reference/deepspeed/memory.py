@@ -60,6 +60,8 @@ HOST = "host"
 # argument and casts it in registers, so on a GPU that temporary does not exist at all: CPU_KERNEL.
 # Both kept apart (the engine keeps the numbers it divides and scales by on the host).
 CPU_KERNEL = "cpu_kernel"
+# The profiler's event around an autograd node's run; the node's own event (its name) is inside.
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 # torch's printing of a tensor (torch/_tensor_str.py: the masks, the masked_select, the abs and its
 # f64 copy, a ceil per value that it uses to choose a format). DeepSpeed's ZeRO-3 constructor
 # formats its arguments into a log line it does not print (stage3.py:214, print_rank_0(f"... {locals()}",
@@ -343,7 +345,7 @@ def _context(e):
     p = e.parent
     while p is not None:
         n = _name(p)
-        if ".py(" in n or n.startswith("autograd::engine::evaluate_function"):
+        if ".py(" in n or n.startswith(AUTOGRAD_NODE):
             out.append(n)
         p = p.parent
     out.reverse()
@@ -359,7 +361,9 @@ def _cpu_scalar(e, last_under):
     inside the op that takes it (see CPU_KERNEL), else None. The wrapped number: at most 8 bytes,
     allocated with no aten op around it, directly under a Python frame or builtin method. Its cast:
     at most 8 bytes, empty_strided <- _to_copy <- to <- an aten op, whose caller's last allocation
-    before the op is a wrapped number. last_under: each event's (by id) last allocation child so
+    before the op is a wrapped number, or which is the mul or div of the backward node of
+    `t * number` or `t / number` (MulBackward0, DivBackward0: the number was wrapped and saved in
+    the forward; the loss's scaling by DeepSpeed and the models' means). last_under: each event's (by id) last allocation child so
     far, as _tree's walk (in time order) has classified it: a frame running thousands of ops is
     not searched again for each."""
     size = e.extra_fields.alloc_size
@@ -377,6 +381,9 @@ def _cpu_scalar(e, last_under):
     op, caller = chain[3], chain[3].parent
     if not _name(op).startswith("aten::") or caller is None:
         return None
+    if _name(op) in ("aten::mul", "aten::div") and caller.parent is not None and \
+            _name(caller.parent) == f"{AUTOGRAD_NODE}{_name(caller)}":
+        return CPU_KERNEL  # the node of `t * number` or `t / number`, with the number it saved
     return CPU_KERNEL if last_under.get(caller.id) == HOST else None
 
 
@@ -416,7 +423,7 @@ def _tree(prof):
 def _innermost(ctx):
     """The innermost Python frame and autograd node around an allocation (ZC_DS_MEMORY_LOG's detail)."""
     frames = [c for c in ctx if ".py(" in c]
-    nodes = [c.rsplit(": ", 1)[-1] for c in ctx if c.startswith("autograd::engine::evaluate_function")]
+    nodes = [c.rsplit(": ", 1)[-1] for c in ctx if c.startswith(AUTOGRAD_NODE)]
     where = ""
     if frames:
         path, line, fn = _frame_file(frames[-1])
@@ -428,7 +435,7 @@ def _in_backward_op(ctx):
     """Inside an autograd node's evaluation and not in a DeepSpeed hook that it runs (ZeRO-1/2's
     gradient hooks run inside AccumulateGrad: their norms and overflow tests are not
     activations)."""
-    nodes = [i for i, c in enumerate(ctx) if c.startswith("autograd::engine::evaluate_function")]
+    nodes = [i for i, c in enumerate(ctx) if c.startswith(AUTOGRAD_NODE)]
     inside = ctx[nodes[-1]:] if nodes else []
     return bool(nodes) and not any(".py(" in c and "deepspeed/runtime/" in c for c in inside)
 

@@ -131,6 +131,18 @@ def main():
     H, K = memory.HOST, memory.CPU_KERNEL
     want = [(8, H), (4, K), (8, H), (4, K), (64, None), (4, None), (8, H), (4, K), (4, None)]
     check(seen == want, f"a Python number's scalar and its cast: {seen}, want {want}")
+    # In the backward, DivBackward0 and MulBackward0 cast the number they saved (cpu_kernel); their
+    # outputs, the 0-dim gradients and x's grad, are not; nor is an explicit cast (.double()) after.
+    x = torch.ones(2, requires_grad=True)
+    loss = (x * 3.0).sum() / 4
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                with_stack=True) as prof:
+        loss.backward()
+        (x.grad.double() * 2).sum()
+    del loss
+    seen = [(a["size"], a["scalar"]) for a in memory._tree(prof)[0] if a["size"] > 0]
+    want = [(4, None), (4, K), (4, None), (4, K), (8, None), (16, None), (8, H), (8, K), (16, None), (8, None)]
+    check(seen == want, f"the numbers saved for the backward and their casts: {seen}, want {want}")
     if failures:
         print("memory_test: " + failures[0])
         return 1
