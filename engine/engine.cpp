@@ -217,12 +217,15 @@ void Engine::backward(const Loss& loss) {
 // steps (DivBackward0). Each node's output is a new 0-dim tensor in the loss's dtype, alive until
 // the next node has run; the last one is the model's loss's gradient, which the model's first
 // node reads (Model::set_loss_grad): the twins' (c * out).sum() / B, their sum of terms, and
-// cross entropy's NllLossBackward0. DeepSpeed's run shows them as activations (the MLP [4,1] at
-// stage 0: 52 B against the engine's 48 without them). Each node also casts the number it saved
-// on a CPU, which a CUDA kernel does not (memory.py's cpu_kernel): not modelled.
+// cross entropy's NllLossBackward0. DeepSpeed's run shows them as activations (Synthetic [5,3] at
+// stages 0-2, world 2: 100-104 B, 96 without them; the MLP [4,1] at stage 0: 52 B, 48 without
+// its sum's). Each node also casts the number it saved on a CPU, which a CUDA kernel does not
+// (memory.py's cpu_kernel): not modelled.
 Tensor Engine::loss_grads(bool scaled) {
   Tensor by_scale;
-  if (scaled) by_scale = dev_.alloc(model_.loss_dtype(), {1}, "scale_loss's grad", MemCategory::activations);
+  if (scaled) {
+    by_scale = dev_.alloc(model_.loss_dtype(), {1}, "scale_loss's grad", MemCategory::activations);
+  }
   return dev_.alloc(model_.loss_dtype(), {1}, "(loss / gradient_accumulation_steps)'s grad",
                     MemCategory::activations);
 }

@@ -74,7 +74,8 @@ Zero3Optimizer::Zero3Optimizer(const Config& cfg, Module& model, Device& dev, Co
     cpu_->to_device(master_, fp16_partition_);
   }
   comm_.barrier();  // _setup_for_real_optimizer, after the fp32 partitions
-  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer", opts.adam_simd_width);
+  base_ = std::make_unique<BaseOptimizer>(cfg.optimizer, opt_dev, pn, "optimizer",
+                                          opts.adam_simd_width);
   // initialize_optimizer_states (stage3.py:1301): a zero f32 gradient buffer of the largest
   // sub-group (here the one partition) on DeepSpeed's self.device, which is the CPU under
   // offload_optimizer (stage3.py:333), dropped at its end; the states themselves come at the

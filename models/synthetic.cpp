@@ -110,7 +110,8 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
     const Tensor& g = held_.at(fmt::format("g{}", i));
     Parameter& p = param(i);
     // The loss is the terms' sum: each term's node reads its gradient, the first term's last.
-    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga, /*last_loss_reader=*/i == 0);
+    accumulate_prescribed_grad(dev, p, g, held_.samples, loss_scale, ga,
+                               /*last_loss_reader=*/i == 0);
     if (i < means_.size()) means_[i] = Tensor();  // its MulBackward has run
   }
   loss_grad_ = Tensor();  // a model without params
