@@ -198,7 +198,7 @@ void Engine::backward(const Loss& loss) {
   try {
     model_.set_loss_grad(loss_grads(scaled.defined()));
     model_.backward(dev_, loss_scale(), cfg_.gradient_accumulation_steps);
-    model_.set_loss_grad(Tensor());
+    model_.set_loss_grad(Tensor());  // a model that never read it
     ones = Tensor();  // autograd's run is over
     backward_epilogue();
   } catch (...) {
@@ -206,6 +206,7 @@ void Engine::backward(const Loss& loss) {
   }
   ones = scaled = by_gas = loss_ = Tensor();
   if (error) {
+    model_.set_loss_grad(Tensor());  // a backward that failed before its model read it
     broken_ = "a backward() failed part way (see the first error)";
     std::rethrow_exception(error);
   }
