@@ -114,7 +114,6 @@ void Synthetic::backward(Device& dev, double loss_scale, std::int64_t ga) {
                                /*last_loss_reader=*/i == 0);
     if (i < means_.size()) means_[i] = Tensor();  // its MulBackward has run
   }
-  loss_grad_ = Tensor();  // a model without params
   held_ = Batch{};  // the graph is freed: the batch is the caller's alone (freed after the backward)
   // No post-backward hook: DeepSpeed's fires only through an input that requires grad, and the model's input is data (Note [ZeRO-3's parameter coordinator]).
 }

@@ -277,7 +277,6 @@ void TreeModel::backward(Device& dev, double loss_scale, std::int64_t ga) {
   // The loss is a sum of a term per param: each term's node reads the loss's gradient.
   loss_readers_left_ = static_cast<std::int64_t>(named_parameters().size());
   node_backward(dev, *this, loss_scale, ga);
-  loss_grad_ = Tensor();  // a model without params
 }
 
 }  // namespace zc

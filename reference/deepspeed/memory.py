@@ -363,9 +363,9 @@ def _cpu_scalar(e, last_under):
     at most 8 bytes, empty_strided <- _to_copy <- to <- an aten op, whose caller's last allocation
     before the op is a wrapped number, or which is the mul or div of the backward node of
     `t * number` or `t / number` (MulBackward0, DivBackward0: the number was wrapped and saved in
-    the forward; the loss's scaling by DeepSpeed and the models' means). last_under: each event's (by id) last allocation child so
-    far, as _tree's walk (in time order) has classified it: a frame running thousands of ops is
-    not searched again for each."""
+    the forward; the loss's scaling by DeepSpeed and the models' means). last_under: each event's
+    (by id) last allocation child so far, as _tree's walk (in time order) has classified it: a
+    frame running thousands of ops is not searched again for each."""
     size = e.extra_fields.alloc_size
     if not 0 < size <= SCALAR_BYTES or e.parent is None:
         return None

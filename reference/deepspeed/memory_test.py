@@ -141,7 +141,8 @@ def main():
         (x.grad.double() * 2).sum()
     del loss
     seen = [(a["size"], a["scalar"]) for a in memory._tree(prof)[0] if a["size"] > 0]
-    want = [(4, None), (4, K), (4, None), (4, K), (8, None), (16, None), (8, H), (8, K), (16, None), (8, None)]
+    want = [(4, None), (4, K), (4, None), (4, K), (8, None),  # 0-dim grads, casts, x's grad
+            (16, None), (8, H), (8, K), (16, None), (8, None)]  # the f64 copy, product, sum
     check(seen == want, f"the numbers saved for the backward and their casts: {seen}, want {want}")
     if failures:
         print("memory_test: " + failures[0])
